@@ -1,0 +1,226 @@
+"""The relay's one error tree.
+
+Every failure a caller can see is a :class:`RelayError`. Each class carries the HTTP
+status and the stable ``code`` that ``app.py`` turns into
+``{"error": {"code", "message", "request_id"}}``. Messages are written by the relay;
+a provider's response body, headers or keys are never copied into one.
+
+::
+
+    RelayError (500 internal)
+    ├── InvalidRequest (400 invalid_request)
+    │   └── InvalidJson (400 invalid_json)
+    ├── Unauthorized (401 unauthorized)
+    ├── Forbidden (403 forbidden)
+    ├── NotFound (404 not_found)
+    ├── MethodNotAllowed (405 method_not_allowed)
+    ├── IdempotencyConflict (409 idempotency_conflict)
+    ├── RunNotCancelable (409 run_finished)
+    ├── BodyTooLarge (413 body_too_large)
+    ├── UnsupportedMediaType (415 unsupported_media_type)
+    ├── ValidationFailed (422 validation_error)
+    │   ├── UnknownJob (422 unknown_job)
+    │   ├── InvalidParams (422 invalid_params)
+    │   ├── EgressUnsupported (422 egress_unsupported)
+    │   ├── SizeUnsupported (422 size_unsupported)
+    │   ├── ProviderNotEnabled (422 provider_not_enabled)
+    │   └── CallbackRefused (422 callback_refused)
+    ├── RateLimited (429 rate_limited)
+    │   └── BudgetExceeded (429 budget_exceeded)
+    ├── ShuttingDown (503 shutting_down)
+    ├── ProviderError (502 provider_error)
+    │   ├── ProviderAuth (502 provider_auth)
+    │   ├── SandboxLost (502 sandbox_lost)
+    │   ├── ProviderRateLimited (503 provider_rate_limited)
+    │   ├── ProviderUnavailable (503 provider_unavailable)
+    │   └── ProviderTimeout (504 provider_timeout)
+    └── ConfigError (500 config_error) -- raised at startup, never over HTTP
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class RelayError(Exception):
+    """Base of every error the relay reports; ``status`` and ``code`` are stable API."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal"
+    default_message: ClassVar[str] = "internal error"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        retry_after: float | None = None,
+        details: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.message = message or self.default_message
+        self.retry_after = retry_after
+        self.details = details or {}
+        self.headers = dict(headers or {})
+        super().__init__(self.message)
+
+    def response_headers(self) -> dict[str, str]:
+        """Headers the HTTP answer carries (``Retry-After`` and any extra ones)."""
+        headers = dict(self.headers)
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(max(1, round(self.retry_after)))
+        return headers
+
+
+class InvalidRequest(RelayError):
+    status, code, default_message = 400, "invalid_request", "the request is malformed"
+
+
+class InvalidJson(InvalidRequest):
+    code, default_message = "invalid_json", "the body is not valid JSON"
+
+
+class Unauthorized(RelayError):
+    status, code, default_message = 401, "unauthorized", "a valid token is required"
+
+
+class Forbidden(RelayError):
+    status, code, default_message = 403, "forbidden", "this token may not do that"
+
+
+class NotFound(RelayError):
+    status, code, default_message = 404, "not_found", "no such resource"
+
+
+class MethodNotAllowed(RelayError):
+    status, code, default_message = 405, "method_not_allowed", "method not allowed"
+
+
+class IdempotencyConflict(RelayError):
+    status, code = 409, "idempotency_conflict"
+    default_message = "this Idempotency-Key was used with a different request"
+
+
+class RunNotCancelable(RelayError):
+    status, code, default_message = 409, "run_finished", "the run has already finished"
+
+
+class BodyTooLarge(RelayError):
+    status, code, default_message = 413, "body_too_large", "the request body is too large"
+
+
+class UnsupportedMediaType(RelayError):
+    status, code, default_message = 415, "unsupported_media_type", "send application/json"
+
+
+class ValidationFailed(RelayError):
+    status, code, default_message = 422, "validation_error", "the request is not valid"
+
+
+class UnknownJob(ValidationFailed):
+    code, default_message = "unknown_job", "no such job"
+
+
+class InvalidParams(ValidationFailed):
+    code, default_message = "invalid_params", "the params do not match the job"
+
+
+class EgressUnsupported(ValidationFailed):
+    code = "egress_unsupported"
+    default_message = "the provider cannot enforce this egress policy"
+
+
+class SizeUnsupported(ValidationFailed):
+    code, default_message = "size_unsupported", "the provider cannot give this size"
+
+
+class ProviderNotEnabled(ValidationFailed):
+    code, default_message = "provider_not_enabled", "that provider is not enabled"
+
+
+class CallbackRefused(ValidationFailed):
+    code, default_message = "callback_refused", "the callback URL is not allowed"
+
+
+class RateLimited(RelayError):
+    status, code, default_message = 429, "rate_limited", "too many runs; retry later"
+
+
+class BudgetExceeded(RateLimited):
+    code, default_message = "budget_exceeded", "the token's spend budget is used up"
+
+
+class ShuttingDown(RelayError):
+    status, code, default_message = 503, "shutting_down", "the relay is shutting down"
+
+
+class ProviderError(RelayError):
+    """A fault at or on the way to the sandbox provider (never carries its body)."""
+
+    status, code, default_message = 502, "provider_error", "the provider failed"
+
+
+class ProviderAuth(ProviderError):
+    code, default_message = "provider_auth", "the provider refused the relay's credentials"
+
+
+class SandboxLost(ProviderError):
+    code, default_message = "sandbox_lost", "the sandbox disappeared during the run"
+
+
+class ProviderRateLimited(ProviderError):
+    status, code = 503, "provider_rate_limited"
+    default_message = "the provider is rate limiting; retry later"
+
+
+class ProviderUnavailable(ProviderError):
+    status, code, default_message = 503, "provider_unavailable", "the provider is unavailable"
+
+
+class ProviderTimeout(ProviderError):
+    status, code, default_message = 504, "provider_timeout", "the provider did not answer in time"
+
+
+class ConfigError(RelayError):
+    """A bad setting, token file or job manifest; stops startup with the place named."""
+
+    code, default_message = "config_error", "invalid configuration"
+
+
+ERROR_CLASSES: tuple[type[RelayError], ...] = (
+    RelayError,
+    InvalidRequest,
+    InvalidJson,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    IdempotencyConflict,
+    RunNotCancelable,
+    BodyTooLarge,
+    UnsupportedMediaType,
+    ValidationFailed,
+    UnknownJob,
+    InvalidParams,
+    EgressUnsupported,
+    SizeUnsupported,
+    ProviderNotEnabled,
+    CallbackRefused,
+    RateLimited,
+    BudgetExceeded,
+    ShuttingDown,
+    ProviderError,
+    ProviderAuth,
+    SandboxLost,
+    ProviderRateLimited,
+    ProviderUnavailable,
+    ProviderTimeout,
+)
+"""Every class that can reach an HTTP answer, for the OpenAPI document."""
+
+
+def error_for_code(code: str) -> type[RelayError]:
+    """The class for a stored error code (runs keep the code, not the object)."""
+    for cls in ERROR_CLASSES:
+        if cls.code == code:
+            return cls
+    return RelayError

@@ -1,0 +1,1 @@
+"""Sandbox providers behind one contract (see ``base.py``)."""

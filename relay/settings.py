@@ -1,0 +1,96 @@
+"""The relay's one settings object, read from ``RELAY_*`` variables and ``.env``.
+
+Built once (``Settings()``) and passed down; no other module reads ``os.environ``.
+Secrets are :class:`pydantic.SecretStr`, so they print as ``**********``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every ``RELAY_`` setting; the README and ``.env.example`` list the same ones."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RELAY_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    # Serving
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    public_url: str | None = None
+    """Base URL callers use (for ``Location``); defaults to the request's own."""
+
+    # Auth and catalog
+    tokens_file: Path = Path("tokens.toml")
+    auth_header: str = "Authorization"
+    jobs_dir: Path = Path("jobs")
+
+    # State
+    database_url: str = "sqlite+aiosqlite:///relay.db"
+
+    # Providers
+    providers: Annotated[list[str], NoDecode] = ["local"]
+    cluster: str = Field("relay", pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")
+    create_timeout_s: float = Field(60.0, gt=0)
+    grace_s: float = Field(30.0, ge=5)
+
+    # Limits
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_output_bytes: int = Field(1_048_576, ge=1)
+    max_wait_s: float = Field(60.0, gt=0)
+    max_timeout_s: float = Field(3600.0, gt=0)
+    default_timeout_s: float = Field(60.0, gt=0)
+    max_concurrent: int = Field(32, ge=1)
+
+    # Lifecycle
+    drain_s: float = Field(20.0, ge=0)
+    reap_interval_s: float = Field(60.0, gt=0)
+
+    # Logs
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "console"] = "json"
+
+    # Local provider
+    local_isolation: Literal["auto", "bwrap", "none"] = "auto"
+    local_root: Path | None = None
+    """Where local sandboxes get their private directories (default: a temp folder)."""
+
+    # E2B
+    e2b_api_key: SecretStr | None = None
+    e2b_api_url: str | None = None
+    e2b_sandbox_url: str | None = None
+    e2b_domain: str | None = None
+    e2b_template: str = "base"
+
+    # Modal
+    modal_token_id: SecretStr | None = None
+    modal_token_secret: SecretStr | None = None
+    modal_app: str = "relay"
+    modal_server_url: str | None = None
+    modal_environment: str | None = None
+
+    # Vercel
+    vercel_token: SecretStr | None = None
+    vercel_team_id: str | None = None
+    vercel_project_id: str | None = None
+    vercel_base_url: str | None = None
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _split_providers(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("providers")
+    @classmethod
+    def _known_providers(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("enable at least one provider")
+        return value
