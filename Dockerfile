@@ -35,7 +35,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY relay ./relay
 RUN /opt/relay/bin/pip install ".[all]" \
-    && /opt/relay/bin/relay --help >/dev/null
+    && /opt/relay/bin/python -c "import relay.cli"
 
 # --- runtime ----------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
