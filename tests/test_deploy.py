@@ -546,7 +546,10 @@ def test_k8s_tokens_mounted_read_only() -> None:
 def test_k8s_security_context() -> None:
     pod, container = _pod_spec(), _container()
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] != 0
+    [image_user] = [args for keyword, args in _final_stage() if keyword == "USER"]
+    uid, _, gid = image_user.partition(":")
+    assert pod["securityContext"]["runAsUser"] == int(uid) != 0, "the image's own uid"
+    assert pod["securityContext"]["fsGroup"] == int(gid or uid)
     assert pod["automountServiceAccountToken"] is False
     context = container["securityContext"]
     assert context["readOnlyRootFilesystem"] is True
