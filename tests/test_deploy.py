@@ -279,9 +279,20 @@ def test_compose_config(compose_project: Path) -> None:
         assert env["RELAY_E2B_API_KEY"] == "e2b_dummy", "the env file reaches the relays"
         assert env["RELAY_PUBLIC_URL"] == "https://relay.example.com"
         assert services[name]["image"] == "relay:local"
+        assert _mount_is_read_only(services[name]["volumes"], "/etc/relay/tokens.toml")
     assert "RELAY_E2B_API_KEY" not in _environment(services["postgres"])
     assert "RELAY_E2B_API_KEY" not in _environment(services["caddy"])
     assert _environment(services["caddy"])["RELAY_DOMAIN"] == "relay.example.com"
+
+
+def _mount_is_read_only(volumes: list[Any], target: str) -> bool:
+    """A bind mount's read-only flag, in v1's short form or v2's long form of `config`."""
+    for volume in volumes:
+        if isinstance(volume, str) and volume.split(":")[1] == target:
+            return volume.endswith(":ro")
+        if isinstance(volume, dict) and volume.get("target") == target:
+            return bool(volume.get("read_only"))
+    raise AssertionError(f"nothing mounted at {target}")
 
 
 def test_compose_config_refuses_a_missing_domain(compose_project: Path) -> None:
