@@ -111,6 +111,14 @@ def _server_or_skip() -> Path:
     return bin_dir
 
 
+def temp_base() -> Path:
+    """Where data directories go: the temp folder, or /tmp when the server runs as another
+    user (as root, TMPDIR may sit under /root, which that user cannot enter)."""
+    if _is_root() and Path("/tmp").is_dir():
+        return Path("/tmp")
+    return Path(tempfile.gettempdir())
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -266,7 +274,7 @@ def start_postgres() -> Iterator[str]:
 
     bin_dir = _server_or_skip()
     run_as = _service_user_or_skip() if _is_root() else None
-    root = Path(tempfile.mkdtemp(prefix="relay-pg-"))
+    root = Path(tempfile.mkdtemp(prefix="relay-pg-", dir=temp_base()))
     server = _Server(bin_dir, root, run_as)
     started = False
     try:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import re
 import socket
-import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 
-from tests.postgres import postgres_url, start_postgres
+from tests.postgres import postgres_url, start_postgres, temp_base
 
 __all__ = ["postgres_url"]  # the fixture, re-exported so pytest finds it here
 
@@ -41,7 +40,7 @@ def test_url_is_loopback_asyncpg(postgres_url: str) -> None:
 
 
 def _server_dirs() -> set[Path]:
-    return set(Path(tempfile.gettempdir()).glob("relay-pg-*"))
+    return set(temp_base().glob("relay-pg-*"))
 
 
 async def test_own_server_stops_and_leaves_nothing() -> None:
