@@ -32,7 +32,7 @@ import signal
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -243,10 +243,10 @@ def _last_lines(text: str, count: int = 5) -> str:
     return " | ".join(text.strip().splitlines()[-count:])
 
 
-def _start_on_free_port(server: _Server, attempts: Sequence[int] = (1, 2, 3)) -> None:
+def _start_on_free_port(server: _Server, attempts: int = 3) -> None:
     """Start on a free port; retry on another if a concurrent process took it meanwhile."""
     error: RuntimeError | None = None
-    for _ in attempts:
+    for _ in range(attempts):
         server.port = _free_port()
         try:
             server.start()
