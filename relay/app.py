@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from relay.auth import TokenStore
 from relay.catalog import Catalog
 from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError
+from relay.events import EventBus
 from relay.models import ErrorBody, ErrorDetail
 from relay.providers.registry import load_providers
 from relay.reaper import Reaper
@@ -131,11 +132,14 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         store = await Store.open(settings.database_url)
         providers = load_providers(settings)
-        service = RunService(settings, store, catalog, providers, instance_id=instance_id)
+        events = EventBus()
+        service = RunService(
+            settings, store, catalog, providers, instance_id=instance_id, events=events
+        )
         reaper = Reaper(
             store, providers, service, grace_s=settings.grace_s, single_replica=store.is_sqlite
         )
-        state = AppState(settings, tokens, catalog, store, providers, service, reaper)
+        state = AppState(settings, tokens, catalog, store, providers, service, reaper, events)
         app.state.relay = state
         with contextlib.suppress(Exception):
             await reaper.sweep()

@@ -10,6 +10,7 @@ if [ "$mode" = "test" ]; then
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || packages+=(postgresql)
     # Static checks of the deploy recipes (tests/test_deploy.py) use these when present.
     command -v caddy >/dev/null 2>&1 || packages+=(caddy)
+    command -v kubectl >/dev/null 2>&1 || packages+=(kubectl)
     docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1 \
         || packages+=(docker-compose)
 fi
