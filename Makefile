@@ -36,7 +36,8 @@ format: $(VENV)/.dev
 test: $(VENV)/.dev system-deps lint
 	$(BIN)/pytest
 
-bench: $(VENV)/.dev system-deps
+bench: $(VENV)/.dev
+	@bash scripts/system-deps.sh bench
 	$(BIN)/python -m bench
 
 clean:

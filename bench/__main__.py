@@ -1,6 +1,148 @@
-"""`python -m bench`: the benchmark harness is not written yet."""
+"""``python -m bench`` (``make bench``): measure the relay's own cost, write bench/RESULTS.md.
 
+``--smoke`` runs every benchmark on tiny samples (seconds, for the test suite); its
+figures are not to be quoted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
-print("no benchmarks yet: see issue 'Benchmarks' and bench/README.md", file=sys.stderr)
-sys.exit(0)
+from bench import local, servers, waiting
+from bench.load import LoadResult, run_wrk
+from bench.report import Results, machine_line, render, targets
+from relay.providers.local import bwrap_works
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+NOOP = {"job": "noop"}
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="tiny samples, a few seconds")
+    parser.add_argument("--out", type=Path, default=None, help="where to write the results")
+    parser.add_argument("--seconds", type=float, default=None, help="wrk run per point")
+    parser.add_argument("--callers", type=int, default=None, help="waiting callers")
+    parser.add_argument("--sleep-s", type=int, default=None, help="how long each waits")
+    parser.add_argument("--rounds", type=int, default=None, help="echo runs per way")
+    parser.add_argument(
+        "--postgres",
+        choices=("auto", "yes", "no"),
+        default=None,
+        help="(4) PostgreSQL: auto skips with the reason when no server can be had",
+    )
+    args = parser.parse_args(argv)
+    smoke = args.smoke
+    args.seconds = args.seconds or (1.0 if smoke else 8.0)
+    args.callers = args.callers or (20 if smoke else 1000)
+    args.sleep_s = args.sleep_s or (2 if smoke else 20)
+    args.rounds = args.rounds or (3 if smoke else 100)
+    args.postgres = args.postgres or ("no" if smoke else "auto")
+    args.levels = (1, 10) if smoke else (1, 10, 50)
+    args.out = args.out or (
+        Path(tempfile.gettempdir()) / "relay-bench-smoke.md" if smoke else RESULTS
+    )
+    return args
+
+
+@contextlib.contextmanager
+def _postgres(mode: str, results: Results) -> Iterator[str | None]:
+    """A throwaway PostgreSQL (tests/postgres.py), or None with the reason recorded."""
+    if mode == "no":
+        results.postgres_note = "not run (--postgres no)."
+        yield None
+        return
+    import pytest
+
+    from tests.postgres import start_postgres
+
+    try:
+        with start_postgres() as url:
+            yield url
+    except (pytest.skip.Exception, pytest.fail.Exception) as exc:
+        if mode == "yes":
+            raise SystemExit(f"PostgreSQL wanted but unavailable: {exc}") from None
+        results.postgres_note = f"not run: {exc}"
+        yield None
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    started = time.monotonic()
+    command = "python -m bench" + (" " + " ".join(argv if argv is not None else sys.argv[1:]))
+    results = Results(command=command.strip(), smoke=args.smoke)
+    servers.raise_open_files()
+    results.machine = machine_line()
+    results.load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="relay-bench-") as folder:
+        root = Path(folder)
+        with contextlib.ExitStack() as stack:
+            pg_url = stack.enter_context(_postgres(args.postgres, results))
+            _, base_url = stack.enter_context(servers.baseline())
+            relay, token = stack.enter_context(servers.relay(root / "sqlite"))
+            targets_by_name = {
+                "baseline": (base_url, None),
+                "relay (SQLite)": (relay.url, token),
+            }
+            if pg_url is not None:
+                pg_relay, pg_token = stack.enter_context(
+                    servers.relay(root / "postgres", database_url=pg_url)
+                )
+                targets_by_name["relay (PostgreSQL)"] = (pg_relay.url, pg_token)
+            _say("(1) overhead per run: warming up")
+            for url, tok in targets_by_name.values():
+                run_wrk(url + "/v1/runs", NOOP, token=tok, concurrency=10, seconds=1)
+            for level in args.levels:
+                for name, (url, tok) in targets_by_name.items():
+                    if name == "relay (PostgreSQL)" and level != max(args.levels):
+                        continue  # (4) compares the stores at the highest concurrency only
+                    _say(f"(1) {name}, concurrency {level}, {args.seconds:.0f} s")
+                    row: LoadResult = run_wrk(
+                        url + "/v1/runs", NOOP, token=tok, concurrency=level, seconds=args.seconds
+                    )
+                    results.overhead.setdefault(name, []).append(row)
+            if bwrap_works():
+                _say(f"(3) local provider: echo, {args.rounds} rounds of each way")
+                results.local = local.run(relay.url, token, rounds=args.rounds)
+            else:
+                results.local_note = "not run: bubblewrap is missing or cannot work here"
+        _say(f"(2) {args.callers} waiting runs of {args.sleep_s} s")
+        with servers.relay(root / "waiting") as (relay, token):
+            assert relay.process is not None
+            results.waiting["relay"] = waiting.run_relay(
+                relay.url,
+                token,
+                pid=relay.process.pid,
+                database=relay.root / "relay.db",
+                callers=args.callers,
+                sleep_s=args.sleep_s,
+            )
+        with servers.baseline() as (process, base_url):
+            results.waiting["baseline"] = waiting.run_baseline(
+                base_url, pid=process.pid, callers=args.callers, sleep_s=args.sleep_s
+            )
+    results.load_after = os.getloadavg()
+    results.seconds = time.monotonic() - started
+    text = render(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+    for name, measured, ok in targets(results):
+        print(f"{'met   ' if ok else 'MISSED'} {name}: {measured}")
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

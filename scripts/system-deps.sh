@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the relay's tests (or `make serve`) use, when run as root.
+# Installs the Debian packages the relay's tests (or `make serve`, `make bench`) use, when
+# run as root.
 # Without root it only says what is missing: the tests that need a package then say why
 # they skip, and the local provider falls back as the README describes.
 set -euo pipefail
 mode="${1:-test}"
 packages=()
 command -v bwrap >/dev/null 2>&1 || packages+=(bubblewrap)
-if [ "$mode" = "test" ]; then
+if [ "$mode" = "test" ] || [ "$mode" = "bench" ]; then
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || packages+=(postgresql)
+    # The load generator of `make bench` (and of its smoke test in tests/test_bench.py).
+    command -v wrk >/dev/null 2>&1 || packages+=(wrk)
+fi
+if [ "$mode" = "test" ]; then
     # Static checks of the deploy recipes (tests/test_deploy.py) use these when present.
     command -v caddy >/dev/null 2>&1 || packages+=(caddy)
     command -v kubectl >/dev/null 2>&1 || packages+=(kubectl)

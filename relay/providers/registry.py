@@ -25,6 +25,8 @@ PROVIDERS: dict[str, Entry] = {
     "e2b": Entry("relay.providers.e2b:E2BProvider", "e2b"),
     "modal": Entry("relay.providers.modal:ModalProvider", "modal"),
     "vercel": Entry("relay.providers.vercel:VercelProvider", "vercel"),
+    # Zero-latency provider of the benchmarks (bench/provider.py): a source checkout only.
+    "bench": Entry("bench.provider:BenchProvider", None),
 }
 
 

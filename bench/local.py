@@ -1,0 +1,142 @@
+"""Benchmark (3): the ``echo`` job on the local provider, end to end over HTTP, against
+spawning the same bubblewrap sandbox directly.
+
+Three ways, interleaved so that drift on a shared machine hits them alike:
+
+* **direct** — the physical floor: make the sandbox's two folders, spawn the exact argv
+  the local provider builds (``LocalSandbox._command``: bwrap, namespaces, binds, the
+  ``timeout -s KILL`` wrapper) with the same environment and child setup, read its
+  output, wait for it, remove the folders;
+* **provider** — the same through the provider API (``LocalProvider.sandbox`` + ``exec``,
+  which adds the sandbox's tag file and its terminate sweep), no HTTP and no store;
+* **relay** — ``POST /v1/runs`` with ``{"job": "echo"}`` on a running relay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.client import KeepAliveClient
+from relay.models import SIZES, Size
+from relay.providers.base import OutputSink, Resources, SandboxSpec
+from relay.providers.local import _BASE_ENV, _MARKER, LocalProvider, LocalSandbox, _child_setup
+from relay.settings import Settings
+
+MESSAGE = "hello from the benchmark"
+ECHO = ["echo", MESSAGE]
+TIMEOUT_S = 10.0  # the echo job's own timeout_s, so the argv matches the relay's
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Latencies of one way of running echo, in milliseconds."""
+
+    name: str
+    samples: tuple[float, ...]
+
+    @property
+    def p50_ms(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def p99_ms(self) -> float:
+        ordered = sorted(self.samples)
+        return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def _spec(run_id: str, grace_s: float) -> SandboxSpec:
+    cpu, memory_mb = SIZES[Size.small]
+    return SandboxSpec(
+        run_id=run_id,
+        cluster="bench",
+        timeout_s=TIMEOUT_S,
+        grace_s=grace_s,
+        resources=Resources(cpu=cpu, memory_mb=memory_mb),
+    )
+
+
+async def _direct_once(provider: LocalProvider, grace_s: float) -> float:
+    started = time.perf_counter()
+    sandbox_id = f"direct-{secrets.token_hex(6)}"
+    box = LocalSandbox(provider, sandbox_id, _spec(sandbox_id, grace_s))
+    for part in ("work", "tmp"):
+        (box.home / part).mkdir(parents=True, mode=0o755)
+    left = max(1, int(box.spec.lifetime_s))
+    command, cwd = box._command(["timeout", "-s", "KILL", str(left), *ECHO], "/workspace")
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**_BASE_ENV, _MARKER: sandbox_id},
+        cwd=cwd,
+        start_new_session=True,
+        preexec_fn=_child_setup(left, box.spec.resources.memory_mb),
+    )
+    stdout, _ = await process.communicate()
+    shutil.rmtree(box.home)
+    elapsed = (time.perf_counter() - started) * 1000
+    if process.returncode != 0 or stdout.decode().strip() != MESSAGE:
+        raise RuntimeError(f"direct bwrap echo failed: exit {process.returncode}")
+    return elapsed
+
+
+async def _provider_once(provider: LocalProvider, grace_s: float) -> float:
+    started = time.perf_counter()
+    sink = OutputSink(1 << 20)
+    async with provider.sandbox(_spec(f"run_{secrets.token_hex(8)}", grace_s)) as box:
+        result = await box.exec(
+            ECHO, stdin=None, env={}, workdir=None, timeout_s=TIMEOUT_S, output=sink
+        )
+    elapsed = (time.perf_counter() - started) * 1000
+    if result.exit_code != 0 or sink.text("stdout").strip() != MESSAGE:
+        raise RuntimeError(f"provider echo failed: exit {result.exit_code}")
+    return elapsed
+
+
+def _relay_once(client: KeepAliveClient) -> float:
+    started = time.perf_counter()
+    status, run = client.post("/v1/runs", {"job": "echo", "params": {"message": MESSAGE}})
+    elapsed = (time.perf_counter() - started) * 1000
+    if status != 200 or run.get("state") != "succeeded" or run["stdout"].strip() != MESSAGE:
+        raise RuntimeError(f"relay echo failed: {status} {run.get('state') or run.get('error')}")
+    return elapsed
+
+
+def run(url: str, token: str, *, rounds: int, grace_s: float = 30.0) -> list[Timing]:
+    """``rounds`` of each way, interleaved; the first round of each is a warm-up."""
+    root = Path(tempfile.mkdtemp(prefix="relay-bench-local-"))
+    settings = Settings(
+        _env_file=None,
+        local_isolation="bwrap",
+        local_root=root,
+        cluster="bench",
+        grace_s=grace_s,
+    )
+    provider = LocalProvider(settings)
+    client = KeepAliveClient(url, token)
+    samples: dict[str, list[float]] = {"direct": [], "provider": [], "relay": []}
+    loop = asyncio.new_event_loop()
+    try:
+        for index in range(rounds + 1):
+            direct = loop.run_until_complete(_direct_once(provider, grace_s))
+            through_provider = loop.run_until_complete(_provider_once(provider, grace_s))
+            relay = _relay_once(client)
+            if index:
+                samples["direct"].append(direct)
+                samples["provider"].append(through_provider)
+                samples["relay"].append(relay)
+    finally:
+        client.close()
+        loop.run_until_complete(provider.aclose())
+        loop.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return [Timing(name, tuple(values)) for name, values in samples.items()]

@@ -1,0 +1,183 @@
+"""bench/RESULTS.md: the machine, the figures, the ratios, the targets and the command."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+from dataclasses import dataclass, field
+from importlib.metadata import version
+
+from bench.load import LoadResult
+from bench.local import Timing
+from bench.waiting import WaitingResult
+
+
+@dataclass
+class Results:
+    """Everything one ``python -m bench`` run measured."""
+
+    command: str
+    smoke: bool
+    machine: str = ""
+    load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    overhead: dict[str, list[LoadResult]] = field(default_factory=dict)
+    postgres_note: str = ""
+    waiting: dict[str, WaitingResult] = field(default_factory=dict)
+    local: list[Timing] = field(default_factory=list)
+    local_note: str = ""
+    seconds: float = 0.0
+
+
+def machine_line() -> str:
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True, check=False)
+    wrk_version = (wrk.stdout or wrk.stderr).split(" [")[0].removeprefix("wrk ").strip()
+    packages = ", ".join(
+        f"{name} {version(name)}"
+        for name in ("uvicorn", "uvloop", "httptools", "starlette", "sqlalchemy", "aiosqlite")
+    )
+    return (
+        f"{model}, {os.cpu_count()} cores, {memory_gib:.0f} GiB RAM; Linux {platform.release()}; "
+        f"Python {platform.python_version()}; {packages}; wrk {wrk_version}"
+    )
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def _ratio(value: float, base: float) -> str:
+    return f"{value / base:.2f}x" if base and not math.isnan(value) else "—"
+
+
+def _loads(values: tuple[float, float, float]) -> str:
+    return ", ".join(f"{value:.2f}" for value in values)
+
+
+def _mark(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def targets(results: Results) -> list[tuple[str, str, bool]]:
+    """(target, measured, met) for each target the issue sets."""
+    out: list[tuple[str, str, bool]] = []
+    by_level = {name: {r.concurrency: r for r in rows} for name, rows in results.overhead.items()}
+    base, sqlite = by_level.get("baseline", {}), by_level.get("relay (SQLite)", {})
+    top = max(sqlite) if sqlite else None
+    if top is not None and top in base:
+        share = sqlite[top].per_second / base[top].per_second
+        out.append(
+            (
+                f"(1) runs/s at concurrency {top} ≥ 25% of the bare endpoint's (SQLite)",
+                f"{share:.1%} ({sqlite[top].per_second:.0f} vs {base[top].per_second:.0f}/s)",
+                share >= 0.25 and sqlite[top].errors == 0,
+            )
+        )
+    if 10 in sqlite and 10 in base:
+        extra = sqlite[10].p99_ms - base[10].p99_ms
+        out.append(("(1) p99 overhead at concurrency 10 < 10 ms", f"{_ms(extra)} ms", extra < 10))
+    relay_wait = results.waiting.get("relay")
+    if relay_wait is not None:
+        out.append(
+            (
+                f"(2) {relay_wait.callers} waiting runs: < 250 MB RSS, zero errors",
+                f"{relay_wait.rss_peak_mb:.0f} MB peak, {relay_wait.errors} errors",
+                relay_wait.rss_peak_mb < 250 and relay_wait.errors == 0,
+            )
+        )
+    local = {t.name: t for t in results.local}
+    if "relay" in local and "direct" in local:
+        ratio = local["relay"].p50_ms / local["direct"].p50_ms
+        out.append(
+            ("(3) echo over HTTP within 1.5x of direct bwrap (p50)", f"{ratio:.2f}x", ratio <= 1.5)
+        )
+    return out
+
+
+def render(results: Results) -> str:
+    lines = [
+        "# Benchmark results",
+        "",
+        "The relay's own cost, each figure against a baseline measured in the same run "
+        "(see bench/README.md for what each benchmark does).",
+        "",
+        f"- Machine: {results.machine}",
+        f"- Load average (1, 5, 15 min) before: {_loads(results.load_before)};"
+        f" after: {_loads(results.load_after)} (other work on the machine blurs the figures)",
+        f"- Command: `{results.command}` ({results.seconds:.0f} s)"
+        + (" — **smoke mode: tiny samples, not figures to quote**" if results.smoke else ""),
+        "",
+        "## Targets",
+        "",
+        "| target | measured | |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {name} | {measured} | {_mark(ok)} |" for name, measured, ok in targets(results)]
+    lines += [
+        "",
+        "## (1) Overhead per run: `POST /v1/runs` (`wait: true`, bench provider) "
+        "vs a bare endpoint",
+        "",
+        "wrk, one thread, closed loop on loopback; every request a new run. Latency in ms.",
+        "",
+        "| server | concurrency | requests | per second | ratio | p50 | p90 | p99 | max | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = {r.concurrency: r for r in results.overhead.get("baseline", [])}
+    for name, rows in results.overhead.items():
+        for row in rows:
+            ref = base.get(row.concurrency)
+            ratio = _ratio(row.per_second, ref.per_second) if ref and name != "baseline" else ""
+            lines.append(
+                f"| {name} | {row.concurrency} | {row.requests} | {row.per_second:.0f} | {ratio} "
+                f"| {_ms(row.p50_ms)} | {_ms(row.p90_ms)} | {_ms(row.p99_ms)} | {_ms(row.max_ms)} "
+                f"| {row.errors} |"
+            )
+    if results.postgres_note:
+        lines += ["", f"(4) PostgreSQL: {results.postgres_note}"]
+    lines += [
+        "",
+        "## (2) Waiting callers: runs that sleep on the bench provider, all sent at once",
+        "",
+        "| server | callers | succeeded | errors | all held after | RSS before | RSS peak "
+        "| CPU while idle-waiting | window |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, w in results.waiting.items():
+        lines.append(
+            f"| {name} | {w.callers} | {w.succeeded} | {w.errors} | {w.submit_s:.1f} s "
+            f"| {w.rss_before_mb:.0f} MB | {w.rss_peak_mb:.0f} MB | {w.idle_cpu_percent:.1f}% "
+            f"| {w.idle_window_s:.1f} s |"
+        )
+        if w.error_samples:
+            lines.append(f"|  | errors seen: {'; '.join(w.error_samples)} | | | | | | | |")
+    lines += [
+        "",
+        "## (3) Local provider: the `echo` job, one at a time",
+        "",
+        "| way | runs | p50 ms | p99 ms | p50 ratio to direct | p99 ratio to direct |",
+        "|---|---|---|---|---|---|",
+    ]
+    if results.local_note:
+        lines += [f"(3) {results.local_note}"]
+    direct = next((t for t in results.local if t.name == "direct"), None)
+    for t in results.local:
+        p50_ratio = _ratio(t.p50_ms, direct.p50_ms) if direct else "—"
+        p99_ratio = _ratio(t.p99_ms, direct.p99_ms) if direct else "—"
+        lines.append(
+            f"| {t.name} | {len(t.samples)} | {_ms(t.p50_ms)} | {_ms(t.p99_ms)} "
+            f"| {p50_ratio} | {p99_ratio} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,39 @@
+"""The benchmark harness still runs end to end (``python -m bench --smoke``); no time is asserted."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk missing: scripts/system-deps.sh bench")
+def test_smoke_run_writes_every_section_and_every_request_succeeds(tmp_path: Path) -> None:
+    out = tmp_path / "RESULTS.md"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = out.read_text()
+    for heading in ("## Targets", "## (1) Overhead", "## (2) Waiting", "## (3) Local"):
+        assert heading in text
+    assert "- Machine: " in text and "python -m bench --smoke" in text
+    overhead = re.findall(r"^\| (baseline|relay \(SQLite\)) \| (\d+) \|.*\| (\d+) \|$", text, re.M)
+    assert {(name, level) for name, level, _ in overhead} == {
+        (name, level) for name in ("baseline", "relay (SQLite)") for level in ("1", "10")
+    }
+    assert all(errors == "0" for _, _, errors in overhead), overhead
+    waiting = re.findall(r"^\| (relay|baseline) \| 20 \| (\d+) \| (\d+) \|", text, re.M)
+    assert sorted(waiting) == [("baseline", "20", "0"), ("relay", "20", "0")]
+    assert "written to" in result.stdout
