@@ -80,6 +80,21 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _engine_options(url: str) -> dict[str, Any]:
+    """Pool settings. A SQLite file gets one connection, so one thread and one writer:
+    with several, writers that collide sleep in SQLite's busy handler (1-100 ms a try)
+    and each extra connection is another aiosqlite thread. Every store method takes the
+    connection for one short transaction and never holds it while taking another.
+    The pool's reset-on-return is off for it: each transaction here is ended by its own
+    commit or rollback, so the reset would only add a rollback (a thread hop) per use."""
+    if not url.startswith("sqlite"):
+        return {"pool_pre_ping": True}
+    database = sa.engine.make_url(url).database
+    if not database or database == ":memory:":
+        return {"pool_pre_ping": False}
+    return {"pool_pre_ping": False, "pool_size": 1, "max_overflow": 0, "pool_reset_on_return": None}
+
+
 def encode_cursor(created_at: float, run_id: str) -> str:
     return base64.urlsafe_b64encode(f"{created_at!r}|{run_id}".encode()).decode().rstrip("=")
 
@@ -102,7 +117,7 @@ class Store:
 
     @classmethod
     async def open(cls, url: str) -> Store:
-        engine = create_async_engine(url, pool_pre_ping=not url.startswith("sqlite"))
+        engine = create_async_engine(url, **_engine_options(url))
         if engine.dialect.name == "sqlite":
             sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         store = cls(engine)
