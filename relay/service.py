@@ -68,6 +68,12 @@ class Plan:
     spec: SandboxSpec
 
 
+class _Done(asyncio.Event):
+    """Set when a run is final; carries the final row so a waiter needn't read it again."""
+
+    row: dict[str, Any] | None = None
+
+
 def new_run_id() -> str:
     """Sortable by creation time, unguessable."""
     return f"run_{int(time.time() * 1000):011x}{secrets.token_hex(8)}"
@@ -106,7 +112,7 @@ class RunService:
         self.instance_id = instance_id or secrets.token_hex(8)
         self.accepting = True
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._done: dict[str, asyncio.Event] = {}
+        self._done: dict[str, _Done] = {}
         self._cancel_reason: dict[str, str] = {}
         self._drain_started: float | None = None
 
@@ -243,7 +249,7 @@ class RunService:
             if existing is None:  # pragma: no cover - the unique index makes this impossible
                 raise
             return self._same_request(existing, digest), False
-        self._done[run_id] = asyncio.Event()
+        self._done[run_id] = _Done()
         self._tasks[run_id] = asyncio.create_task(self._execute(run_id, plan), name=run_id)
         log.info(
             "run submitted",
@@ -274,6 +280,7 @@ class RunService:
         timings: dict[str, int] = {}
         final: dict[str, Any] = {}
         started_mono = time.monotonic()
+        started_at: float | None = None
         exec_started: float | None = None
         provider = self.providers[plan.provider]
         try:
@@ -358,18 +365,21 @@ class RunService:
                 timings["exec_ms"] = _ms_since(exec_started)
             if sink.first_output_at is not None:
                 timings["first_output_ms"] = int((sink.first_output_at - started_mono) * 1000)
-            await shielded(self._finish(run_id, final, sink, timings))
+            await shielded(self._finish(run_id, final, sink, timings, started_at))
 
     async def _set_state(self, run_id: str, state: RunState, **values: Any) -> None:
         await self.store.update_run(run_id, state=state.value, **values)
         self.events.publish(RunEvent(run_id, "state", state=state.value))
 
     async def _finish(
-        self, run_id: str, final: dict[str, Any], sink: OutputSink, timings: dict[str, int]
+        self,
+        run_id: str,
+        final: dict[str, Any],
+        sink: OutputSink,
+        timings: dict[str, int],
+        started: float | None,
     ) -> None:
         now = time.time()
-        row = await self.store.get_run(run_id)
-        started = row["started_at"] if row else None
         await self.store.update_run(
             run_id,
             **final,
@@ -388,6 +398,7 @@ class RunService:
             self.events.publish(RunEvent(run_id, "finished", state=finished["state"], row=finished))
         event = self._done.pop(run_id, None)
         if event is not None:
+            event.row = finished
             event.set()
         log.info("run finished", extra={"run_id": run_id, "state": final.get("state")})
 
@@ -406,6 +417,8 @@ class RunService:
         if event is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout_s)
+            if event.row is not None:
+                return event.row
         while True:
             row = await self.store.get_run(run_id)
             if row is None:
