@@ -38,7 +38,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="(4) PostgreSQL: auto skips with the reason when no server can be had",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=("overhead", "waiting", "local"),
+        help="run only these benchmarks (repeatable); default: all",
+    )
     args = parser.parse_args(argv)
+    args.only = set(args.only or ("overhead", "waiting", "local"))
     smoke = args.smoke
     args.seconds = args.seconds or (1.0 if smoke else 8.0)
     args.callers = args.callers or (20 if smoke else 1000)
@@ -77,6 +84,58 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _waiting(root: Path, args: argparse.Namespace, results: Results) -> None:
+    with servers.relay(root / "waiting") as (relay, token):
+        assert relay.process is not None
+        results.waiting["relay"] = waiting.run_relay(
+            relay.url,
+            token,
+            pid=relay.process.pid,
+            database=relay.root / "relay.db",
+            callers=args.callers,
+            sleep_s=args.sleep_s,
+        )
+    with servers.baseline() as (process, base_url):
+        results.waiting["baseline"] = waiting.run_baseline(
+            base_url, pid=process.pid, callers=args.callers, sleep_s=args.sleep_s
+        )
+
+
+def _overhead_and_local(root: Path, args: argparse.Namespace, results: Results) -> None:
+    """(1) and (4) against the baseline, then (3) on the same SQLite relay."""
+    overhead = "overhead" in args.only
+    with contextlib.ExitStack() as stack:
+        pg_url = stack.enter_context(_postgres(args.postgres if overhead else "no", results))
+        _, base_url = stack.enter_context(servers.baseline())
+        relay, token = stack.enter_context(servers.relay(root / "sqlite"))
+        targets_by_name = {"baseline": (base_url, None), "relay (SQLite)": (relay.url, token)}
+        if pg_url is not None:
+            pg_relay, pg_token = stack.enter_context(
+                servers.relay(root / "postgres", database_url=pg_url)
+            )
+            targets_by_name["relay (PostgreSQL)"] = (pg_relay.url, pg_token)
+        if overhead:
+            _say("(1) overhead per run: warming up")
+            for url, tok in targets_by_name.values():
+                run_wrk(url + "/v1/runs", NOOP, token=tok, concurrency=10, seconds=1)
+        for level in args.levels if overhead else ():
+            for name, (url, tok) in targets_by_name.items():
+                if name == "relay (PostgreSQL)" and level != max(args.levels):
+                    continue  # (4) compares the stores at the highest concurrency only
+                _say(f"(1) {name}, concurrency {level}, {args.seconds:.0f} s")
+                row: LoadResult = run_wrk(
+                    url + "/v1/runs", NOOP, token=tok, concurrency=level, seconds=args.seconds
+                )
+                results.overhead.setdefault(name, []).append(row)
+        if "local" not in args.only:
+            return
+        if not bwrap_works():
+            results.local_note = "not run: bubblewrap is missing or cannot work here"
+            return
+        _say(f"(3) local provider: echo, {args.rounds} rounds of each way")
+        results.local = local.run(relay.url, token, rounds=args.rounds)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     started = time.monotonic()
@@ -87,51 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     results.load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="relay-bench-") as folder:
         root = Path(folder)
-        with contextlib.ExitStack() as stack:
-            pg_url = stack.enter_context(_postgres(args.postgres, results))
-            _, base_url = stack.enter_context(servers.baseline())
-            relay, token = stack.enter_context(servers.relay(root / "sqlite"))
-            targets_by_name = {
-                "baseline": (base_url, None),
-                "relay (SQLite)": (relay.url, token),
-            }
-            if pg_url is not None:
-                pg_relay, pg_token = stack.enter_context(
-                    servers.relay(root / "postgres", database_url=pg_url)
-                )
-                targets_by_name["relay (PostgreSQL)"] = (pg_relay.url, pg_token)
-            _say("(1) overhead per run: warming up")
-            for url, tok in targets_by_name.values():
-                run_wrk(url + "/v1/runs", NOOP, token=tok, concurrency=10, seconds=1)
-            for level in args.levels:
-                for name, (url, tok) in targets_by_name.items():
-                    if name == "relay (PostgreSQL)" and level != max(args.levels):
-                        continue  # (4) compares the stores at the highest concurrency only
-                    _say(f"(1) {name}, concurrency {level}, {args.seconds:.0f} s")
-                    row: LoadResult = run_wrk(
-                        url + "/v1/runs", NOOP, token=tok, concurrency=level, seconds=args.seconds
-                    )
-                    results.overhead.setdefault(name, []).append(row)
-            if bwrap_works():
-                _say(f"(3) local provider: echo, {args.rounds} rounds of each way")
-                results.local = local.run(relay.url, token, rounds=args.rounds)
-            else:
-                results.local_note = "not run: bubblewrap is missing or cannot work here"
-        _say(f"(2) {args.callers} waiting runs of {args.sleep_s} s")
-        with servers.relay(root / "waiting") as (relay, token):
-            assert relay.process is not None
-            results.waiting["relay"] = waiting.run_relay(
-                relay.url,
-                token,
-                pid=relay.process.pid,
-                database=relay.root / "relay.db",
-                callers=args.callers,
-                sleep_s=args.sleep_s,
-            )
-        with servers.baseline() as (process, base_url):
-            results.waiting["baseline"] = waiting.run_baseline(
-                base_url, pid=process.pid, callers=args.callers, sleep_s=args.sleep_s
-            )
+        if args.only & {"overhead", "local"}:
+            _overhead_and_local(root, args, results)
+        if "waiting" in args.only:
+            _say(f"(2) {args.callers} waiting runs of {args.sleep_s} s")
+            _waiting(root, args, results)
     results.load_after = os.getloadavg()
     results.seconds = time.monotonic() - started
     text = render(results)
