@@ -106,25 +106,35 @@ def _overhead_and_local(root: Path, args: argparse.Namespace, results: Results) 
     overhead = "overhead" in args.only
     with contextlib.ExitStack() as stack:
         pg_url = stack.enter_context(_postgres(args.postgres if overhead else "no", results))
-        _, base_url = stack.enter_context(servers.baseline())
+        base, base_url = stack.enter_context(servers.baseline())
         relay, token = stack.enter_context(servers.relay(root / "sqlite"))
-        targets_by_name = {"baseline": (base_url, None), "relay (SQLite)": (relay.url, token)}
+        assert relay.process is not None
+        targets_by_name = {
+            "baseline": (base_url, None, base.pid),
+            "relay (SQLite)": (relay.url, token, relay.process.pid),
+        }
         if pg_url is not None:
             pg_relay, pg_token = stack.enter_context(
                 servers.relay(root / "postgres", database_url=pg_url)
             )
-            targets_by_name["relay (PostgreSQL)"] = (pg_relay.url, pg_token)
+            assert pg_relay.process is not None
+            targets_by_name["relay (PostgreSQL)"] = (pg_relay.url, pg_token, pg_relay.process.pid)
         if overhead:
             _say("(1) overhead per run: warming up")
-            for url, tok in targets_by_name.values():
+            for url, tok, _pid in targets_by_name.values():
                 run_wrk(url + "/v1/runs", NOOP, token=tok, concurrency=10, seconds=1)
         for level in args.levels if overhead else ():
-            for name, (url, tok) in targets_by_name.items():
+            for name, (url, tok, pid) in targets_by_name.items():
                 if name == "relay (PostgreSQL)" and level != max(args.levels):
                     continue  # (4) compares the stores at the highest concurrency only
                 _say(f"(1) {name}, concurrency {level}, {args.seconds:.0f} s")
                 row: LoadResult = run_wrk(
-                    url + "/v1/runs", NOOP, token=tok, concurrency=level, seconds=args.seconds
+                    url + "/v1/runs",
+                    NOOP,
+                    token=tok,
+                    concurrency=level,
+                    seconds=args.seconds,
+                    server_pid=pid,
                 )
                 results.overhead.setdefault(name, []).append(row)
         if "local" not in args.only:

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 SCRIPT = """
 wrk.method = "POST"
 wrk.body = [==[%(body)s]==]
@@ -42,6 +44,8 @@ class LoadResult:
     p90_ms: float
     p99_ms: float
     max_ms: float
+    server_cpu_ms: float = float("nan")
+    """CPU time the server process spent per request (user + system), when measured."""
 
     @property
     def per_second(self) -> float:
@@ -58,7 +62,13 @@ def wrk_path() -> str:
 
 
 def run_wrk(
-    url: str, body: Mapping[str, object], *, token: str | None, concurrency: int, seconds: float
+    url: str,
+    body: Mapping[str, object],
+    *,
+    token: str | None,
+    concurrency: int,
+    seconds: float,
+    server_pid: int | None = None,
 ) -> LoadResult:
     """``wrk -t1 -c<concurrency>`` for ``seconds`` against ``url``; one thread is enough for
     a single-process server and leaves the other core to it."""
@@ -69,7 +79,10 @@ def run_wrk(
         path.write_text(script)
         argv = [wrk_path(), "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s"]
         argv += ["--timeout", "30s", "-s", str(path), url]
+        server = psutil.Process(server_pid) if server_pid is not None else None
+        cpu_before = _cpu_seconds(server)
         result = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
+        cpu_used = _cpu_seconds(server) - cpu_before
     line = next((ln for ln in result.stdout.splitlines() if ln.startswith("BENCH ")), None)
     if result.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed ({result.returncode}): {result.stderr or result.stdout}")
@@ -83,4 +96,12 @@ def run_wrk(
         p90_ms=data["p90_us"] / 1000,
         p99_ms=data["p99_us"] / 1000,
         max_ms=data["max_us"] / 1000,
+        server_cpu_ms=cpu_used * 1000 / data["requests"] if data["requests"] else float("nan"),
     )
+
+
+def _cpu_seconds(process: psutil.Process | None) -> float:
+    if process is None:
+        return float("nan")
+    times = process.cpu_times()
+    return float(times.user + times.system)

@@ -130,10 +130,14 @@ def render(results: Results) -> str:
         "## (1) Overhead per run: `POST /v1/runs` (`wait: true`, bench provider) "
         "vs a bare endpoint",
         "",
-        "wrk, one thread, closed loop on loopback; every request a new run. Latency in ms.",
+        "wrk, one thread, closed loop on loopback; every request a new run. Latency in ms. "
+        "Server CPU per request is the server process's user + system time over the run "
+        "divided by the requests it answered: unlike throughput, it barely depends on what "
+        "else the machine is doing.",
         "",
-        "| server | concurrency | requests | per second | ratio | p50 | p90 | p99 | max | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| server | concurrency | requests | per second | ratio | p50 | p90 | p99 | max | errors "
+        "| server CPU per request |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = {r.concurrency: r for r in results.overhead.get("baseline", [])}
     for name, rows in results.overhead.items():
@@ -143,7 +147,7 @@ def render(results: Results) -> str:
             lines.append(
                 f"| {name} | {row.concurrency} | {row.requests} | {row.per_second:.0f} | {ratio} "
                 f"| {_ms(row.p50_ms)} | {_ms(row.p90_ms)} | {_ms(row.p99_ms)} | {_ms(row.max_ms)} "
-                f"| {row.errors} |"
+                f"| {row.errors} | {row.server_cpu_ms:.2f} ms |"
             )
     if results.postgres_note:
         lines += ["", f"(4) PostgreSQL: {results.postgres_note}"]

@@ -29,7 +29,8 @@ def test_smoke_run_writes_every_section_and_every_request_succeeds(tmp_path: Pat
     for heading in ("## Targets", "## (1) Overhead", "## (2) Waiting", "## (3) Local"):
         assert heading in text
     assert "- Machine: " in text and "python -m bench --smoke" in text
-    overhead = re.findall(r"^\| (baseline|relay \(SQLite\)) \| (\d+) \|.*\| (\d+) \|$", text, re.M)
+    row = r"^\| (baseline|relay \(SQLite\)) \| (\d+) \|.*\| (\d+) \| [\d.]+ ms \|$"
+    overhead = re.findall(row, text, re.M)
     assert {(name, level) for name, level, _ in overhead} == {
         (name, level) for name in ("baseline", "relay (SQLite)") for level in ("1", "10")
     }
