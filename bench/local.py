@@ -4,8 +4,8 @@ spawning the same bubblewrap sandbox directly.
 Three ways, interleaved so that drift on a shared machine hits them alike:
 
 * **direct** — the physical floor: make the sandbox's two folders, spawn the exact argv
-  the local provider builds (``LocalSandbox._command``: bwrap, namespaces, binds, the
-  ``timeout -s KILL`` wrapper) with the same environment and child setup, read its
+  the local provider builds (``LocalSandbox.launch``: prlimit, bwrap, namespaces, binds,
+  the ``timeout -s KILL`` wrapper) with the same environment and child setup, read its
   output, wait for it, remove the folders;
 * **provider** — the same through the provider API (``LocalProvider.sandbox`` + ``exec``,
   which adds the sandbox's tag file and its terminate sweep), no HTTP and no store;
@@ -27,7 +27,7 @@ from pathlib import Path
 from bench.client import KeepAliveClient
 from relay.models import SIZES, Size
 from relay.providers.base import OutputSink, Resources, SandboxSpec
-from relay.providers.local import _BASE_ENV, _MARKER, LocalProvider, LocalSandbox, _child_setup
+from relay.providers.local import _BASE_ENV, _MARKER, LocalProvider, LocalSandbox
 from relay.settings import Settings
 
 MESSAGE = "hello from the benchmark"
@@ -70,7 +70,9 @@ async def _direct_once(provider: LocalProvider, grace_s: float) -> float:
     for part in ("work", "tmp"):
         (box.home / part).mkdir(parents=True, mode=0o755)
     left = max(1, int(box.spec.lifetime_s))
-    command, cwd = box._command(["timeout", "-s", "KILL", str(left), *ECHO], "/workspace")
+    command, cwd, setup = box.launch(
+        ["timeout", "-s", "KILL", str(left), *ECHO], "/workspace", left
+    )
     process = await asyncio.create_subprocess_exec(
         *command,
         stdin=subprocess.DEVNULL,
@@ -79,7 +81,7 @@ async def _direct_once(provider: LocalProvider, grace_s: float) -> float:
         env={**_BASE_ENV, _MARKER: sandbox_id},
         cwd=cwd,
         start_new_session=True,
-        preexec_fn=_child_setup(left, box.spec.resources.memory_mb),
+        preexec_fn=setup,
     )
     stdout, _ = await process.communicate()
     shutil.rmtree(box.home)
