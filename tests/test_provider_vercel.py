@@ -151,6 +151,19 @@ async def test_provider_lifetime_ends_a_sandbox_the_relay_forgot(provider: Verce
             await run(box, ["sleep", "30"])
 
 
+async def test_a_workdir_the_user_owns_needs_no_root(
+    fake: FakeVercel, provider: VercelProvider
+) -> None:
+    async with provider.sandbox(spec()) as box:
+        sink = OutputSink(1000)
+        result = await box.exec(
+            ["pwd"], stdin=None, env={}, workdir="/vercel/sandbox/app", timeout_s=10, output=sink
+        )
+        names = [c["name"] for c in fake.ledger.commands if c["sandbox"] == box.id]
+    assert result.exit_code == 0 and sink.text("stdout").endswith("/vercel/sandbox/app\n")
+    assert names == ["pwd"]  # the directory came from the filesystem API, not a sudo mkdir
+
+
 # --- mapping ---------------------------------------------------------------------------
 
 

@@ -196,12 +196,19 @@ class VercelSandbox:
             await self._session.fs.mkdir(directory, recursive=True)
         else:
             # Sandbox code runs as the unprivileged vercel-sandbox user; only root can
-            # create /workspace. Mode 0777 lets that user write in it.
-            made = await self._session.run_process(
-                "mkdir", ["-p", "-m", "0777", "--", directory], sudo=True, capture_output=True
-            )
-            if made.returncode != 0:
-                raise ProviderError(f"could not create the working directory {directory}")
+            # create /workspace. Mode 0777 lets that user write in it. Images without sudo
+            # get a second, unprivileged try (enough where the parent is writable).
+            for sudo in (True, False):
+                made = await self._session.run_process(
+                    "mkdir", ["-p", "-m", "0777", "--", directory], sudo=sudo, capture_output=True
+                )
+                if made.returncode == 0:
+                    break
+            else:
+                raise ProviderError(
+                    f"could not create the working directory {directory}; "
+                    "a job workdir under /vercel/sandbox always works"
+                )
         self._directories.add(directory)
 
     async def upload(self, files: Mapping[str, bytes]) -> None:
