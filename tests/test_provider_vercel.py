@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import anyio
+import psutil
 import pytest
 
 from relay.errors import (
@@ -162,6 +163,44 @@ async def test_a_workdir_the_user_owns_needs_no_root(
         names = [c["name"] for c in fake.ledger.commands if c["sandbox"] == box.id]
     assert result.exit_code == 0 and sink.text("stdout").endswith("/vercel/sandbox/app\n")
     assert names == ["pwd"]  # the directory came from the filesystem API, not a sudo mkdir
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def test_cancelling_the_whole_run_still_terminates_and_kills(
+    fake: FakeVercel, provider: VercelProvider
+) -> None:
+    """A client disconnect cancels the run's scope mid-command: the exit is shielded."""
+    ids: list[str] = []
+    with anyio.move_on_after(1.0) as scope:
+        async with provider.sandbox(spec()) as box:
+            ids.append(box.id)
+            await run(box, ["sh", "-c", "sleep 30 & sleep 30"])
+    assert scope.cancelled_caught
+    assert ids[0] in fake.ledger.destroys and fake.ledger.alive() == set()
+    pids = [c["pid"] for c in fake.ledger.commands if c["sandbox"] == ids[0]]
+    assert pids and all(process_gone(pid) for pid in pids)  # a client timeout *is* a kill
+
+
+async def test_concurrent_runs_all_end(fake: FakeVercel, provider: VercelProvider) -> None:
+    results: dict[int, str] = {}
+
+    async def one(index: int) -> None:
+        async with provider.sandbox(spec(run_id=f"run_many{index}")) as box:
+            code, sink = await run(box, ["sh", "-c", f"sleep 0.2; echo {index}"])
+            assert code == 0
+            results[index] = sink.text("stdout")
+
+    async with anyio.create_task_group() as group:
+        for index in range(6):
+            group.start_soon(one, index)
+    assert results == {index: f"{index}\n" for index in range(6)}
+    assert len({entry["name"] for entry in fake.ledger.created}) == len(fake.ledger.created)
 
 
 # --- mapping ---------------------------------------------------------------------------

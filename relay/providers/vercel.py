@@ -350,28 +350,29 @@ class VercelProvider:
                 try:
                     await box.stop()
                 except (SandboxError, httpx2.TransportError) as exc:
-                    stop_error = exc  # destroying may still end it
+                    stop_error = exc  # destroying the sandbox may still end it
                 try:
                     await box.destroy(delete_orphan_snapshots=True)
                 except SandboxApiError as exc:
                     if exc.status_code != 404:
                         raise  # a failed stop followed by a failed destroy lands here too
                 if stop_error is not None:
-                    log.info(
-                        "vercel sandbox %s: stop failed (%s) but destroy ended it",
-                        box.name,
-                        type(stop_error).__name__,
-                    )
+                    name, error = box.name, type(stop_error).__name__
+                    log.info("vercel sandbox %s: stop failed (%s), destroy ended it", name, error)
         except (SandboxError, httpx2.TransportError, TimeoutError) as exc:
-            log.error(
-                "vercel sandbox %s could not be terminated: %s; the reaper will retry",
-                box.name,
-                type(exc).__name__,
-                extra={"provider": self.name, "sandbox_id": box.name},
-            )
-            if isinstance(exc, TimeoutError):
-                raise ProviderTimeout("vercel did not terminate the sandbox in time") from exc
-            raise provider_error(exc, "terminating the sandbox") from exc
+            raise self._terminate_failed(box.name, exc) from exc
+
+    def _terminate_failed(self, sandbox_id: str, exc: BaseException) -> ProviderError:
+        """Log a failed terminate (id and exception class only) and say what to raise."""
+        log.error(
+            "vercel sandbox %s could not be terminated (%s); the reaper will retry",
+            sandbox_id,
+            type(exc).__name__,
+            extra={"provider": self.name, "sandbox_id": sandbox_id},
+        )
+        if isinstance(exc, TimeoutError):
+            return ProviderTimeout("vercel did not terminate the sandbox in time")
+        return provider_error(exc, "terminating the sandbox")
 
     async def list_owned(self) -> list[SandboxRef]:
         query = SandboxQueryByCreatedAt(tag=TagFilter(key=TAG_CLUSTER, value=self._cluster))
@@ -395,11 +396,9 @@ class VercelProvider:
         except SandboxApiError as exc:
             if exc.status_code in (404, 410):
                 return  # already gone: terminate is idempotent
-            raise provider_error(exc, "finding the sandbox to terminate") from exc
-        except (SandboxError, httpx2.TransportError) as exc:
-            raise provider_error(exc, "finding the sandbox to terminate") from exc
-        except TimeoutError as exc:
-            raise ProviderTimeout("vercel did not answer in time while terminating") from exc
+            raise self._terminate_failed(sandbox_id, exc) from exc
+        except (SandboxError, httpx2.TransportError, TimeoutError) as exc:
+            raise self._terminate_failed(sandbox_id, exc) from exc
         await self._end(box)
 
     async def aclose(self) -> None:

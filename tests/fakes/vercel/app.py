@@ -155,8 +155,10 @@ def build_app(world: World) -> Starlette:
         cwd = body.get("cwd") or "/vercel/sandbox"
         if not box.host_path(cwd).is_dir():
             return error(400, "cwd_not_found")
+        entry: dict[str, Any] = {}
         with ledger.lock:
-            ledger.commands.append(
+            ledger.commands.append(entry)
+            entry.update(
                 {
                     "sandbox": box.name,
                     "name": body["command"],
@@ -176,6 +178,8 @@ def build_app(world: World) -> Starlette:
             timeout_ms=body.get("timeout"),
             attach_stdin=bool(body.get("attachStdin")),
         )
+        with ledger.lock:
+            entry["pid"] = None if command.process is None else command.process.pid
         if request.query_params.get("wait") != "true" and not body.get("wait"):
             return JSONResponse({"command": command.payload()})
         stream = follow(command, with_commands=True, cut=faults.cut_stream)
