@@ -30,7 +30,7 @@ from relay.providers.base import TAG_CLUSTER, TAG_RUN, Egress, OutputSink, Resou
 from relay.providers.vercel import VercelProvider, network_policy_for, vcpus_for
 from relay.settings import Settings
 from tests.contract.harness_vercel import PROJECT, TEAM, TOKEN, settings_for
-from tests.fakes.vercel import BAD_KEY, BODY_MARKER, FakeVercel, running_fake
+from tests.fakes.vercel import BAD_KEY, BODY_MARKER, FakeVercel, jail, running_fake
 
 
 @pytest.fixture(scope="module")
@@ -287,6 +287,30 @@ def test_network_policy_mapping_is_pure() -> None:
 def test_missing_credentials_are_a_config_error() -> None:
     with pytest.raises(ConfigError):
         VercelProvider(Settings(_env_file=None, vercel_token="t"))  # type: ignore[call-arg]
+
+
+CONNECT = "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 2)"
+
+
+@pytest.mark.skipif(jail.bwrap() is None, reason="the fake enforces deny-all only with bwrap")
+@pytest.mark.parametrize(("hosts", "reachable"), [((), False), (("*",), True)])
+async def test_no_egress_means_no_network_in_the_fake(
+    fake: FakeVercel, provider: VercelProvider, hosts: tuple[str, ...], reachable: bool
+) -> None:
+    port = fake.url.rsplit(":", 1)[1]
+    async with provider.sandbox(spec(egress=Egress(hosts))) as box:
+        code, _ = await run(box, ["python3", "-c", CONNECT, port])
+    assert (code == 0) is reachable
+
+
+async def test_the_fake_without_bubblewrap_maps_paths(
+    provider: VercelProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jail, "bwrap", lambda: None)
+    async with provider.sandbox(spec()) as box:
+        await box.upload({"in.txt": b"mapped\n"})
+        code, sink = await run(box, ["cat", "/workspace/in.txt"])
+    assert (code, sink.text("stdout")) == (0, "mapped\n")
 
 
 # --- credentials -----------------------------------------------------------------------

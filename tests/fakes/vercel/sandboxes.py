@@ -1,12 +1,10 @@
 """Sandboxes of the fake: a private directory each, commands as real local processes.
 
 A sandbox's filesystem is a temp directory standing in for ``/``: ``/workspace/x`` lives
-at ``<root>/workspace/x``. A command's cwd is mapped the same way, and so is any argument
-that is an absolute path whose first component exists in the sandbox or is one of
-:data:`SANDBOX_TOPS` (``/workspace/a.py``, but not ``/usr/bin/python3``). Commands run in
-their own process group, with only the sandbox's and the command's environment (never the
-host's), and are killed with their group on stop, expiry, destroy or when the fake shuts
-down.
+at ``<root>/workspace/x`` (see :mod:`tests.fakes.vercel.jail` for how commands see it).
+Commands run in their own process group, with only the sandbox's and the command's
+environment (never the host's), and are killed with their group on stop, expiry, destroy
+or when the fake shuts down.
 """
 
 from __future__ import annotations
@@ -20,13 +18,13 @@ import shutil
 import signal
 import time
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
+
+from tests.fakes.vercel.jail import host_path, launch
 
 DEFAULT_CWD = "/vercel/sandbox"
 MEMORY_PER_VCPU_MB = 2048
-SANDBOX_TOPS = frozenset({"workspace", "vercel", "tmp"})
-"""Top-level directories an argument is mapped into even before they exist."""
 
 
 def now_ms() -> int:
@@ -151,19 +149,7 @@ class FakeSandbox:
 
     def host_path(self, path: str, cwd: str = "/") -> Path:
         """Where a sandbox path lives on the host; refuses to leave the sandbox root."""
-        sandbox_path = PurePosixPath("/", cwd, path)
-        parts = [part for part in sandbox_path.parts[1:] if part not in ("", ".")]
-        if ".." in parts:
-            raise ValueError("path leaves the sandbox")
-        return self.root.joinpath(*parts)
-
-    def map_argument(self, argument: str) -> str:
-        if not argument.startswith("/") or ".." in PurePosixPath(argument).parts:
-            return argument
-        first = PurePosixPath(argument).parts[1:2]
-        if first and (first[0] in SANDBOX_TOPS or (self.root / first[0]).exists()):
-            return str(self.host_path(argument))
-        return argument
+        return host_path(self.root, path, cwd)
 
     def stop(self, reason: str) -> None:
         """End the session: mark its commands lost, kill their process groups."""
@@ -204,20 +190,20 @@ async def start_command(
         stdin_attached=attach_stdin,
     )
     box.commands[command.id] = command
-    home = box.host_path(DEFAULT_CWD)
+    policy = box.network_policy if isinstance(box.network_policy, dict) else {}
+    how = launch(box.root, [name, *args], cwd, isolate_network=policy.get("mode") == "deny-all")
     process_env = {
-        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        "HOME": str(home),
-        "TMPDIR": str(box.host_path("/tmp")),
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": how.home,
+        "TMPDIR": how.tmp,
         "LANG": "C.UTF-8",
         **box.env,
         **env,
     }
     try:
         command.process = await asyncio.create_subprocess_exec(
-            name,
-            *[box.map_argument(argument) for argument in args],
-            cwd=box.host_path(cwd),
+            *how.argv,
+            cwd=how.cwd,
             env=process_env,
             stdin=asyncio.subprocess.PIPE if attach_stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

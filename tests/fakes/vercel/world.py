@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tests.fakes.vercel.jail import prepare_root
 from tests.fakes.vercel.ledger import Faults, Ledger
 from tests.fakes.vercel.sandboxes import DEFAULT_CWD, FakeSandbox
 
@@ -44,6 +45,7 @@ class World:
         root = self.base_dir / f"{name}-{secrets.token_hex(3)}"
         for directory in (DEFAULT_CWD, "/tmp"):
             (root / directory.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        prepare_root(root)
         box = FakeSandbox(
             name=name,
             project_id=str(body.get("projectId", "")),
