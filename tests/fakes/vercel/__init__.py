@@ -11,8 +11,9 @@ sandbox's time limit itself, keeps a ledger and injects faults::
         fake.ledger.alive()          # sandboxes whose session runs now
         fake.faults.create_status = 429
 
-Any bearer token is accepted except ``bad-key`` (answers 401). Network policies are
-recorded, not enforced: the fake has no network isolation.
+Any bearer token is accepted except ``bad-key`` (answers 401). With bubblewrap, a
+``deny-all`` network policy is enforced (private network namespace); custom allow-lists
+are recorded, not enforced.
 """
 
 from tests.fakes.vercel.app import BAD_KEY, BODY_MARKER
