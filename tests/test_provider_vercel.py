@@ -58,7 +58,7 @@ async def provider(fake: FakeVercel) -> AsyncIterator[VercelProvider]:
 
 
 def spec(run_id: str = "run_test1", **fields: object) -> SandboxSpec:
-    values: dict[str, object] = {"run_id": run_id, "cluster": "relay", "timeout_s": 20.0}
+    values: dict[str, object] = {"run_id": run_id, "cluster": "test", "timeout_s": 20.0}
     values.update(fields)
     return SandboxSpec(**values)  # type: ignore[arg-type]
 
@@ -97,7 +97,7 @@ async def test_runs_a_command_with_files_env_and_stdin(
     assert lines[:4] == ["from a file", "absolute", "hello x", lines[3]]
     assert lines[3].endswith("/workspace") and lines[4] == "piped"
     assert entry["lifetime_s"] == job.lifetime_s == 50
-    assert entry["tags"] == {TAG_CLUSTER: "relay", TAG_RUN: "run_test1"}
+    assert entry["tags"] == {TAG_CLUSTER: "test", TAG_RUN: "run_test1"}
     assert entry["network_policy"] == {"mode": "deny-all"}
     assert entry["resources"] == {"vcpus": 2}
     assert entry["image"] == "python:3.12"
@@ -522,7 +522,11 @@ async def test_list_owned_and_idempotent_terminate(fake: FakeVercel) -> None:
 
 # --- live --------------------------------------------------------------------------------
 
-LIVE = all(os.environ.get(f"RELAY_VERCEL_{key}") for key in ("TOKEN", "TEAM_ID", "PROJECT_ID"))
+# Read before the autouse fixture in tests/conftest.py clears RELAY_* from the environment.
+LIVE_SETTINGS = {
+    key: os.environ.get(f"RELAY_VERCEL_{key.upper()}") for key in ("token", "team_id", "project_id")
+}
+LIVE = all(LIVE_SETTINGS.values())
 
 
 @pytest.mark.live
@@ -531,9 +535,12 @@ LIVE = all(os.environ.get(f"RELAY_VERCEL_{key}") for key in ("TOKEN", "TEAM_ID",
     reason="needs RELAY_VERCEL_TOKEN, RELAY_VERCEL_TEAM_ID and RELAY_VERCEL_PROJECT_ID",
 )
 async def test_live_tiny_contract() -> None:
-    vercel = VercelProvider(Settings(cluster="relay-live-test"))
+    values = {f"vercel_{key}": value for key, value in LIVE_SETTINGS.items()}
+    settings = Settings(_env_file=None, cluster="relay-live-test", **values)  # type: ignore[call-arg]
+    vercel = VercelProvider(settings)
     try:
-        async with vercel.sandbox(spec(run_id="run_live", timeout_s=60.0)) as box:
+        job = spec(run_id="run_live", timeout_s=60.0, cluster="relay-live-test")
+        async with vercel.sandbox(job) as box:
             await box.upload({"hello.txt": b"hi\n"})
             code, sink = await run(box, ["sh", "-c", "cat hello.txt; echo $X"], env={"X": "y"})
             assert (code, sink.text("stdout")) == (0, "hi\ny\n")

@@ -24,6 +24,7 @@ def settings_for(fake: FakeVercel, **overrides: object) -> Settings:
         "vercel_team_id": TEAM,
         "vercel_project_id": PROJECT,
         "vercel_base_url": fake.url,
+        "cluster": "test",
         "create_timeout_s": 10.0,
         **overrides,
     }
