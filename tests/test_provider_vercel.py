@@ -5,10 +5,13 @@ Every test ends with zero sandboxes running in the fake's ledger (autouse fixtur
 
 from __future__ import annotations
 
+import http.server
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import anyio
 import psutil
@@ -31,6 +34,7 @@ from relay.providers.vercel import VercelProvider, network_policy_for, vcpus_for
 from relay.settings import Settings
 from tests.contract.harness_vercel import PROJECT, TEAM, TOKEN, settings_for
 from tests.fakes.vercel import BAD_KEY, BODY_MARKER, FakeVercel, jail, running_fake
+from tests.relay_server import SECRET_CANARY, RelayProcess
 
 
 @pytest.fixture(scope="module")
@@ -548,3 +552,129 @@ async def test_live_tiny_contract() -> None:
         assert box.id not in {ref.sandbox_id for ref in await vercel.list_owned()}
     finally:
         await vercel.aclose()
+
+
+# --- end to end: a real relay process with RELAY_PROVIDERS=vercel against the fake --------
+
+
+@pytest.fixture(scope="module")
+def vercel_relay(
+    fake: FakeVercel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RelayProcess]:
+    server = relay_on_fake(fake, tmp_path_factory.mktemp("vercel-relay"))
+    server.add_token("ops", command=True)
+    server.start()
+    yield server
+    server.stop()
+    assert SECRET_CANARY not in server.log() and BODY_MARKER not in server.log()
+
+
+def relay_on_fake(fake: FakeVercel, root: Path) -> RelayProcess:
+    return RelayProcess(
+        root,
+        providers="vercel",
+        vercel_base_url=fake.url,
+        vercel_team_id=TEAM,
+        vercel_project_id=PROJECT,
+        max_wait_s=20,
+    )
+
+
+class _Ok(http.server.BaseHTTPRequestHandler):
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        """Quiet."""
+
+
+def test_e2e_every_example_job_runs_on_vercel(fake: FakeVercel, vercel_relay: RelayProcess) -> None:
+    token = vercel_relay.tokens["ops"]
+    echo = vercel_relay.post(token, {"job": "echo", "params": {"message": "hi; $(id)"}}).json()
+    assert (echo["state"], echo["stdout"], echo["provider"]) == (
+        "succeeded",
+        "hi; $(id)\n",
+        "vercel",
+    )
+    assert fake.ledger.create_of(echo["sandbox_id"]) is not None
+
+    snippet = "import json; print(json.load(open('params.json'))['label'])"
+    python = vercel_relay.post(token, {"job": "python", "stdin": snippet}).json()
+    assert (python["state"], python["stdout"]) == ("succeeded", "snippet\n"), python
+    assert fake.ledger.create_of(python["sandbox_id"])["network_policy"] == {"mode": "deny-all"}
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        body = {"job": "http-status", "params": {"urls": [url]}}
+        status = vercel_relay.post(token, body).json()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (status["state"], status["stdout"]) == ("succeeded", f"200 {url}\n"), status
+    assert fake.ledger.create_of(status["sandbox_id"])["network_policy"] == {"mode": "allow-all"}
+    assert fake.ledger.tokens >= {SECRET_CANARY}  # RELAY_VERCEL_TOKEN, nothing else
+    assert fake.ledger.alive() == set()
+
+
+def test_e2e_timeout_and_provider_faults(fake: FakeVercel, vercel_relay: RelayProcess) -> None:
+    token = vercel_relay.tokens["ops"]
+    slow = {"command": ["sh", "-c", "echo begun; sleep 60"], "timeout_s": 1}
+    run = vercel_relay.post(token, slow).json()
+    assert (run["state"], run["stdout"]) == ("timed_out", "begun\n"), run
+    assert fake.ledger.alive() == set()
+
+    echo = {"job": "echo", "params": {"message": "x"}}
+    for fault, field, status, code in [
+        ("create_status", 500, 503, "provider_unavailable"),
+        ("create_status", 429, 503, "provider_rate_limited"),
+        ("create_status", 401, 502, "provider_auth"),
+        ("vanish_after_s", 0.8, 502, "sandbox_lost"),
+    ]:
+        fake.faults.reset()
+        setattr(fake.faults, fault, field)
+        request = echo if fault == "create_status" else {"command": ["sleep", "30"]}
+        answer = vercel_relay.post(token, request)
+        error = answer.json()["error"]
+        assert (answer.status_code, error["code"]) == (status, code), answer.text
+        assert BODY_MARKER not in answer.text and SECRET_CANARY not in answer.text
+        if code == "provider_rate_limited":
+            assert int(answer.headers["retry-after"]) >= 1
+        run = vercel_relay.get(token, f"/v1/runs/{error['run_id']}").json()
+        assert (run["state"], run["error"]["code"]) == ("error", code), run
+        assert fake.ledger.alive() == set()
+
+
+def test_e2e_a_killed_relay_leaves_a_sandbox_the_next_one_reaps(
+    fake: FakeVercel, tmp_path: Path
+) -> None:
+    first = relay_on_fake(fake, tmp_path / "relay")
+    token = first.add_token("ops", command=True)
+    first.start()
+    try:
+        answer = first.post(token, {"command": ["sleep", "60"], "wait": False})
+        assert answer.status_code == 202
+        run_id = answer.json()["id"]
+        deadline = time.monotonic() + 20
+        while not fake.ledger.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the command is running in the sandbox
+    finally:
+        first.kill()  # SIGKILL: no finally, no shielded exit, nothing
+    orphans = fake.ledger.alive()
+    assert len(orphans) == 1  # a crash leaves it running (it would, until its own lifetime)
+    second = relay_on_fake(fake, tmp_path / "relay")
+    second.tokens = first.tokens
+    second.start()
+    try:
+        final = second.wait_final(token, run_id, timeout_s=30)
+        assert final["state"] == "lost", final
+        deadline = time.monotonic() + 20
+        while fake.ledger.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fake.ledger.alive() == set()
+        assert orphans <= set(fake.ledger.destroys)
+    finally:
+        second.stop()
