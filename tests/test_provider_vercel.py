@@ -288,6 +288,30 @@ def test_network_policy_mapping_is_pure() -> None:
     assert network_policy_for(("*",)).mode == "allow-all"
 
 
+async def test_the_token_is_not_in_the_providers_repr(provider: VercelProvider) -> None:
+    assert TOKEN not in repr(vars(provider))
+
+
+def test_the_fake_kills_its_processes_when_it_stops() -> None:
+    async def start_and_abandon(fake: FakeVercel) -> None:
+        vercel = VercelProvider(settings_for(fake))
+        with anyio.move_on_after(1.0):
+            async with vercel.sandbox(spec()) as box:
+                await fake_sandbox_runs(box)
+        await vercel.aclose()
+
+    async def fake_sandbox_runs(box: object) -> None:
+        # Started, then the fake itself goes away under it (not the provider's exit).
+        await run(box, ["sleep", "60"])
+
+    with running_fake() as fake:
+        fake.faults.terminate_failures = 100  # the provider can't clean up: the fake must
+        anyio.run(start_and_abandon, fake)
+        pids = [c["pid"] for c in fake.ledger.commands if c.get("pid")]
+        assert fake.ledger.alive() and pids
+    assert all(process_gone(pid) for pid in pids)
+
+
 def test_missing_credentials_are_a_config_error() -> None:
     with pytest.raises(ConfigError):
         VercelProvider(Settings(_env_file=None, vercel_token="t"))  # type: ignore[call-arg]

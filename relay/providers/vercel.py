@@ -271,9 +271,9 @@ class VercelProvider:
                 "the vercel provider needs RELAY_VERCEL_TOKEN, RELAY_VERCEL_TEAM_ID "
                 "and RELAY_VERCEL_PROJECT_ID"
             )
-        self._credentials = SandboxCredentials(
-            token=token.get_secret_value(), team_id=team, project_id=project
-        )
+        # Kept as a SecretStr; the SDK's credentials object (whose repr shows the token)
+        # is built only when the SDK asks for it.
+        self._token, self._team, self._project = token, team, project
         options = SandboxServiceOptions(
             base_url=settings.vercel_base_url or None, credentials_factory=self._credentials_of
         )
@@ -282,7 +282,7 @@ class VercelProvider:
         self._create_timeout_s = settings.create_timeout_s
 
     async def _credentials_of(self) -> SandboxCredentials:
-        return self._credentials
+        return SandboxCredentials(self._token.get_secret_value(), self._team, self._project)
 
     def check(self, spec: SandboxSpec) -> None:
         if "*" in spec.egress.hosts and not spec.egress.open:
