@@ -277,7 +277,16 @@ class VercelProvider:
         options = SandboxServiceOptions(
             base_url=settings.vercel_base_url or None, credentials_factory=self._credentials_of
         )
-        self._client = SandboxClient.create(options=options)
+        # Each running command holds one connection for its output stream; the SDK's
+        # default pool (100) would leave stop/destroy calls queueing behind them at high
+        # concurrency, so size the pool from the relay's own limit.
+        connections = max(100, 4 * settings.max_concurrent)
+
+        def http_client() -> httpx2.AsyncClient:
+            limits = httpx2.Limits(max_connections=connections)
+            return httpx2.AsyncClient(timeout=httpx2.Timeout(60.0), limits=limits)
+
+        self._client = SandboxClient.create(options=options, httpx_client_factory=http_client)
         self._cluster = settings.cluster
         self._create_timeout_s = settings.create_timeout_s
 
