@@ -36,6 +36,7 @@ from relay.errors import (
     UnknownJob,
     ValidationFailed,
 )
+from relay.events import EventBus, RunEvent
 from relay.models import SIZES, RunRequest, RunState, Size
 from relay.providers.base import (
     Egress,
@@ -95,8 +96,10 @@ class RunService:
         providers: Mapping[str, Provider],
         *,
         instance_id: str | None = None,
+        events: EventBus | None = None,
     ) -> None:
         self.settings = settings
+        self.events = events or EventBus()
         self.store = store
         self.catalog = catalog
         self.providers = dict(providers)
@@ -262,14 +265,19 @@ class RunService:
     # -- the run -----------------------------------------------------------------------
 
     async def _execute(self, run_id: str, plan: Plan) -> None:
-        sink = OutputSink(self.settings.max_output_bytes)
+        sink = OutputSink(
+            self.settings.max_output_bytes,
+            lambda stream, data: self.events.publish(
+                RunEvent(run_id, "output", stream=stream, data=data)
+            ),
+        )
         timings: dict[str, int] = {}
         final: dict[str, Any] = {}
         started_mono = time.monotonic()
         exec_started: float | None = None
         provider = self.providers[plan.provider]
         try:
-            await self.store.update_run(run_id, state=RunState.starting.value)
+            await self._set_state(run_id, RunState.starting)
             async with contextlib.AsyncExitStack() as stack:
                 try:
                     async with asyncio.timeout(self.settings.create_timeout_s + 5):
@@ -280,9 +288,9 @@ class RunService:
                     ) from exc
                 timings["create_ms"] = _ms_since(started_mono)
                 started_at = time.time()
-                await self.store.update_run(
+                await self._set_state(
                     run_id,
-                    state=RunState.running.value,
+                    RunState.running,
                     sandbox_id=sandbox.id,
                     started_at=started_at,
                     deadline=started_at + plan.timeout_s,
@@ -352,12 +360,19 @@ class RunService:
                 timings["first_output_ms"] = int((sink.first_output_at - started_mono) * 1000)
             await shielded(self._finish(run_id, final, sink, timings))
 
+    async def _set_state(self, run_id: str, state: RunState, **values: Any) -> None:
+        await self.store.update_run(run_id, state=state.value, **values)
+        self.events.publish(RunEvent(run_id, "state", state=state.value))
+
     async def _finish(
         self, run_id: str, final: dict[str, Any], sink: OutputSink, timings: dict[str, int]
     ) -> None:
         now = time.time()
         row = await self.store.get_run(run_id)
         started = row["started_at"] if row else None
+        if row and row["cancel_requested"] and final.get("state") != RunState.succeeded.value:
+            # Canceled through another replica, which terminated the sandbox under us.
+            final = {"state": RunState.canceled.value}
         await self.store.update_run(
             run_id,
             **final,
@@ -371,6 +386,9 @@ class RunService:
         )
         self._tasks.pop(run_id, None)
         self._cancel_reason.pop(run_id, None)
+        finished = await self.store.get_run(run_id)
+        if finished is not None:
+            self.events.publish(RunEvent(run_id, "finished", state=finished["state"], row=finished))
         event = self._done.pop(run_id, None)
         if event is not None:
             event.set()
