@@ -1,0 +1,236 @@
+"""The fake envd: Connect RPC (JSON codec) for commands, plain HTTP for files and health.
+
+One URL serves every sandbox; requests are routed on the ``E2b-Sandbox-Id`` header and
+checked against the ``X-Access-Token`` the create returned. A sandbox that is gone
+answers 502 "... was not found", as E2B's proxy does.
+
+Commands run as real local processes (``bash -c``, without ``-l`` so the host's profile
+stays out) in the sandbox's private directory, each in its own session so the whole
+group can be killed. Sandbox paths (``/workspace``, ``/home/user``, ``/tmp``) are mapped
+under that directory, both for ``cwd``/files and, textually, inside the command line —
+a fake's approximation of a private root filesystem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import re
+import struct
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tests.fakes.e2b.world import HOME, FakeSandbox, World, kill_group
+
+CONNECT_STREAM = "application/connect+json"
+_SANDBOX_PATH = re.compile(r"(?<![\w./-])(/workspace|/home/user|/tmp)(?=[/\s'\"]|$)")
+
+
+def frame(message: dict[str, Any], flags: int = 0) -> bytes:
+    data = json.dumps(message).encode()
+    return struct.pack(">BI", flags, len(data)) + data
+
+
+def end_of_stream(error: dict[str, str] | None = None) -> bytes:
+    return frame({"error": error} if error else {}, flags=0x02)
+
+
+def unframe(body: bytes) -> dict[str, Any]:
+    _flags, length = struct.unpack(">BI", body[:5])
+    parsed: dict[str, Any] = json.loads(body[5 : 5 + length])
+    return parsed
+
+
+def not_found(sandbox_id: str) -> JSONResponse:
+    return JSONResponse({"code": 502, "message": f"The sandbox {sandbox_id} was not found"}, 502)
+
+
+def map_command(sandbox: FakeSandbox, command: str) -> str:
+    return _SANDBOX_PATH.sub(lambda m: f"{sandbox.root}{m.group(1)}", command)
+
+
+class Envd:
+    """The envd handlers, bound to one :class:`World`."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def _sandbox(self, request: Request) -> tuple[FakeSandbox | None, Response | None]:
+        sandbox_id = request.headers.get("e2b-sandbox-id", "")
+        sandbox = self.world.get(sandbox_id)
+        if sandbox is None:
+            return None, not_found(sandbox_id)
+        if request.headers.get("x-access-token") != sandbox.access_token:
+            return None, JSONResponse({"code": 401, "message": "bad access token"}, 401)
+        return sandbox, None
+
+    async def health(self, request: Request) -> Response:
+        _sandbox, denied = self._sandbox(request)
+        return denied or Response(status_code=204)
+
+    async def write_files(self, request: Request) -> Response:
+        sandbox, denied = self._sandbox(request)
+        if sandbox is None:
+            return denied or not_found("")
+        written: list[dict[str, str]] = []
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            async with request.form() as form:
+                for _name, part in form.multi_items():
+                    if isinstance(part, str):
+                        continue
+                    path = request.query_params.get("path") or part.filename or ""
+                    written.append(self._write(sandbox, path, await part.read()))
+        else:
+            path = request.query_params["path"]
+            written.append(self._write(sandbox, path, await request.body()))
+        return JSONResponse(written)
+
+    @staticmethod
+    def _write(sandbox: FakeSandbox, path: str, data: bytes) -> dict[str, str]:
+        target = sandbox.host_path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        return {"name": target.name, "path": path, "type": "file"}
+
+    async def make_dir(self, request: Request) -> Response:
+        sandbox, denied = self._sandbox(request)
+        if sandbox is None:
+            return denied or not_found("")
+        path = (await request.json())["path"]
+        target = sandbox.host_path(path)
+        if target.exists():
+            return JSONResponse({"code": "already_exists", "message": "exists"}, 409)
+        target.mkdir(parents=True)
+        return JSONResponse({"entry": {"name": target.name, "path": path, "type": 2}})
+
+    async def send_signal(self, request: Request) -> Response:
+        sandbox, denied = self._sandbox(request)
+        if sandbox is None:
+            return denied or not_found("")
+        body = await request.json()
+        pid = int(body["process"]["pid"])
+        if not self.world.signal(sandbox, pid, str(body.get("signal", ""))):
+            return JSONResponse({"code": "not_found", "message": "no such process"}, 404)
+        return JSONResponse({})
+
+    async def start(self, request: Request) -> Response:
+        sandbox, denied = self._sandbox(request)
+        if sandbox is None:
+            return denied or not_found("")
+        config = unframe(await request.body())["process"]
+        timeout_ms = request.headers.get("connect-timeout-ms")
+        with self.world.ledger.lock:
+            self.world.ledger.commands.append(
+                {"sandbox_id": sandbox.sandbox_id, **config, "timeout_ms": timeout_ms}
+            )
+        cwd = sandbox.host_path(config.get("cwd") or HOME)
+        if not cwd.is_dir():
+            error = {"code": "invalid_argument", "message": "cwd does not exist"}
+            return StreamingResponse(iter([end_of_stream(error)]), media_type=CONNECT_STREAM)
+        args = [map_command(sandbox, a) for a in config.get("args", []) if a != "-l"]
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(sandbox.host_path(HOME)),
+            "LANG": "C.UTF-8",
+            **sandbox.envs,
+            **config.get("envs", {}),
+        }
+        process = await asyncio.create_subprocess_exec(
+            config["cmd"],
+            *args,
+            cwd=cwd,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        sandbox.processes[process.pid] = process
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        sandbox.listeners.append(queue)
+        # The pump outlives the stream: a client that goes away leaves the process
+        # running, as envd does (only SendSignal or the sandbox's death stops it).
+        sandbox.pumps.add(asyncio.get_running_loop().create_task(_pump(process, queue)))
+        deadline = float(timeout_ms) / 1000 if timeout_ms else None
+        return StreamingResponse(
+            self._events(sandbox, process, queue, deadline), media_type=CONNECT_STREAM
+        )
+
+    async def _events(
+        self,
+        sandbox: FakeSandbox,
+        process: asyncio.subprocess.Process,
+        queue: asyncio.Queue[tuple[str, Any]],
+        timeout_s: float | None,
+    ) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        cut = self.world.faults.cut_stream
+        try:
+            yield frame({"event": {"start": {"pid": process.pid}}})
+            while True:
+                remaining = None if deadline is None else max(0.0, deadline - loop.time())
+                try:
+                    kind, value = await asyncio.wait_for(queue.get(), remaining)
+                except TimeoutError:
+                    # envd enforces connect-timeout-ms itself: kill and end the stream.
+                    kill_group(process)
+                    error = {"code": "deadline_exceeded", "message": "deadline exceeded"}
+                    yield end_of_stream(error)
+                    return
+                if kind == "data":
+                    stream, chunk = value
+                    data = base64.b64encode(chunk).decode()
+                    yield frame({"event": {"data": {stream: data}}})
+                elif kind == "exit":
+                    if not cut:
+                        code = value if value >= 0 else -1
+                        status = f"exit status {code}" if value >= 0 else "signal: killed"
+                        end = {"exitCode": code, "exited": value >= 0, "status": status}
+                        yield frame({"event": {"end": end}})
+                    yield end_of_stream()
+                    return
+                elif kind == "gone":
+                    error = {
+                        "code": "unavailable",
+                        "message": "the connection to the sandbox ended before the stream "
+                        "completed",
+                    }
+                    yield end_of_stream(error)
+                    return
+                if cut:
+                    # Fault: the stream ends mid-run without an end event; the
+                    # process keeps running, as it would in a real sandbox.
+                    yield end_of_stream()
+                    return
+        finally:
+            with contextlib.suppress(ValueError):
+                sandbox.listeners.remove(queue)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/files", self.write_files, methods=["POST"]),
+            Route("/process.Process/Start", self.start, methods=["POST"]),
+            Route("/process.Process/SendSignal", self.send_signal, methods=["POST"]),
+            Route("/filesystem.Filesystem/MakeDir", self.make_dir, methods=["POST"]),
+        ]
+
+
+async def _pump(process: asyncio.subprocess.Process, queue: asyncio.Queue[tuple[str, Any]]) -> None:
+    """Feed a process's output and exit status into the stream's queue."""
+
+    async def read(stream: asyncio.StreamReader | None, name: str) -> None:
+        assert stream is not None
+        while chunk := await stream.read(65536):
+            queue.put_nowait(("data", (name, chunk)))
+
+    await asyncio.gather(read(process.stdout, "stdout"), read(process.stderr, "stderr"))
+    queue.put_nowait(("exit", await process.wait()))
