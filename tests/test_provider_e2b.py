@@ -1,0 +1,437 @@
+"""E2B provider through the real SDK against the fake: mapping, faults, ledger truth."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from relay.errors import (
+    ConfigError,
+    EgressUnsupported,
+    ProviderAuth,
+    ProviderRateLimited,
+    ProviderTimeout,
+    ProviderUnavailable,
+    SandboxLost,
+    SizeUnsupported,
+    ValidationFailed,
+)
+from relay.providers import e2b as e2b_module
+from relay.providers.base import TAG_CLUSTER, TAG_RUN, Egress, OutputSink, Resources, SandboxSpec
+from relay.providers.e2b import E2BProvider
+from tests.contract.harness_e2b import settings_for
+from tests.fakes.e2b import FakeE2B, running_fake
+
+KEY = "test-key"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeE2B]:
+    with running_fake() as fake:
+        yield fake
+
+
+@pytest.fixture(autouse=True)
+def no_sandbox_left(fake: FakeE2B) -> Iterator[None]:
+    yield
+    assert fake.ledger.alive() == set(), "a sandbox was left alive"
+
+
+@pytest.fixture
+def provider(fake: FakeE2B) -> E2BProvider:
+    return E2BProvider(settings_for(fake))
+
+
+def spec(run_id: str = "run_1", **kwargs: object) -> SandboxSpec:
+    values: dict[str, object] = {"run_id": run_id, "cluster": "relay", "timeout_s": 10.0}
+    values.update(kwargs)
+    return SandboxSpec(**values)  # type: ignore[arg-type]
+
+
+async def run(
+    provider: E2BProvider, argv: list[str], *, stdin: bytes | None = None, **kwargs: object
+) -> tuple[int | None, str, str]:
+    output = OutputSink(1 << 16)
+    async with provider.sandbox(spec(**kwargs)) as box:
+        result = await box.exec(
+            argv, stdin=stdin, env={"GREETING": "hi"}, workdir=None, timeout_s=10, output=output
+        )
+    return result.exit_code, output.text("stdout"), output.text("stderr")
+
+
+# --- mapping ------------------------------------------------------------------------
+
+
+async def test_create_carries_lifetime_tags_template_and_env(
+    provider: E2BProvider, fake: FakeE2B
+) -> None:
+    the_spec = spec(timeout_s=12.5, grace_s=30, env={"SPEC_VAR": "1"})
+    async with provider.sandbox(the_spec) as box:
+        created = fake.ledger.create_of(box.id)
+    assert created is not None
+    assert created["timeout"] == 43 == the_spec.lifetime_s
+    assert created["metadata"] == {TAG_CLUSTER: "relay", TAG_RUN: "run_1"}
+    assert created["template"] == "base"
+    assert created["env_names"] == ["SPEC_VAR"]
+    assert [sandbox_id for sandbox_id, _ in fake.ledger.terminated] == [box.id]
+
+
+async def test_image_is_the_template(provider: E2BProvider, fake: FakeE2B) -> None:
+    async with provider.sandbox(spec(image="my-python")) as box:
+        assert fake.ledger.create_of(box.id)["template"] == "my-python"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("hosts", "internet", "network"),
+    [
+        ((), False, None),
+        (("*",), True, None),
+        (
+            ("pypi.org", "*.github.com", "10.1.0.0/16"),
+            None,
+            {"allowOut": ["pypi.org", "*.github.com", "10.1.0.0/16"], "denyOut": ["0.0.0.0/0"]},
+        ),
+    ],
+)
+async def test_egress_mapping(
+    provider: E2BProvider,
+    fake: FakeE2B,
+    hosts: tuple[str, ...],
+    internet: bool | None,
+    network: dict[str, list[str]] | None,
+) -> None:
+    async with provider.sandbox(spec(egress=Egress(hosts))) as box:
+        created = fake.ledger.create_of(box.id)
+    assert created is not None
+    assert created["allow_internet_access"] == internet
+    assert created["network"] == network
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"egress": Egress(("*", "pypi.org"))}, EgressUnsupported),
+        ({"egress": Egress(("pypi.org:443",))}, EgressUnsupported),
+        ({"egress": Egress(("https://pypi.org",))}, EgressUnsupported),
+        ({"resources": Resources(cpu=4, memory_mb=8192)}, SizeUnsupported),
+        ({"timeout_s": 90_000.0}, ValidationFailed),
+    ],
+)
+async def test_refuses_what_it_cannot_enforce_before_creating(
+    provider: E2BProvider, fake: FakeE2B, kwargs: dict[str, object], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        provider.check(spec(**kwargs))
+    with pytest.raises(error):
+        async with provider.sandbox(spec(**kwargs)):
+            pass
+    assert fake.ledger.create_attempts == 0
+
+
+def test_needs_an_api_key(fake: FakeE2B) -> None:
+    with pytest.raises(ConfigError):
+        E2BProvider(settings_for(fake, e2b_api_key=None))
+
+
+# --- exec ----------------------------------------------------------------------------
+
+
+async def test_exec_argv_stdin_env_workdir_and_exit_code(provider: E2BProvider) -> None:
+    script = 'printf "%s|" "$1"; cat; pwd; echo "$GREETING"; echo oops >&2; exit 3'
+    code, stdout, stderr = await run(
+        provider, ["sh", "-c", script, "sh", "$(echo no); rm -rf /"], stdin=b"in\n"
+    )
+    assert code == 3
+    lines = stdout.splitlines()
+    assert lines[0] == "$(echo no); rm -rf /|in"
+    assert lines[1].endswith("/workspace")
+    assert lines[2] == "hi"
+    assert stderr == "oops\n"
+
+
+async def test_upload_relative_and_absolute_paths(provider: E2BProvider) -> None:
+    output = OutputSink(1024)
+    async with provider.sandbox(spec()) as box:
+        await box.upload({"in/data.txt": b"relative\n", "/tmp/abs.txt": b"absolute\n"})
+        result = await box.exec(
+            ["sh", "-c", "cat in/data.txt /tmp/abs.txt"],
+            stdin=None,
+            env={},
+            workdir=None,
+            timeout_s=10,
+            output=output,
+        )
+    assert result.exit_code == 0
+    assert output.text("stdout") == "relative\nabsolute\n"
+
+
+async def test_only_the_given_env_reaches_the_job(
+    provider: E2BProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("E2B_API_KEY", "leaked-env-key")
+    monkeypatch.setenv("RELAY_SECRET_THING", "leaked")
+    _code, stdout, _ = await run(provider, ["env"])
+    assert "GREETING=hi" in stdout
+    assert "leaked" not in stdout
+    assert KEY not in stdout
+
+
+async def test_credentials_and_urls_never_come_from_the_environment(
+    fake: FakeE2B, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("E2B_API_KEY", "bad-key")
+    monkeypatch.setenv("E2B_DEBUG", "true")  # would skip the control plane entirely
+    provider = E2BProvider(settings_for(fake))
+    code, _, _ = await run(provider, ["true"])
+    assert code == 0
+    assert len(fake.ledger.created) == 1
+
+
+async def test_output_streams_before_the_command_ends(provider: E2BProvider) -> None:
+    seen = anyio.Event()
+    output = OutputSink(1024, listener=lambda stream, data: seen.set())
+    async with provider.sandbox(spec()) as box:
+        with anyio.move_on_after(8) as scope:
+            async with anyio.create_task_group() as group:
+
+                async def stop_on_first_output() -> None:
+                    await seen.wait()
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stop_on_first_output)
+                await box.exec(
+                    ["sh", "-c", "echo first; sleep 30"],
+                    stdin=None,
+                    env={},
+                    workdir=None,
+                    timeout_s=30,
+                    output=output,
+                )
+    assert not scope.cancelled_caught
+    assert output.text("stdout") == "first\n"
+
+
+async def test_cancel_kills_the_command_and_the_sandbox_promptly(
+    provider: E2BProvider, fake: FakeE2B
+) -> None:
+    started = time.monotonic()
+    async with provider.sandbox(spec()) as box:
+        with anyio.move_on_after(0.5):
+            await box.exec(
+                ["sleep", "30"],
+                stdin=None,
+                env={},
+                workdir=None,
+                timeout_s=30,
+                output=OutputSink(9),
+            )
+    assert time.monotonic() - started < 4
+    assert [(sid, sig) for sid, _pid, sig in fake.ledger.signals] == [(box.id, "SIGNAL_SIGKILL")]
+    assert box.id in {sid for sid, _ in fake.ledger.terminated}
+
+
+async def test_command_timeout_is_passed_on_and_enforced_by_envd(
+    provider: E2BProvider, fake: FakeE2B, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Second line of defence only: with no slack the SDK/envd deadline fires first.
+    monkeypatch.setattr(e2b_module, "COMMAND_TIMEOUT_SLACK_S", 0.0)
+    async with provider.sandbox(spec()) as box:
+        with pytest.raises(ProviderTimeout):
+            await box.exec(
+                ["sleep", "30"],
+                stdin=None,
+                env={},
+                workdir=None,
+                timeout_s=0.5,
+                output=OutputSink(9),
+            )
+    assert fake.ledger.commands[-1]["timeout_ms"] == "500"
+
+
+async def test_the_sandbox_dies_at_its_lifetime_without_the_relay(
+    provider: E2BProvider, fake: FakeE2B
+) -> None:
+    async with provider.sandbox(spec(timeout_s=0.2, grace_s=0.5)) as box:
+        assert fake.ledger.create_of(box.id)["timeout"] == 1  # type: ignore[index]
+        await anyio.sleep(1.5)
+        assert box.id not in fake.ledger.alive()
+        with pytest.raises(SandboxLost):
+            await box.exec(
+                ["true"], stdin=None, env={}, workdir=None, timeout_s=5, output=OutputSink(9)
+            )
+    assert [sid for sid, _ in fake.ledger.expired] == [box.id]
+
+
+# --- listing and terminate -----------------------------------------------------------
+
+
+async def test_list_owned_sees_only_this_cluster(provider: E2BProvider, fake: FakeE2B) -> None:
+    other = E2BProvider(settings_for(fake, cluster="other"))
+    async with (
+        provider.sandbox(spec("run_a")) as mine,
+        other.sandbox(SandboxSpec(run_id="run_b", cluster="other", timeout_s=5)),
+    ):
+        refs = await provider.list_owned()
+    assert [(ref.sandbox_id, ref.run_id) for ref in refs] == [(mine.id, "run_a")]
+    assert refs[0].created_at is not None
+
+
+async def test_terminate_is_idempotent(provider: E2BProvider) -> None:
+    await provider.terminate("no-such-sandbox")
+    async with provider.sandbox(spec()) as box:
+        await provider.terminate(box.id)
+    await provider.terminate(box.id)
+
+
+# --- faults ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [(500, ProviderUnavailable), (503, ProviderUnavailable), (429, ProviderRateLimited)],
+)
+async def test_create_errors_are_mapped(
+    provider: E2BProvider, fake: FakeE2B, status: int, error: type[Exception]
+) -> None:
+    fake.faults.create_status = status
+    with pytest.raises(error) as caught:
+        async with provider.sandbox(spec()):
+            pass
+    assert "injected" not in str(caught.value)
+    if status == 429:
+        assert caught.value.retry_after is not None  # type: ignore[attr-defined]
+        assert fake.ledger.create_attempts == 4  # the SDK retried, honouring Retry-After
+
+
+async def test_bad_key_is_provider_auth(fake: FakeE2B) -> None:
+    provider = E2BProvider(settings_for(fake, e2b_api_key="bad-key"))
+    with pytest.raises(ProviderAuth) as caught:
+        async with provider.sandbox(spec()):
+            pass
+    assert "bad-key" not in str(caught.value)
+    with pytest.raises(ProviderAuth):
+        await provider.list_owned()
+
+
+async def test_unreachable_provider_is_unavailable() -> None:
+    with running_fake() as gone:
+        url = gone.url
+    settings = settings_for(gone, e2b_api_url=url, e2b_sandbox_url=url)
+    with pytest.raises(ProviderUnavailable):
+        async with E2BProvider(settings).sandbox(spec()):
+            pass
+
+
+async def test_create_that_hangs_times_out(fake: FakeE2B) -> None:
+    fake.faults.create_hang = True
+    provider = E2BProvider(settings_for(fake, create_timeout_s=0.5))
+    started = time.monotonic()
+    with pytest.raises(ProviderTimeout):
+        async with provider.sandbox(spec()):
+            pass
+    assert time.monotonic() - started < 3
+
+
+async def test_create_that_allocates_then_fails_leaves_nothing_running(
+    provider: E2BProvider, fake: FakeE2B
+) -> None:
+    fake.faults.create_allocates_then_fails = True
+    with pytest.raises(ProviderUnavailable):
+        async with provider.sandbox(spec()):
+            pass
+    assert len(fake.ledger.created) == 1
+    assert [sid for sid, _ in fake.ledger.terminated] == [fake.ledger.created[0]["sandbox_id"]]
+
+
+async def test_cut_stream_is_unavailable_and_the_sandbox_is_killed(
+    provider: E2BProvider, fake: FakeE2B
+) -> None:
+    fake.faults.cut_stream = True
+    output = OutputSink(1024)
+    async with provider.sandbox(spec()) as box:
+        with pytest.raises(ProviderUnavailable):
+            await box.exec(
+                ["sh", "-c", "echo part; sleep 30"],
+                stdin=None,
+                env={},
+                workdir=None,
+                timeout_s=30,
+                output=output,
+            )
+    assert output.text("stdout") == "part\n"
+    assert box.id in {sid for sid, _ in fake.ledger.terminated}
+
+
+async def test_sandbox_vanishing_mid_run_is_sandbox_lost(
+    provider: E2BProvider, fake: FakeE2B
+) -> None:
+    fake.faults.vanish_after_s = 0.5
+    started = time.monotonic()
+    async with provider.sandbox(spec()) as box:
+        with pytest.raises(SandboxLost):
+            await box.exec(
+                ["sleep", "30"],
+                stdin=None,
+                env={},
+                workdir=None,
+                timeout_s=30,
+                output=OutputSink(9),
+            )
+    assert time.monotonic() - started < 5
+
+
+async def test_failed_terminate_is_raised_and_logged_then_retried(
+    provider: E2BProvider, fake: FakeE2B, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.faults.terminate_failures = 1
+    caplog.set_level(logging.INFO, logger="relay.providers.e2b")
+    with pytest.raises(ProviderUnavailable):
+        async with provider.sandbox(spec()) as box:
+            pass
+    assert box.id in fake.ledger.alive()
+    log_text = caplog.text
+    assert box.id in log_text
+    assert KEY not in log_text
+    assert "injected" not in log_text
+    await provider.terminate(box.id)  # what the reaper does next
+
+
+async def test_failed_terminate_does_not_mask_the_original_error(
+    provider: E2BProvider, fake: FakeE2B
+) -> None:
+    fake.faults.terminate_failures = 1
+    with pytest.raises(KeyError):
+        async with provider.sandbox(spec()) as box:
+            raise KeyError("job failed")
+    await provider.terminate(box.id)
+
+
+# --- live ----------------------------------------------------------------------------
+
+
+@pytest.mark.live
+async def test_live_e2b(fake: FakeE2B) -> None:
+    key = os.environ.get("E2B_API_KEY")
+    if not key:
+        pytest.skip("E2B_API_KEY is not set; the live E2B test needs a real key")
+    from relay.settings import Settings
+
+    provider = E2BProvider(
+        Settings(_env_file=None, providers=["e2b"], e2b_api_key=key, cluster="relay-live-test")
+    )
+    live_spec = SandboxSpec(run_id="run_live", cluster="relay-live-test", timeout_s=60)
+    output = OutputSink(4096)
+    async with provider.sandbox(live_spec) as box:
+        await box.upload({"hello.txt": b"hello from relay\n"})
+        result = await box.exec(
+            ["cat", "hello.txt"], stdin=None, env={}, workdir=None, timeout_s=30, output=output
+        )
+        assert box.id in {ref.sandbox_id for ref in await provider.list_owned()}
+    assert result.exit_code == 0
+    assert output.text("stdout") == "hello from relay\n"
+    assert box.id not in {ref.sandbox_id for ref in await provider.list_owned()}
