@@ -348,22 +348,35 @@ async def test_create_that_allocates_then_fails_leaves_nothing_running(
     assert [sid for sid, _ in fake.ledger.terminated] == [fake.ledger.created[0]["sandbox_id"]]
 
 
-async def test_cut_stream_is_unavailable_and_the_sandbox_is_killed(
+async def test_cut_stream_is_followed_again_to_the_end(
     provider: E2BProvider, fake: FakeE2B
 ) -> None:
     fake.faults.cut_stream = True
     output = OutputSink(1024)
     async with provider.sandbox(spec()) as box:
+        result = await box.exec(
+            ["sh", "-c", "echo part; sleep 0.5; echo rest; exit 5"],
+            stdin=None,
+            env={},
+            workdir=None,
+            timeout_s=30,
+            output=output,
+        )
+    assert result.exit_code == 5
+    assert output.text("stdout") == "part\nrest\n"
+    assert [sid for sid, _pid in fake.ledger.reconnects] == [box.id]
+
+
+async def test_cut_stream_after_the_command_ended_is_unavailable(
+    provider: E2BProvider, fake: FakeE2B
+) -> None:
+    # The stream broke at the very end: the process is gone, its exit status with it.
+    fake.faults.cut_stream = True
+    async with provider.sandbox(spec()) as box:
         with pytest.raises(ProviderUnavailable):
             await box.exec(
-                ["sh", "-c", "echo part; sleep 30"],
-                stdin=None,
-                env={},
-                workdir=None,
-                timeout_s=30,
-                output=output,
+                ["true"], stdin=None, env={}, workdir=None, timeout_s=30, output=OutputSink(9)
             )
-    assert output.text("stdout") == "part\n"
     assert box.id in {sid for sid, _ in fake.ledger.terminated}
 
 

@@ -77,6 +77,7 @@ TERMINATE_TIMEOUT_S = 15.0
 KILL_COMMAND_TIMEOUT_S = 2.0
 RATE_LIMIT_RETRY_AFTER_S = 5.0  # the SDK hides Retry-After (it already retried on it)
 COMMAND_TIMEOUT_SLACK_S = 5.0  # the SDK's timeout must never beat the relay's deadline
+MAX_RECONNECTS = 3  # a command stream that breaks is followed again this many times
 USER = "root"
 _DOMAIN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$", re.I)
 
@@ -272,6 +273,12 @@ class E2BSandbox:
         # The SDK only takes a shell line (bash -l -c): quote every argument; `exec`
         # makes the job the process envd tracks, so SendSignal reaches it.
         command = f"exec {shlex.join(argv)} < {shlex.quote(source)}"
+        follow: dict[str, Any] = {
+            "on_stdout": lambda text: output.write("stdout", text.encode()),
+            "on_stderr": lambda text: output.write("stderr", text.encode()),
+            "retain_output": False,
+        }
+        deadline = anyio.current_time() + timeout_s + COMMAND_TIMEOUT_SLACK_S
         handle = None
         try:
             handle = await self._sdk.commands.run(
@@ -280,15 +287,20 @@ class E2BSandbox:
                 envs=dict(env),
                 user=USER,
                 cwd=workdir,
-                on_stdout=lambda text: output.write("stdout", text.encode()),
-                on_stderr=lambda text: output.write("stderr", text.encode()),
                 timeout=timeout_s + COMMAND_TIMEOUT_SLACK_S,
-                retain_output=False,
+                **follow,
             )
-            result = await handle.wait()
-            return ExecResult(result.exit_code)
-        except CommandExitException as exc:
-            return ExecResult(exc.exit_code)
+            for reconnects in range(MAX_RECONNECTS + 1):
+                try:
+                    result = await handle.wait()
+                    return ExecResult(result.exit_code)
+                except CommandExitException as exc:
+                    return ExecResult(exc.exit_code)
+                except Exception as exc:
+                    if reconnects == MAX_RECONNECTS or not _stream_broke(exc):
+                        raise
+                handle = await self._reconnect(handle, deadline, follow)
+            raise AssertionError("unreachable")
         except Exception as exc:
             await self._stop(handle)
             await self._raise_for(exc)
@@ -296,6 +308,19 @@ class E2BSandbox:
             # Cancelled (the relay's deadline): the SDK leaves the process running.
             await self._stop(handle)
             raise
+
+    async def _reconnect(self, handle: Any, deadline: float, follow: dict[str, Any]) -> Any:
+        """Follow the command again after its stream broke (output in the gap is lost)."""
+        log.info("e2b: command stream of sandbox %s broke; reconnecting", self.id)
+        with suppress(Exception):
+            await handle.disconnect()
+        remaining = max(1.0, deadline - anyio.current_time())
+        try:
+            return await self._sdk.commands.connect(handle.pid, timeout=remaining, **follow)
+        except NotFoundException as exc:
+            raise ProviderUnavailable(
+                "E2B's command stream broke and the command's exit status was lost"
+            ) from exc
 
     async def _stop(self, handle: Any) -> None:
         """SIGKILL the command and drop its stream, quickly and whatever happens."""
@@ -308,6 +333,8 @@ class E2BSandbox:
                 await handle.disconnect()
 
     async def _raise_for(self, exc: Exception) -> NoReturn:
+        if isinstance(exc, ProviderError):
+            raise exc
         if isinstance(exc, SandboxException | AuthenticationException | OSError):
             raise _mapped(exc, "run the command") from exc
         # "Command ended without an end event": the stream broke. Tell a dead
@@ -318,6 +345,15 @@ class E2BSandbox:
         if running is False:
             raise SandboxLost("the E2B sandbox disappeared during the run") from exc
         raise ProviderUnavailable("E2B's command stream ended before the command did") from exc
+
+
+def _stream_broke(exc: Exception) -> bool:
+    """A stream that ended without an end event or dropped, with the sandbox alive.
+
+    The SDK reports the first as a bare ``Exception`` and the second as connectrpc's
+    ``ConnectError``; a sandbox that is gone comes back as ``SandboxException``.
+    """
+    return not isinstance(exc, SandboxException | AuthenticationException)
 
 
 def _is_network(host: str) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.fakes.e2b.world import HOME, FakeSandbox, World, kill_group
+from tests.fakes.e2b.world import HOME, FakeProcess, FakeSandbox, World, kill_group
 
 CONNECT_STREAM = "application/connect+json"
 _SANDBOX_PATH = re.compile(r"(?<![\w./-])(/workspace|/home/user|/tmp)(?=[/\s'\"]|$)")
@@ -152,85 +151,108 @@ class Envd:
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
-        sandbox.processes[process.pid] = process
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        sandbox.listeners.append(queue)
-        # The pump outlives the stream: a client that goes away leaves the process
+        running = FakeProcess(process)
+        sandbox.processes[process.pid] = running
+        queue = running.subscribe()
+        # The pump outlives any one stream: a client that goes away leaves the process
         # running, as envd does (only SendSignal or the sandbox's death stops it).
-        sandbox.pumps.add(asyncio.get_running_loop().create_task(_pump(process, queue)))
-        deadline = float(timeout_ms) / 1000 if timeout_ms else None
+        sandbox.pumps.add(asyncio.get_running_loop().create_task(_pump(sandbox, running)))
+        cut = self.world.faults.cut_stream
         return StreamingResponse(
-            self._events(sandbox, process, queue, deadline), media_type=CONNECT_STREAM
+            _events(running, queue, _seconds(timeout_ms), cut=cut), media_type=CONNECT_STREAM
         )
 
-    async def _events(
-        self,
-        sandbox: FakeSandbox,
-        process: asyncio.subprocess.Process,
-        queue: asyncio.Queue[tuple[str, Any]],
-        timeout_s: float | None,
-    ) -> AsyncIterator[bytes]:
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + timeout_s
-        cut = self.world.faults.cut_stream
-        try:
-            yield frame({"event": {"start": {"pid": process.pid}}})
-            while True:
-                remaining = None if deadline is None else max(0.0, deadline - loop.time())
-                try:
-                    kind, value = await asyncio.wait_for(queue.get(), remaining)
-                except TimeoutError:
-                    # envd enforces connect-timeout-ms itself: kill and end the stream.
-                    kill_group(process)
-                    error = {"code": "deadline_exceeded", "message": "deadline exceeded"}
-                    yield end_of_stream(error)
-                    return
-                if kind == "data":
-                    stream, chunk = value
-                    data = base64.b64encode(chunk).decode()
-                    yield frame({"event": {"data": {stream: data}}})
-                elif kind == "exit":
-                    if not cut:
-                        code = value if value >= 0 else -1
-                        status = f"exit status {code}" if value >= 0 else "signal: killed"
-                        end = {"exitCode": code, "exited": value >= 0, "status": status}
-                        yield frame({"event": {"end": end}})
-                    yield end_of_stream()
-                    return
-                elif kind == "gone":
-                    error = {
-                        "code": "unavailable",
-                        "message": "the connection to the sandbox ended before the stream "
-                        "completed",
-                    }
-                    yield end_of_stream(error)
-                    return
-                if cut:
-                    # Fault: the stream ends mid-run without an end event; the
-                    # process keeps running, as it would in a real sandbox.
-                    yield end_of_stream()
-                    return
-        finally:
-            with contextlib.suppress(ValueError):
-                sandbox.listeners.remove(queue)
+    async def connect(self, request: Request) -> Response:
+        """Follow a running process again (after a broken stream); no replay of output."""
+        sandbox, denied = self._sandbox(request)
+        if sandbox is None:
+            return denied or not_found("")
+        pid = int(unframe(await request.body())["process"]["pid"])
+        running = sandbox.processes.get(pid)
+        if running is None:
+            error = {"code": "not_found", "message": f"process with pid {pid} not found"}
+            return StreamingResponse(iter([end_of_stream(error)]), media_type=CONNECT_STREAM)
+        with self.world.ledger.lock:
+            self.world.ledger.reconnects.append((sandbox.sandbox_id, pid))
+        timeout_s = _seconds(request.headers.get("connect-timeout-ms"))
+        queue = running.subscribe()
+        return StreamingResponse(
+            _events(running, queue, timeout_s, cut=False), media_type=CONNECT_STREAM
+        )
 
     def routes(self) -> list[Route]:
         return [
             Route("/health", self.health, methods=["GET"]),
             Route("/files", self.write_files, methods=["POST"]),
             Route("/process.Process/Start", self.start, methods=["POST"]),
+            Route("/process.Process/Connect", self.connect, methods=["POST"]),
             Route("/process.Process/SendSignal", self.send_signal, methods=["POST"]),
             Route("/filesystem.Filesystem/MakeDir", self.make_dir, methods=["POST"]),
         ]
 
 
-async def _pump(process: asyncio.subprocess.Process, queue: asyncio.Queue[tuple[str, Any]]) -> None:
-    """Feed a process's output and exit status into the stream's queue."""
+def _seconds(timeout_ms: str | None) -> float | None:
+    return float(timeout_ms) / 1000 if timeout_ms else None
+
+
+async def _events(
+    running: FakeProcess,
+    queue: asyncio.Queue[tuple[str, Any]],
+    timeout_s: float | None,
+    *,
+    cut: bool,
+) -> AsyncIterator[bytes]:
+    """One Start/Connect stream: start, data..., end, end-of-stream (or a fault)."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    process = running.process
+    try:
+        yield frame({"event": {"start": {"pid": process.pid}}})
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            try:
+                kind, value = await asyncio.wait_for(queue.get(), remaining)
+            except TimeoutError:
+                # envd enforces connect-timeout-ms itself: kill and end the stream.
+                kill_group(process)
+                yield end_of_stream({"code": "deadline_exceeded", "message": "deadline exceeded"})
+                return
+            if kind == "data":
+                stream, chunk = value
+                data = base64.b64encode(chunk).decode()
+                yield frame({"event": {"data": {stream: data}}})
+            elif kind == "exit":
+                if not cut:
+                    code = value if value >= 0 else -1
+                    status = f"exit status {code}" if value >= 0 else "signal: killed"
+                    end = {"exitCode": code, "exited": value >= 0, "status": status}
+                    yield frame({"event": {"end": end}})
+                yield end_of_stream()
+                return
+            elif kind == "gone":
+                message = "the connection to the sandbox ended before the stream completed"
+                yield end_of_stream({"code": "unavailable", "message": message})
+                return
+            if cut:
+                # Fault: the stream ends mid-run without an end event; the process
+                # keeps running, as it would in a real sandbox.
+                yield end_of_stream()
+                return
+    finally:
+        running.unsubscribe(queue)
+
+
+async def _pump(sandbox: FakeSandbox, running: FakeProcess) -> None:
+    """Publish a process's output and exit status to whoever follows it."""
+    process = running.process
 
     async def read(stream: asyncio.StreamReader | None, name: str) -> None:
         assert stream is not None
         while chunk := await stream.read(65536):
-            queue.put_nowait(("data", (name, chunk)))
+            running.publish(("data", (name, chunk)))
 
     await asyncio.gather(read(process.stdout, "stdout"), read(process.stderr, "stderr"))
-    queue.put_nowait(("exit", await process.wait()))
+    code = await process.wait()
+    # Gone from the process table once it has ended: a later Connect is "not found".
+    sandbox.processes.pop(process.pid, None)
+    running.publish(("exit", code))

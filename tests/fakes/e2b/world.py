@@ -46,6 +46,27 @@ class Faults:
 
 
 @dataclass
+class FakeProcess:
+    """A running command and the streams (Start, Connect) currently following it."""
+
+    process: asyncio.subprocess.Process
+    subscribers: list[asyncio.Queue[tuple[str, Any]]] = field(default_factory=list)
+
+    def subscribe(self) -> asyncio.Queue[tuple[str, Any]]:
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.subscribers.append(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[tuple[str, Any]]) -> None:
+        with contextlib.suppress(ValueError):
+            self.subscribers.remove(queue)
+
+    def publish(self, event: tuple[str, Any]) -> None:
+        for queue in list(self.subscribers):
+            queue.put_nowait(event)
+
+
+@dataclass
 class FakeSandbox:
     """One sandbox: a private directory tree and the processes started in it."""
 
@@ -58,8 +79,7 @@ class FakeSandbox:
     access_token: str
     started_at: float = field(default_factory=time.time)
     end_at: float = 0.0
-    processes: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
-    listeners: list[asyncio.Queue[Any]] = field(default_factory=list)
+    processes: dict[int, FakeProcess] = field(default_factory=dict)
     timer: asyncio.TimerHandle | None = None
     pumps: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -84,6 +104,7 @@ class Ledger:
         self.expired: list[tuple[str, float]] = []
         self.signals: list[tuple[str, int, str]] = []
         self.commands: list[dict[str, Any]] = []
+        self.reconnects: list[tuple[str, int]] = []
 
     def alive(self) -> set[str]:
         with self.lock:
@@ -184,28 +205,27 @@ class World:
             return None
         if sandbox.timer is not None:
             sandbox.timer.cancel()
-        for process in sandbox.processes.values():
-            kill_group(process)
-        for queue in sandbox.listeners:
-            queue.put_nowait(("gone", None))
+        for running in sandbox.processes.values():
+            kill_group(running.process)
+            running.publish(("gone", None))
         shutil.rmtree(sandbox.root, ignore_errors=True)
         return sandbox
 
     def signal(self, sandbox: FakeSandbox, pid: int, name: str) -> bool:
-        process = sandbox.processes.get(pid)
+        running = sandbox.processes.get(pid)
         with self.ledger.lock:
             self.ledger.signals.append((sandbox.sandbox_id, pid, name))
-        if process is None or process.returncode is not None:
+        if running is None or running.process.returncode is not None:
             return False
         sig = signal.SIGKILL if name == "SIGNAL_SIGKILL" else signal.SIGTERM
-        kill_group(process, sig)
+        kill_group(running.process, sig)
         return True
 
     async def shutdown(self) -> None:
         """Kill every sandbox and wait for its processes (the fake is going away)."""
         with self.ledger.lock:
             ids = list(self.ledger.sandboxes)
-        processes = [p for s in self._sandboxes() for p in s.processes.values()]
+        processes = [p.process for s in self._sandboxes() for p in s.processes.values()]
         for sandbox_id in ids:
             self._remove(sandbox_id)
         for process in processes:
