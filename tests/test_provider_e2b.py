@@ -26,6 +26,7 @@ from relay.providers.base import TAG_CLUSTER, TAG_RUN, Egress, OutputSink, Resou
 from relay.providers.e2b import E2BProvider
 from tests.contract.harness_e2b import settings_for
 from tests.fakes.e2b import FakeE2B, running_fake
+from tests.fakes.e2b.isolation import bwrap_works
 
 KEY = "test-key"
 
@@ -149,7 +150,7 @@ async def test_exec_argv_stdin_env_workdir_and_exit_code(provider: E2BProvider) 
     assert code == 3
     lines = stdout.splitlines()
     assert lines[0] == "$(echo no); rm -rf /|in"
-    assert lines[1].endswith("/workspace")
+    assert lines[1] == "/workspace" if bwrap_works() else lines[1].endswith("/workspace")
     assert lines[2] == "hi"
     assert stderr == "oops\n"
 
@@ -448,3 +449,23 @@ async def test_live_e2b(fake: FakeE2B) -> None:
     assert result.exit_code == 0
     assert output.text("stdout") == "hello from relay\n"
     assert box.id not in {ref.sandbox_id for ref in await provider.list_owned()}
+
+
+async def test_fake_without_bubblewrap_still_maps_sandbox_paths(
+    provider: E2BProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.fakes.e2b import isolation
+
+    monkeypatch.setattr(isolation, "bwrap_works", lambda: False)
+    output = OutputSink(1024)
+    async with provider.sandbox(spec()) as box:
+        await box.upload({"/workspace/a.txt": b"mapped\n"})
+        result = await box.exec(
+            ["cat", "/workspace/a.txt"],
+            stdin=None,
+            env={},
+            workdir=None,
+            timeout_s=10,
+            output=output,
+        )
+    assert (result.exit_code, output.text("stdout")) == (0, "mapped\n")

@@ -5,10 +5,8 @@ checked against the ``X-Access-Token`` the create returned. A sandbox that is go
 answers 502 "... was not found", as E2B's proxy does.
 
 Commands run as real local processes (``bash -c``, without ``-l`` so the host's profile
-stays out) in the sandbox's private directory, each in its own session so the whole
-group can be killed. Sandbox paths (``/workspace``, ``/home/user``, ``/tmp``) are mapped
-under that directory, both for ``cwd``/files and, textually, inside the command line —
-a fake's approximation of a private root filesystem.
+stays out), each in its own session so the whole group can be killed, seeing the
+sandbox's private ``/workspace``, ``/home/user`` and ``/tmp`` (see ``isolation.py``).
 """
 
 from __future__ import annotations
@@ -16,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import re
 import struct
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,10 +22,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.fakes.e2b.isolation import command_line
 from tests.fakes.e2b.world import HOME, FakeProcess, FakeSandbox, World, kill_group
 
 CONNECT_STREAM = "application/connect+json"
-_SANDBOX_PATH = re.compile(r"(?<![\w./-])(/workspace|/home/user|/tmp)(?=[/\s'\"]|$)")
 
 
 def frame(message: dict[str, Any], flags: int = 0) -> bytes:
@@ -49,10 +45,6 @@ def unframe(body: bytes) -> dict[str, Any]:
 
 def not_found(sandbox_id: str) -> JSONResponse:
     return JSONResponse({"code": 502, "message": f"The sandbox {sandbox_id} was not found"}, 502)
-
-
-def map_command(sandbox: FakeSandbox, command: str) -> str:
-    return _SANDBOX_PATH.sub(lambda m: f"{sandbox.root}{m.group(1)}", command)
 
 
 class Envd:
@@ -129,21 +121,13 @@ class Envd:
             self.world.ledger.commands.append(
                 {"sandbox_id": sandbox.sandbox_id, **config, "timeout_ms": timeout_ms}
             )
-        cwd = sandbox.host_path(config.get("cwd") or HOME)
-        if not cwd.is_dir():
+        if not sandbox.host_path(config.get("cwd") or HOME).is_dir():
             error = {"code": "invalid_argument", "message": "cwd does not exist"}
             return StreamingResponse(iter([end_of_stream(error)]), media_type=CONNECT_STREAM)
-        args = [map_command(sandbox, a) for a in config.get("args", []) if a != "-l"]
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(sandbox.host_path(HOME)),
-            "LANG": "C.UTF-8",
-            **sandbox.envs,
-            **config.get("envs", {}),
-        }
+        created = self.world.ledger.create_of(sandbox.sandbox_id)
+        argv, cwd, env = command_line(sandbox, config, created)
         process = await asyncio.create_subprocess_exec(
-            config["cmd"],
-            *args,
+            *argv,
             cwd=cwd,
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
