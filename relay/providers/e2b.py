@@ -246,8 +246,12 @@ class E2BSandbox:
             await self._sdk.files.write_files(entries, user=USER)
         except Exception as exc:
             raise _mapped(exc, "upload files") from exc
-        # envd creates parent directories as it writes.
-        self._dirs.update(posixpath.dirname(entry["path"]) for entry in entries)
+        # envd creates parent directories as it writes: no make_dir needed for them.
+        for entry in entries:
+            parent = posixpath.dirname(entry["path"])
+            while parent not in ("/", ""):
+                self._dirs.add(parent)
+                parent = posixpath.dirname(parent)
 
     async def exec(
         self,
