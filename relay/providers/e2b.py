@@ -66,6 +66,7 @@ from relay.providers.base import (
     Resources,
     SandboxRef,
     SandboxSpec,
+    shielded,
 )
 from relay.settings import Settings
 
@@ -130,13 +131,11 @@ class E2BProvider:
         try:
             yield box
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                # Logged inside; the original exception is the one the caller sees.
-                with suppress(ProviderError):
-                    await self._kill(sdk.sandbox_id)
+            # Logged inside; the original exception is the one the caller sees.
+            with suppress(ProviderError):
+                await shielded(self._kill(sdk.sandbox_id))
             raise
-        with anyio.CancelScope(shield=True):
-            await self._kill(sdk.sandbox_id)
+        await shielded(self._kill(sdk.sandbox_id))
 
     async def _create(self, spec: SandboxSpec) -> AsyncSandbox:
         network: dict[str, Any] | None = None
@@ -163,7 +162,7 @@ class E2BProvider:
             # (it is tagged): sweep this run's sandboxes now rather than leave them
             # billing until the reaper's next pass.
             if not isinstance(exc, AuthenticationException):
-                await self._sweep(spec)
+                await shielded(self._sweep(spec))
             if isinstance(exc, TimeoutError):
                 raise ProviderTimeout("E2B did not create the sandbox in time") from exc
             if isinstance(exc, Exception):
@@ -171,7 +170,7 @@ class E2BProvider:
             raise
 
     async def _sweep(self, spec: SandboxSpec) -> None:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(TERMINATE_TIMEOUT_S):
+        with anyio.move_on_after(TERMINATE_TIMEOUT_S):
             try:
                 for ref in await self._list({TAG_CLUSTER: spec.cluster, TAG_RUN: spec.run_id}):
                     await self.terminate(ref.sandbox_id)
@@ -306,11 +305,11 @@ class E2BSandbox:
                 handle = await self._reconnect(handle, deadline, follow)
             raise AssertionError("unreachable")
         except Exception as exc:
-            await self._stop(handle)
+            await shielded(self._stop(handle))
             await self._raise_for(exc)
         except BaseException:
             # Cancelled (the relay's deadline): the SDK leaves the process running.
-            await self._stop(handle)
+            await shielded(self._stop(handle))
             raise
 
     async def _reconnect(self, handle: Any, deadline: float, follow: dict[str, Any]) -> Any:
@@ -327,14 +326,13 @@ class E2BSandbox:
             ) from exc
 
     async def _stop(self, handle: Any) -> None:
-        """SIGKILL the command and drop its stream, quickly and whatever happens."""
+        """SIGKILL the command and drop its stream, quickly (callers shield this)."""
         if handle is None:
             return
-        with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(KILL_COMMAND_TIMEOUT_S), suppress(Exception):
-                await handle.kill()
-            with anyio.move_on_after(KILL_COMMAND_TIMEOUT_S), suppress(Exception):
-                await handle.disconnect()
+        with anyio.move_on_after(KILL_COMMAND_TIMEOUT_S), suppress(Exception):
+            await handle.kill()
+        with anyio.move_on_after(KILL_COMMAND_TIMEOUT_S), suppress(Exception):
+            await handle.disconnect()
 
     async def _raise_for(self, exc: Exception) -> NoReturn:
         if isinstance(exc, ProviderError):

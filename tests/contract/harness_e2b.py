@@ -27,7 +27,7 @@ def settings_for(fake: FakeE2B, **overrides: object) -> Settings:
 @asynccontextmanager
 async def open_harness(tmp_path: Path) -> AsyncIterator[Harness]:
     with running_fake() as fake:
-        provider = E2BProvider(settings_for(fake))
+        provider = E2BProvider(settings_for(fake, cluster="test"))
 
         async def alive() -> set[str]:
             return fake.ledger.alive()
