@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -27,6 +32,7 @@ from relay.providers.e2b import E2BProvider
 from tests.contract.harness_e2b import settings_for
 from tests.fakes.e2b import FakeE2B, running_fake
 from tests.fakes.e2b.isolation import bwrap_works
+from tests.relay_server import SECRET_CANARY, RelayProcess
 
 KEY = "test-key"
 LIVE_KEY = os.environ.get("E2B_API_KEY")  # read at import: an autouse fixture clears E2B_*
@@ -470,3 +476,74 @@ async def test_fake_without_bubblewrap_still_maps_sandbox_paths(
             output=output,
         )
     assert (result.exit_code, output.text("stdout")) == (0, "mapped\n")
+
+
+# --- end to end: a real relay process on E2B (the fake) ------------------------------
+
+
+def _relay_on(fake: FakeE2B, root: Path) -> RelayProcess:
+    return RelayProcess(
+        root, providers="e2b", e2b_api_url=fake.url, e2b_sandbox_url=fake.url, reap_interval_s=1
+    )
+
+
+def _relay_run(relay: RelayProcess, token: str, job: str, *params: str) -> dict[str, Any]:
+    env = {"PATH": os.environ["PATH"], "RELAY_URL": relay.url, "RELAY_TOKEN": token}
+    done = subprocess.run(
+        [sys.executable, "-m", "relay", "run", job, *params, "--json"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
+
+
+def test_relay_runs_every_example_job_on_e2b(fake: FakeE2B, tmp_path: Path) -> None:
+    relay = _relay_on(fake, tmp_path / "relay")
+    token = relay.add_token("e2e")
+    relay.start()
+    try:
+        runs = {
+            "echo": _relay_run(relay, token, "echo", "-p", "message=hi from e2b"),
+            "http-status": _relay_run(relay, token, "http-status", "-p", f'urls:=["{fake.url}/"]'),
+            "python": _relay_run(relay, token, "python"),
+        }
+    finally:
+        relay.stop()
+    for job, run in runs.items():
+        assert (job, run["state"], run["provider"]) == (job, "succeeded", "e2b"), run
+    assert runs["echo"]["stdout"] == "hi from e2b\n"
+    assert runs["http-status"]["stdout"] == f"200 {fake.url}/\n"
+    created = fake.ledger.created
+    assert [c["metadata"][TAG_CLUSTER] for c in created] == ["e2e"] * 3
+    assert {c["metadata"][TAG_RUN] for c in created} == {run["id"] for run in runs.values()}
+    assert created[0]["allow_internet_access"] is False  # echo: egress []
+    assert created[1]["allow_internet_access"] is True  # http-status: egress ["*"]
+    assert {sid for sid, _ in fake.ledger.terminated} == {c["sandbox_id"] for c in created}
+    assert SECRET_CANARY not in relay.log()
+    assert all(SECRET_CANARY not in json.dumps(run) for run in runs.values())
+
+
+def test_a_relay_killed_mid_run_leaves_nothing_after_restart(fake: FakeE2B, tmp_path: Path) -> None:
+    relay = _relay_on(fake, tmp_path / "relay")
+    token = relay.add_token("e2e")
+    relay.start()
+    answer = relay.post(token, {"job": "sleep", "params": {"seconds": 60}, "wait": False})
+    assert answer.status_code == 202
+    deadline = time.monotonic() + 20
+    while not fake.ledger.commands and time.monotonic() < deadline:
+        time.sleep(0.05)
+    relay.kill()  # SIGKILL: no finally runs; the sandbox is left running at E2B
+    assert len(fake.ledger.alive()) == 1
+    relay.start()  # the reaper's startup sweep finds it by its cluster tag
+    try:
+        deadline = time.monotonic() + 20
+        while fake.ledger.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        run = relay.wait_final(token, answer.json()["id"])
+    finally:
+        relay.stop()
+    assert fake.ledger.alive() == set()
+    assert run["state"] == "lost"

@@ -114,7 +114,12 @@ def routes(world: World) -> list[Route]:
             return error(404, "sandbox not found")
         return Response(status_code=204)
 
+    async def index(request: Request) -> Response:
+        # Something plain to fetch, for jobs that check the network (http-status).
+        return Response("fake E2B\n", media_type="text/plain")
+
     return [
+        Route("/", index, methods=["GET"]),
         Route("/v2/sandboxes", create, methods=["POST"]),
         Route("/v2/sandboxes", list_sandboxes, methods=["GET"]),
         Route("/sandboxes/{sandbox_id}/timeout", set_timeout, methods=["POST"]),
