@@ -547,3 +547,42 @@ def test_a_relay_killed_mid_run_leaves_nothing_after_restart(fake: FakeE2B, tmp_
         relay.stop()
     assert fake.ledger.alive() == set()
     assert run["state"] == "lost"
+
+
+@pytest.mark.parametrize(
+    ("fault", "value", "status", "code"),
+    [
+        ("create_status", 429, 503, "provider_rate_limited"),
+        ("create_status", 500, 503, "provider_unavailable"),
+        ("create_status", 401, 502, "provider_auth"),
+        ("create_allocates_then_fails", True, 503, "provider_unavailable"),
+        ("vanish_after_s", 0.5, 502, "sandbox_lost"),
+        ("cut_stream", True, 200, None),  # followed again: the run still succeeds
+        ("terminate_failures", 1, 200, None),  # the run succeeded; the reaper kills it
+    ],
+)
+def test_relay_answers_each_e2b_fault_as_a_user_expects(
+    fake: FakeE2B, tmp_path: Path, fault: str, value: object, status: int, code: str | None
+) -> None:
+    relay = _relay_on(fake, tmp_path / "relay")
+    token = relay.add_token("e2e")
+    relay.start()
+    try:
+        setattr(fake.faults, fault, value)
+        answer = relay.post(token, {"job": "sleep", "params": {"seconds": 1}})
+        fake.reset()
+        deadline = time.monotonic() + 15
+        while fake.ledger.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)  # a failed kill is retried by the reaper (every second here)
+    finally:
+        relay.stop()
+    body = answer.json()
+    assert answer.status_code == status, body
+    if code is None:
+        assert (body["state"], body["stdout"]) == ("succeeded", "sleeping\nwoke\n")
+    else:
+        assert body["error"]["code"] == code
+        assert "injected" not in body["error"]["message"]
+    if code == "provider_rate_limited":
+        assert int(answer.headers["Retry-After"]) >= 1
+    assert "injected" not in relay.log() and SECRET_CANARY not in relay.log()
