@@ -128,6 +128,7 @@ async def test_egress_mapping(
         ({"egress": Egress(("https://pypi.org",))}, EgressUnsupported),
         ({"resources": Resources(cpu=4, memory_mb=8192)}, SizeUnsupported),
         ({"timeout_s": 90_000.0}, ValidationFailed),
+        ({"pip": ("requests",)}, ValidationFailed),
     ],
 )
 async def test_refuses_what_it_cannot_enforce_before_creating(

@@ -122,6 +122,10 @@ class E2BProvider:
             )
         if spec.lifetime_s > MAX_LIFETIME_S:
             raise ValidationFailed("E2B sandboxes live at most 24 hours")
+        if spec.pip:
+            raise ValidationFailed(
+                "the e2b provider does not install pip packages; use a template that has them"
+            )
 
     @asynccontextmanager
     async def sandbox(self, spec: SandboxSpec) -> AsyncIterator[E2BSandbox]:
