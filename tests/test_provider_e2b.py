@@ -376,6 +376,24 @@ async def test_cut_stream_is_followed_again_to_the_end(
     assert [sid for sid, _pid in fake.ledger.reconnects] == [box.id]
 
 
+async def test_dropped_connection_is_followed_again_to_the_end(
+    provider: E2BProvider, fake: FakeE2B
+) -> None:
+    fake.faults.drop_connection = True  # the server aborts the command stream mid-body
+    output = OutputSink(1024)
+    async with provider.sandbox(spec()) as box:
+        result = await box.exec(
+            ["sh", "-c", "echo part; sleep 0.5; echo rest; exit 5"],
+            stdin=None,
+            env={},
+            workdir=None,
+            timeout_s=30,
+            output=output,
+        )
+    assert (result.exit_code, output.text("stdout")) == (5, "part\nrest\n")
+    assert [sid for sid, _pid in fake.ledger.reconnects] == [box.id]
+
+
 async def test_cut_stream_after_the_command_ended_is_unavailable(
     provider: E2BProvider, fake: FakeE2B
 ) -> None:

@@ -354,11 +354,15 @@ class E2BSandbox:
 
 
 def _stream_broke(exc: Exception) -> bool:
-    """A stream that ended without an end event or dropped, with the sandbox alive.
+    """A command stream that broke while the sandbox may well be alive: follow it again.
 
-    The SDK reports the first as a bare ``Exception`` and the second as connectrpc's
-    ``ConnectError``; a sandbox that is gone comes back as ``SandboxException``.
+    The SDK reports a stream that ended without an end event as a bare ``Exception``, and
+    a dropped connection as connectrpc's ``ConnectError`` or, when its health probe can't
+    tell, ``SandboxUnreachableException``. A sandbox known to be gone is
+    ``SandboxNotRunningException``: not worth a reconnect.
     """
+    if isinstance(exc, SandboxUnreachableException):
+        return True
     return not isinstance(exc, SandboxException | AuthenticationException)
 
 

@@ -141,10 +141,11 @@ class Envd:
         # The pump outlives any one stream: a client that goes away leaves the process
         # running, as envd does (only SendSignal or the sandbox's death stops it).
         sandbox.pumps.add(asyncio.get_running_loop().create_task(_pump(sandbox, running)))
-        cut = self.world.faults.cut_stream
-        return StreamingResponse(
-            _events(running, queue, _seconds(timeout_ms), cut=cut), media_type=CONNECT_STREAM
+        faults = self.world.faults
+        events = _events(
+            running, queue, _seconds(timeout_ms), cut=faults.cut_stream, drop=faults.drop_connection
         )
+        return StreamingResponse(events, media_type=CONNECT_STREAM)
 
     async def connect(self, request: Request) -> Response:
         """Follow a running process again (after a broken stream); no replay of output."""
@@ -185,6 +186,7 @@ async def _events(
     timeout_s: float | None,
     *,
     cut: bool,
+    drop: bool = False,
 ) -> AsyncIterator[bytes]:
     """One Start/Connect stream: start, data..., end, end-of-stream (or a fault)."""
     loop = asyncio.get_running_loop()
@@ -222,6 +224,9 @@ async def _events(
                 # keeps running, as it would in a real sandbox.
                 yield end_of_stream()
                 return
+            if drop:
+                # Fault: the connection dies mid-body (the server aborts the response).
+                raise ConnectionAbortedError("injected dropped connection")
     finally:
         running.unsubscribe(queue)
 

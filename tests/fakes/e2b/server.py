@@ -69,6 +69,7 @@ class FakeE2B:
         config = uvicorn.Config(
             create_app(self.world),
             log_level="warning",
+            log_config=None,  # no handlers of its own: tests capture it, injected faults stay quiet
             access_log=False,
             lifespan="off",
             http="h11",

@@ -27,12 +27,18 @@ HOME = "/home/user"
 
 @dataclass
 class Faults:
-    """Failures the next calls suffer; sticky until :meth:`reset`."""
+    """Failures the next calls suffer; sticky until :meth:`reset`.
+
+    ``cut_stream`` ends a Start stream cleanly after its first event, without an end event;
+    ``drop_connection`` aborts it mid-body (a dropped connection). Connect streams (the
+    client following the command again) are never cut.
+    """
 
     create_status: int | None = None
     create_hang: bool = False
     create_allocates_then_fails: bool = False
     cut_stream: bool = False
+    drop_connection: bool = False
     terminate_failures: int = 0
     vanish_after_s: float | None = None
 
@@ -41,6 +47,7 @@ class Faults:
         self.create_hang = False
         self.create_allocates_then_fails = False
         self.cut_stream = False
+        self.drop_connection = False
         self.terminate_failures = 0
         self.vanish_after_s = None
 
