@@ -8,6 +8,7 @@ from starlette.requests import Request
 
 from relay.auth import TokenStore
 from relay.catalog import Catalog
+from relay.events import EventBus
 from relay.providers.base import Provider
 from relay.reaper import Reaper
 from relay.service import RunService
@@ -26,6 +27,7 @@ class AppState:
     providers: dict[str, Provider]
     service: RunService
     reaper: Reaper | None = None
+    events: EventBus | None = None
 
     def base_url(self, request: Request) -> str:
         if self.settings.public_url:

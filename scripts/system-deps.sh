@@ -8,6 +8,11 @@ packages=()
 command -v bwrap >/dev/null 2>&1 || packages+=(bubblewrap)
 if [ "$mode" = "test" ]; then
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || packages+=(postgresql)
+    # Static checks of the deploy recipes (tests/test_deploy.py) use these when present.
+    command -v caddy >/dev/null 2>&1 || packages+=(caddy)
+    command -v kubectl >/dev/null 2>&1 || packages+=(kubectl)
+    docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1 \
+        || packages+=(docker-compose)
 fi
 [ ${#packages[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
