@@ -290,6 +290,17 @@ async def test_list_owned_sees_only_this_cluster(provider: E2BProvider, fake: Fa
     assert refs[0].created_at is not None
 
 
+async def test_list_owned_reads_every_page(provider: E2BProvider, fake: FakeE2B) -> None:
+    fake.world.page_size = 1
+    async with (
+        provider.sandbox(spec("run_a")) as a,
+        provider.sandbox(spec("run_b")) as b,
+        provider.sandbox(spec("run_c")) as c,
+    ):
+        refs = await provider.list_owned()
+    assert sorted(ref.sandbox_id for ref in refs) == sorted([a.id, b.id, c.id])
+
+
 async def test_terminate_is_idempotent(provider: E2BProvider) -> None:
     await provider.terminate("no-such-sandbox")
     async with provider.sandbox(spec()) as box:

@@ -91,10 +91,15 @@ def routes(world: World) -> list[Route]:
             sandboxes = list(world.ledger.sandboxes.values())
         found = [
             _listed(s)
-            for s in sandboxes
+            for s in sorted(sandboxes, key=lambda s: s.sandbox_id)
             if all(s.metadata.get(key) == value for key, value in wanted.items())
         ]
-        return JSONResponse(found)
+        # Pages of `limit` (capped by world.page_size), continued by the x-next-token header.
+        limit = min(int(request.query_params.get("limit", 100)), world.page_size)
+        start = int(request.query_params.get("nextToken") or 0)
+        page, rest = found[start : start + limit], found[start + limit :]
+        headers = {"x-next-token": str(start + limit)} if rest else {}
+        return JSONResponse(page, headers=headers)
 
     async def set_timeout(request: Request) -> Response:
         if (denied := _authorized(request)) is not None:

@@ -131,6 +131,7 @@ class World:
     def __init__(self) -> None:
         self.ledger = Ledger()
         self.faults = Faults()
+        self.page_size = 100  # list answers at most this many sandboxes a page
         self.base_dir = Path(tempfile.mkdtemp(prefix="fake-e2b-"))
 
     def create(self, body: dict[str, Any]) -> FakeSandbox:
