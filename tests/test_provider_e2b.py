@@ -19,6 +19,7 @@ from relay.errors import (
     ConfigError,
     EgressUnsupported,
     ProviderAuth,
+    ProviderError,
     ProviderRateLimited,
     ProviderTimeout,
     ProviderUnavailable,
@@ -326,6 +327,15 @@ async def test_create_errors_are_mapped(
     if status == 429:
         assert caught.value.retry_after is not None  # type: ignore[attr-defined]
         assert fake.ledger.create_attempts == 4  # the SDK retried, honouring Retry-After
+
+
+async def test_unknown_template_is_named_in_the_error(provider: E2BProvider, fake: FakeE2B) -> None:
+    with pytest.raises(ProviderError) as caught:
+        async with provider.sandbox(spec(image="missing-template")):
+            pass
+    assert caught.value.code == "provider_error"
+    assert "missing-template" in caught.value.message
+    assert "not found" not in caught.value.message  # E2B's words stay out
 
 
 async def test_bad_key_is_provider_auth(fake: FakeE2B) -> None:

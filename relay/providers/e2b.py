@@ -150,10 +150,11 @@ class E2BProvider:
             internet = True
         else:
             network = {"allow_out": list(spec.egress.hosts), "deny_out": [ALL_TRAFFIC]}
+        template = spec.image or self._settings.e2b_template
         try:
             with anyio.fail_after(self._settings.create_timeout_s):
                 return await AsyncSandbox.create(
-                    template=spec.image or self._settings.e2b_template,
+                    template=template,
                     timeout=spec.lifetime_s,
                     metadata=spec.tags,
                     envs=dict(spec.env) or None,
@@ -169,6 +170,8 @@ class E2BProvider:
                 await shielded(self._sweep(spec))
             if isinstance(exc, TimeoutError):
                 raise ProviderTimeout("E2B did not create the sandbox in time") from exc
+            if getattr(exc, "status_code", None) == 404:
+                raise ProviderError(f"E2B has no template named {template!r}") from exc
             if isinstance(exc, Exception):
                 raise _mapped(exc, "create the sandbox") from exc
             raise

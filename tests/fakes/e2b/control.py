@@ -65,6 +65,8 @@ def routes(world: World) -> list[Route]:
         if faults.create_status is not None:
             return error(faults.create_status, "injected failure", **{"Retry-After": "0"})
         body = await request.json()
+        if str(body.get("templateID", "")).startswith("missing"):
+            return error(404, f"template '{body['templateID']}' not found")
         sandbox = world.create(body)
         if faults.create_allocates_then_fails:
             return error(500, "injected failure after allocation")
