@@ -1,0 +1,372 @@
+"""The Modal provider through the real ``modal`` client against the protocol-level fake.
+
+Every test runs its own fake (it starts in milliseconds) and ends by checking the fake's
+ledger: no sandbox may be left alive, whatever the test did.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import anyio
+import pytest
+
+from relay.errors import (
+    EgressUnsupported,
+    ProviderAuth,
+    ProviderError,
+    ProviderRateLimited,
+    ProviderTimeout,
+    ProviderUnavailable,
+    SandboxLost,
+    SizeUnsupported,
+)
+from relay.providers.base import (
+    TAG_CLUSTER,
+    TAG_RUN,
+    Egress,
+    OutputSink,
+    Provider,
+    Resources,
+    SandboxSpec,
+)
+from relay.providers.modal import ModalProvider
+from tests.contract.harness_modal import settings_for
+from tests.fakes.modal import FakeModal, running_fake
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeModal]:
+    with running_fake() as running:
+        yield running
+        running.reset()
+        assert running.ledger.alive() == set(), "a sandbox was left running"
+
+
+@pytest.fixture
+async def provider(fake: FakeModal) -> AsyncIterator[ModalProvider]:
+    provider = ModalProvider(settings_for(fake, create_timeout_s=5.0))
+    yield provider
+    await provider.aclose()
+
+
+def spec(**overrides: object) -> SandboxSpec:
+    values: dict[str, object] = {"run_id": "run_1", "cluster": "contract", "timeout_s": 20.0}
+    values.update(overrides)
+    return SandboxSpec(**values)  # type: ignore[arg-type]
+
+
+async def run(
+    provider: ModalProvider,
+    argv: list[str],
+    *,
+    sandbox_spec: SandboxSpec | None = None,
+    stdin: bytes | None = None,
+    env: dict[str, str] | None = None,
+    files: dict[str, bytes] | None = None,
+    timeout_s: float = 20.0,
+) -> tuple[int | None, OutputSink, str]:
+    output = OutputSink(limit=1 << 20)
+    async with provider.sandbox(sandbox_spec or spec()) as sandbox:
+        if files:
+            await sandbox.upload(files)
+        result = await sandbox.exec(
+            argv, stdin=stdin, env=env or {}, workdir=None, timeout_s=timeout_s, output=output
+        )
+    return result.exit_code, output, sandbox.id
+
+
+def test_provider_satisfies_protocol(fake: FakeModal) -> None:
+    assert isinstance(ModalProvider(settings_for(fake)), Provider)
+
+
+async def test_run_streams_output_files_stdin_and_env(
+    fake: FakeModal, provider: ModalProvider
+) -> None:
+    code, output, sandbox_id = await run(
+        provider,
+        ["sh", "-c", 'cat data/in.txt; read line; echo "$line $GREETING"; echo oops >&2; exit 3'],
+        stdin=b"from stdin\n",
+        env={"GREETING": "hello"},
+        files={"data/in.txt": b"a file\n"},
+    )
+    assert code == 3
+    assert output.text("stdout") == "a file\nfrom stdin hello\n"
+    assert output.text("stderr") == "oops\n"
+    assert fake.ledger.terminated[-1][0] == sandbox_id
+
+
+async def test_create_request_carries_lifetime_tags_network_resources(
+    fake: FakeModal, provider: ModalProvider
+) -> None:
+    wanted = spec(
+        timeout_s=42.0, grace_s=10.0, resources=Resources(cpu=2.0, memory_mb=2048), env={"K": "v"}
+    )
+    await run(provider, ["true"], sandbox_spec=wanted)
+    entry = fake.ledger.created[-1]
+    assert entry["lifetime"] == 52 == wanted.lifetime_s
+    assert entry["tags"] == {TAG_CLUSTER: "contract", TAG_RUN: "run_1"}
+    assert entry["network"]["type"] == "BLOCKED"
+    assert entry["resources"] == {"milli_cpu": 2000, "memory_mb": 2048}
+    assert entry["env"] == ["K"]  # an inline secret, never part of argv
+    assert entry["entrypoint"] == []
+    assert all("K=v" not in " ".join(ex["argv"]) for ex in fake.ledger.execs)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "kind", "cidrs"),
+    [
+        (("*",), "OPEN", []),
+        (("10.0.0.0/8", "192.0.2.7"), "ALLOWLIST", ["10.0.0.0/8", "192.0.2.7/32"]),
+    ],
+)
+async def test_egress_mapping(
+    fake: FakeModal, provider: ModalProvider, hosts: tuple[str, ...], kind: str, cidrs: list[str]
+) -> None:
+    await run(provider, ["true"], sandbox_spec=spec(egress=Egress(hosts)))
+    assert fake.ledger.created[-1]["network"] == {"type": kind, "cidrs": cidrs, "domains": []}
+
+
+async def test_host_names_refused_before_any_create(
+    fake: FakeModal, provider: ModalProvider
+) -> None:
+    with pytest.raises(EgressUnsupported):
+        provider.check(spec(egress=Egress(("pypi.org",))))
+    with pytest.raises(EgressUnsupported):
+        async with provider.sandbox(spec(egress=Egress(("pypi.org",)))):
+            pass
+    assert fake.ledger.created == []
+
+
+@pytest.mark.parametrize("resources", [Resources(cpu=128), Resources(memory_mb=64)])
+def test_sizes_modal_cannot_give(provider: ModalProvider, resources: Resources) -> None:
+    with pytest.raises(SizeUnsupported):
+        provider.check(spec(resources=resources))
+
+
+async def test_image_from_registry_with_pip(fake: FakeModal, provider: ModalProvider) -> None:
+    await run(provider, ["true"], sandbox_spec=spec(image="python:3.12-slim", pip=("rich",)))
+    image = fake.ledger.created[-1]["image"]
+    assert any("pip install" in command and "rich" in command for command in image["commands"])
+    assert any("python:3.12-slim" in command for command in fake.images_commands())
+
+
+async def test_job_sees_only_its_env(fake: FakeModal, provider: ModalProvider) -> None:
+    _, output, _ = await run(provider, ["env"], env={"ONLY": "this"})
+    names = {line.split("=", 1)[0] for line in output.text("stdout").splitlines()}
+    assert "ONLY" in names
+    assert not any(name.startswith(("MODAL_", "RELAY_")) for name in names)
+    assert "as-test" not in output.text("stdout")
+    assert not any(name.startswith("MODAL_") for name in os.environ)  # the relay set none
+
+
+async def test_cancelled_exec_returns_promptly_and_terminates(
+    fake: FakeModal, provider: ModalProvider
+) -> None:
+    output = OutputSink(limit=1024)
+    started = time.monotonic()
+    async with provider.sandbox(spec()) as sandbox:
+        with anyio.move_on_after(0.5):
+            await sandbox.exec(
+                ["sh", "-c", "echo started; sleep 30"],
+                stdin=None,
+                env={},
+                workdir=None,
+                timeout_s=60,
+                output=output,
+            )
+    assert time.monotonic() - started < 5
+    assert output.text("stdout") == "started\n"
+    assert fake.ledger.terminated[-1][0] == sandbox.id
+
+
+async def test_command_timeout_is_a_second_line_of_defence(provider: ModalProvider) -> None:
+    started = time.monotonic()
+    code, _, _ = await run(provider, ["sleep", "30"], timeout_s=1)
+    assert time.monotonic() - started < 8
+    assert code in (None, 137)
+
+
+async def test_fake_enforces_sandbox_lifetime(fake: FakeModal, provider: ModalProvider) -> None:
+    short = spec(timeout_s=0.5, grace_s=0.5)
+    code, _, sandbox_id = await run(provider, ["sleep", "30"], sandbox_spec=short, timeout_s=20)
+    assert code == 137  # killed by Modal's own deadline, not by the relay
+    assert sandbox_id not in {sid for sid, _ in fake.ledger.terminated}
+
+
+async def test_list_owned_and_idempotent_terminate(
+    fake: FakeModal, provider: ModalProvider
+) -> None:
+    async with provider.sandbox(spec(run_id="run_list")) as sandbox:
+        refs = await provider.list_owned()
+        assert [(ref.sandbox_id, ref.run_id) for ref in refs] == [(sandbox.id, "run_list")]
+        await provider.terminate(sandbox.id)
+        await provider.terminate(sandbox.id)
+    await provider.terminate("sb-doesnotexist000000000000")
+    assert await provider.list_owned() == []
+
+
+async def test_other_clusters_are_not_listed(fake: FakeModal) -> None:
+    mine = ModalProvider(settings_for(fake, cluster="mine"))
+    theirs = ModalProvider(settings_for(fake, cluster="theirs"))
+    try:
+        async with theirs.sandbox(spec(cluster="theirs")):
+            assert await mine.list_owned() == []
+    finally:
+        await mine.aclose()
+        await theirs.aclose()
+
+
+# -- faults ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [(500, ProviderUnavailable), (429, ProviderRateLimited), (401, ProviderAuth)],
+)
+async def test_create_status_faults(
+    fake: FakeModal, provider: ModalProvider, status: int, error: type[ProviderError]
+) -> None:
+    fake.faults.create_status = status
+    with pytest.raises(error) as caught:
+        async with provider.sandbox(spec()):
+            pytest.fail("no sandbox should be yielded")
+    assert "fake" not in caught.value.message  # never Modal's own words
+    if status == 429:
+        assert caught.value.retry_after is not None
+
+
+async def test_bad_key_is_provider_auth(fake: FakeModal) -> None:
+    provider = ModalProvider(settings_for(fake, modal_token_secret="bad-key"))
+    try:
+        with pytest.raises(ProviderAuth):
+            async with provider.sandbox(spec()):
+                pass
+    finally:
+        await provider.aclose()
+    assert fake.ledger.created == []
+
+
+async def test_missing_credentials_is_provider_auth(fake: FakeModal) -> None:
+    provider = ModalProvider(settings_for(fake, modal_token_id=None))
+    with pytest.raises(ProviderAuth):
+        async with provider.sandbox(spec()):
+            pass
+
+
+async def test_create_hang_is_bounded(fake: FakeModal) -> None:
+    fake.faults.create_hang = True
+    provider = ModalProvider(settings_for(fake, create_timeout_s=1.0))
+    started = time.monotonic()
+    try:
+        with pytest.raises(ProviderTimeout):
+            async with provider.sandbox(spec()):
+                pass
+    finally:
+        await provider.aclose()
+    assert time.monotonic() - started < 5
+
+
+async def test_create_that_allocates_then_fails_leaves_nothing(
+    fake: FakeModal, provider: ModalProvider
+) -> None:
+    fake.faults.create_allocates_then_fails = True
+    with pytest.raises(ProviderUnavailable):
+        async with provider.sandbox(spec()):
+            pass
+    # the client retried with one idempotency key: one sandbox, swept by tag right away
+    assert len(fake.ledger.created) == 1
+    assert fake.ledger.terminated[-1][0] == fake.ledger.created[-1]["sandbox_id"]
+
+
+async def test_cut_stream_resumes_from_offset(fake: FakeModal, provider: ModalProvider) -> None:
+    fake.faults.cut_stream = True
+    script = "for i in 1 2 3 4 5; do echo line $i; sleep 0.05; done"
+    code, output, _ = await run(provider, ["sh", "-c", script])
+    assert code == 0
+    assert output.text("stdout") == "".join(f"line {i}\n" for i in range(1, 6))
+
+
+async def test_one_terminate_failure_is_retried_by_the_client(
+    fake: FakeModal, provider: ModalProvider
+) -> None:
+    fake.faults.terminate_failures = 1
+    code, _, sandbox_id = await run(provider, ["true"])
+    assert code == 0
+    assert fake.ledger.terminated[-1][0] == sandbox_id
+
+
+async def test_failed_terminate_is_raised_logged_and_left_for_the_reaper(
+    fake: FakeModal, provider: ModalProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.faults.terminate_failures = 100
+    caplog.set_level(logging.ERROR, logger="relay.providers.modal")
+    with pytest.raises(ProviderUnavailable):
+        async with provider.sandbox(spec(run_id="run_orphan")) as sandbox:
+            pass
+    assert fake.ledger.alive() == {sandbox.id}
+    assert sandbox.id in caplog.text and "ServiceError" in caplog.text
+    assert "as-test" not in caplog.text and "fake:" not in caplog.text
+    # what the reaper does next
+    fake.reset()
+    refs = await provider.list_owned()
+    assert [ref.run_id for ref in refs] == ["run_orphan"]
+    await provider.terminate(refs[0].sandbox_id)
+
+
+async def test_failed_terminate_does_not_mask_the_original_error(
+    fake: FakeModal, provider: ModalProvider
+) -> None:
+    fake.faults.terminate_failures = 100
+    with pytest.raises(RuntimeError, match="job broke"):
+        async with provider.sandbox(spec()) as sandbox:
+            raise RuntimeError("job broke")
+    fake.reset()
+    await provider.terminate(sandbox.id)
+
+
+async def test_sandbox_vanishing_mid_run_is_sandbox_lost(
+    fake: FakeModal, provider: ModalProvider
+) -> None:
+    fake.faults.vanish_after_s = 0.5
+    with pytest.raises(SandboxLost):
+        await run(provider, ["sleep", "30"])
+
+
+# -- live --------------------------------------------------------------------------------------
+
+
+@pytest.mark.live
+async def test_live_modal_echo() -> None:
+    token_id = os.environ.get("RELAY_MODAL_TOKEN_ID")
+    token_secret = os.environ.get("RELAY_MODAL_TOKEN_SECRET")
+    if not (token_id and token_secret):
+        pytest.skip("set RELAY_MODAL_TOKEN_ID and RELAY_MODAL_TOKEN_SECRET to run against Modal")
+    from relay.settings import Settings
+
+    settings = Settings(
+        _env_file=None,
+        providers=["modal"],
+        modal_token_id=token_id,
+        modal_token_secret=token_secret,
+        modal_app=os.environ.get("RELAY_MODAL_APP", "relay-live-test"),
+        create_timeout_s=120.0,
+    )  # type: ignore[call-arg]
+    provider = ModalProvider(settings)
+    try:
+        live = spec(run_id=f"live_{int(time.time())}", timeout_s=60.0, grace_s=30.0)
+        code, output, _ = await run(
+            provider,
+            ["sh", "-c", "cat x.txt; echo $HI"],
+            sandbox_spec=live,
+            env={"HI": "there"},
+            files={"x.txt": b"file\n"},
+        )
+        assert code == 0
+        assert output.text("stdout") == "file\nthere\n"
+        assert [ref for ref in await provider.list_owned() if ref.run_id == live.run_id] == []
+    finally:
+        await provider.aclose()
