@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import anyio
+import psutil
 import pytest
 
 from relay.errors import (
@@ -23,6 +24,7 @@ from relay.errors import (
     ProviderUnavailable,
     SandboxLost,
     SizeUnsupported,
+    ValidationFailed,
 )
 from relay.providers.base import (
     TAG_CLUSTER,
@@ -34,6 +36,7 @@ from relay.providers.base import (
     SandboxSpec,
 )
 from relay.providers.modal import ModalProvider
+from relay.settings import Settings
 from tests.contract.harness_modal import settings_for
 from tests.fakes.modal import FakeModal, running_fake
 
@@ -77,6 +80,17 @@ async def run(
             argv, stdin=stdin, env=env or {}, workdir=None, timeout_s=timeout_s, output=output
         )
     return result.exit_code, output, sandbox.id
+
+
+async def process_gone(pid: int) -> bool:
+    for _ in range(50):
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        await anyio.sleep(0.05)
+    return False
 
 
 def test_provider_satisfies_protocol(fake: FakeModal) -> None:
@@ -141,6 +155,11 @@ async def test_host_names_refused_before_any_create(
     assert fake.ledger.created == []
 
 
+def test_lifetime_beyond_a_day_is_refused(provider: ModalProvider) -> None:
+    with pytest.raises(ValidationFailed):
+        provider.check(spec(timeout_s=86_400.0))
+
+
 @pytest.mark.parametrize("resources", [Resources(cpu=128), Resources(memory_mb=64)])
 def test_sizes_modal_cannot_give(provider: ModalProvider, resources: Resources) -> None:
     with pytest.raises(SizeUnsupported):
@@ -181,6 +200,7 @@ async def test_cancelled_exec_returns_promptly_and_terminates(
     assert time.monotonic() - started < 5
     assert output.text("stdout") == "started\n"
     assert fake.ledger.terminated[-1][0] == sandbox.id
+    assert await process_gone(fake.ledger.execs[-1]["pid"])  # it died with its sandbox
 
 
 async def test_command_timeout_is_a_second_line_of_defence(provider: ModalProvider) -> None:
@@ -257,6 +277,28 @@ async def test_missing_credentials_is_provider_auth(fake: FakeModal) -> None:
             pass
 
 
+async def test_unreachable_modal_is_unavailable_within_the_create_timeout() -> None:
+    with running_fake() as stopped:
+        url = stopped.url  # nothing listens here once the block ends
+    provider = ModalProvider(
+        Settings(
+            _env_file=None,
+            modal_token_id="ak-test",
+            modal_token_secret="as-test",
+            modal_server_url=url,
+            create_timeout_s=1.0,
+        )  # type: ignore[call-arg]
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(ProviderUnavailable):
+            async with provider.sandbox(spec()):
+                pass
+    finally:
+        await provider.aclose()
+    assert time.monotonic() - started < 5
+
+
 async def test_create_hang_is_bounded(fake: FakeModal) -> None:
     fake.faults.create_hang = True
     provider = ModalProvider(settings_for(fake, create_timeout_s=1.0))
@@ -286,6 +328,7 @@ async def test_cut_stream_resumes_from_offset(fake: FakeModal, provider: ModalPr
     fake.faults.cut_stream = True
     script = "for i in 1 2 3 4 5; do echo line $i; sleep 0.05; done"
     code, output, _ = await run(provider, ["sh", "-c", script])
+    assert fake.ledger.stream_cuts == 1
     assert code == 0
     assert output.text("stdout") == "".join(f"line {i}\n" for i in range(1, 6))
 
@@ -345,8 +388,6 @@ async def test_live_modal_echo() -> None:
     token_secret = os.environ.get("RELAY_MODAL_TOKEN_SECRET")
     if not (token_id and token_secret):
         pytest.skip("set RELAY_MODAL_TOKEN_ID and RELAY_MODAL_TOKEN_SECRET to run against Modal")
-    from relay.settings import Settings
-
     settings = Settings(
         _env_file=None,
         providers=["modal"],

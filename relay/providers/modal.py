@@ -258,9 +258,16 @@ class ModalProvider:
                     app=app, client=client, image=self.image_for(spec), **self.create_options(spec)
                 )
         except TimeoutError as exc:
+            if self._app is None:
+                # The client retries its first connection for about a minute, so a Modal
+                # that cannot be reached at all shows up here, as a timeout.
+                raise ProviderUnavailable("Modal could not be reached") from exc
             await self._sweep(spec)
             raise ProviderTimeout("Modal did not create the sandbox in time") from exc
         except ProviderError:
+            raise
+        except anyio.get_cancelled_exc_class():
+            await self._sweep(spec)  # the caller gave up mid-create; leave nothing behind
             raise
         except Exception as exc:
             error = map_error(exc, "creating a sandbox")

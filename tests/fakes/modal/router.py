@@ -61,25 +61,31 @@ class Router(
             ex = Exec(exec_id=request.exec_id, argv=list(request.command_args))
             ex.cut_pending = self.fake.faults.cut_stream
             sandbox.execs[request.exec_id] = ex
-            self.fake.ledger.record_exec(
-                {
-                    "sandbox_id": sandbox.sandbox_id,
-                    "argv": list(ex.argv),
-                    "env": sorted(env),
-                    "workdir": request.workdir,
-                    "timeout_secs": request.timeout_secs,
-                }
-            )
+            record = {
+                "sandbox_id": sandbox.sandbox_id,
+                "argv": list(ex.argv),
+                "env": sorted(env),
+                "workdir": request.workdir,
+                "timeout_secs": request.timeout_secs,
+                "pid": None,
+            }
+            self.fake.ledger.record_exec(record)
             workdir = request.workdir or sandbox.workdir
             if ex.argv and ex.argv[0] == FS_TOOLS:
                 task = self._run_fs_tools(sandbox, ex)
             else:
-                task = self._run_process(sandbox, ex, workdir, env, request.timeout_secs)
+                task = self._run_process(sandbox, ex, workdir, env, request.timeout_secs, record)
             self.fake.spawn(task)
         await stream.send_message(sr.TaskExecStartResponse())
 
     async def _run_process(
-        self, sandbox: SandboxState, ex: Exec, workdir: str, env: dict[str, str], timeout: int
+        self,
+        sandbox: SandboxState,
+        ex: Exec,
+        workdir: str,
+        env: dict[str, str],
+        timeout: int,
+        record: dict[str, Any],
     ) -> None:
         cwd = sandbox.host_path(workdir)
         full_env = {**BASE_ENV, "HOME": str(sandbox.root), **env}
@@ -103,6 +109,7 @@ class Router(
             ex.done.set()
             return
         process = ex.process
+        record["pid"] = process.pid
         if not sandbox.running:  # terminated while we were starting it
             ex.kill()
         timer = asyncio.get_running_loop().call_later(timeout, ex.kill) if timeout else None
@@ -191,6 +198,7 @@ class Router(
                 offset += len(chunk)
                 if ex.cut_pending and request.file_descriptor == STDOUT:
                     ex.cut_pending = False  # cut once: the client must resume from its offset
+                    self.fake.ledger.stream_cuts += 1
                     raise GRPCError(Status.UNAVAILABLE, "fake: stream cut")
             elif output.closed:
                 return

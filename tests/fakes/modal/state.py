@@ -51,6 +51,7 @@ class Ledger:
         self.created: list[dict[str, Any]] = []
         self.terminated: list[tuple[str, float]] = []
         self.execs: list[dict[str, Any]] = []
+        self.stream_cuts = 0
         self._alive: set[str] = set()
 
     def alive(self) -> set[str]:
