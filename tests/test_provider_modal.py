@@ -57,7 +57,7 @@ async def provider(fake: FakeModal) -> AsyncIterator[ModalProvider]:
 
 
 def spec(**overrides: object) -> SandboxSpec:
-    values: dict[str, object] = {"run_id": "run_1", "cluster": "contract", "timeout_s": 20.0}
+    values: dict[str, object] = {"run_id": "run_1", "cluster": "test", "timeout_s": 20.0}
     values.update(overrides)
     return SandboxSpec(**values)  # type: ignore[arg-type]
 
@@ -122,7 +122,7 @@ async def test_create_request_carries_lifetime_tags_network_resources(
     await run(provider, ["true"], sandbox_spec=wanted)
     entry = fake.ledger.created[-1]
     assert entry["lifetime"] == 52 == wanted.lifetime_s
-    assert entry["tags"] == {TAG_CLUSTER: "contract", TAG_RUN: "run_1"}
+    assert entry["tags"] == {TAG_CLUSTER: "test", TAG_RUN: "run_1"}
     assert entry["network"]["type"] == "BLOCKED"
     assert entry["resources"] == {"milli_cpu": 2000, "memory_mb": 2048}
     assert entry["env"] == ["K"]  # an inline secret, never part of argv
@@ -382,32 +382,41 @@ async def test_sandbox_vanishing_mid_run_is_sandbox_lost(
 # -- live --------------------------------------------------------------------------------------
 
 
+# Read at import: the suite's autouse fixture clears RELAY_* before each test body runs.
+LIVE_TOKEN_ID = os.environ.get("RELAY_MODAL_TOKEN_ID")
+LIVE_TOKEN_SECRET = os.environ.get("RELAY_MODAL_TOKEN_SECRET")
+LIVE_APP = os.environ.get("RELAY_MODAL_APP", "relay-live-test")
+
+
 @pytest.mark.live
-async def test_live_modal_echo() -> None:
-    token_id = os.environ.get("RELAY_MODAL_TOKEN_ID")
-    token_secret = os.environ.get("RELAY_MODAL_TOKEN_SECRET")
-    if not (token_id and token_secret):
-        pytest.skip("set RELAY_MODAL_TOKEN_ID and RELAY_MODAL_TOKEN_SECRET to run against Modal")
+@pytest.mark.skipif(
+    not (LIVE_TOKEN_ID and LIVE_TOKEN_SECRET),
+    reason="set RELAY_MODAL_TOKEN_ID and RELAY_MODAL_TOKEN_SECRET to run against real Modal",
+)
+async def test_live_modal_round_trip() -> None:
     settings = Settings(
         _env_file=None,
         providers=["modal"],
-        modal_token_id=token_id,
-        modal_token_secret=token_secret,
-        modal_app=os.environ.get("RELAY_MODAL_APP", "relay-live-test"),
-        create_timeout_s=120.0,
+        cluster="relay-live-test",
+        modal_token_id=LIVE_TOKEN_ID,
+        modal_token_secret=LIVE_TOKEN_SECRET,
+        modal_app=LIVE_APP,
+        create_timeout_s=180.0,
     )  # type: ignore[call-arg]
     provider = ModalProvider(settings)
+    live = spec(run_id=f"live_{int(time.time())}", cluster="relay-live-test", grace_s=30.0)
     try:
-        live = spec(run_id=f"live_{int(time.time())}", timeout_s=60.0, grace_s=30.0)
-        code, output, _ = await run(
+        code, output, sandbox_id = await run(
             provider,
-            ["sh", "-c", "cat x.txt; echo $HI"],
+            ["sh", "-c", "cat x.txt; read line; echo $HI $line"],
             sandbox_spec=live,
+            stdin=b"from stdin\n",
             env={"HI": "there"},
             files={"x.txt": b"file\n"},
+            timeout_s=60,
         )
         assert code == 0
-        assert output.text("stdout") == "file\nthere\n"
-        assert [ref for ref in await provider.list_owned() if ref.run_id == live.run_id] == []
+        assert output.text("stdout") == "file\nthere from stdin\n"
+        assert all(ref.sandbox_id != sandbox_id for ref in await provider.list_owned())
     finally:
         await provider.aclose()

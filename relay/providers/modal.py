@@ -119,7 +119,8 @@ class ModalSandbox:
         timeout_s: float,
         output: OutputSink,
     ) -> ExecResult:
-        workdir = workdir or DEFAULT_WORKDIR
+        # a relative workdir is relative to the default one, like upload paths
+        workdir = posixpath.normpath(posixpath.join(DEFAULT_WORKDIR, workdir or "."))
         try:
             if workdir not in self._directories:  # a registry image may not have it
                 await self._handle.filesystem.make_directory.aio(workdir)

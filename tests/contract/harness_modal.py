@@ -16,7 +16,7 @@ def settings_for(fake: FakeModal, **overrides: object) -> Settings:
     """Settings pointing at ``fake``; nothing is read from the environment or a .env file."""
     values: dict[str, object] = {
         "providers": ["modal"],
-        "cluster": "contract",
+        "cluster": "test",
         "modal_token_id": "ak-test",
         "modal_token_secret": "as-test",
         "modal_server_url": fake.url,
