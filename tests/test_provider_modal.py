@@ -10,10 +10,17 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 
 import anyio
 import psutil
 import pytest
+from grpclib import GRPCError, Status
+from grpclib.client import Channel
+from modal_proto import api_pb2
+from modal_proto import task_command_router_pb2 as sr
+from modal_proto.api_grpc import ModalClientStub
+from modal_proto.task_command_router_grpc import TaskCommandRouterStub
 
 from relay.errors import (
     EgressUnsupported,
@@ -41,8 +48,9 @@ from tests.contract.harness_modal import settings_for
 from tests.fakes.modal import FakeModal, running_fake
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def fake() -> Iterator[FakeModal]:
+    """A fresh fake per test; afterwards its ledger must show no sandbox alive."""
     with running_fake() as running:
         yield running
         running.reset()
@@ -420,3 +428,57 @@ async def test_live_modal_round_trip() -> None:
         assert all(ref.sandbox_id != sandbox_id for ref in await provider.list_owned())
     finally:
         await provider.aclose()
+
+
+# -- the fake itself, spoken to with the generated stubs --------------------------------------
+
+
+@asynccontextmanager
+async def raw_channel(fake: FakeModal) -> AsyncIterator[Channel]:
+    host, port = fake.url.removeprefix("http://").split(":")
+    channel = Channel(host, int(port))
+    try:
+        yield channel
+    finally:
+        channel.close()
+
+
+async def test_fake_serves_exec_output_from_any_offset(
+    fake: FakeModal, provider: ModalProvider
+) -> None:
+    _, output, sandbox_id = await run(provider, ["printf", "0123456789"])
+    assert output.text("stdout") == "0123456789"
+    record = fake.ledger.execs[-1]
+    task_id = fake.sandboxes[sandbox_id].task_id
+    request = sr.TaskExecStdioReadRequest(
+        task_id=task_id,
+        exec_id=record["exec_id"],
+        offset=6,
+        file_descriptor=sr.TASK_EXEC_STDIO_FILE_DESCRIPTOR_STDOUT,
+    )
+    async with raw_channel(fake) as channel:
+        stub = TaskCommandRouterStub(channel)
+        answers = await stub.TaskExecStdioRead(request, metadata={"authorization": "Bearer x"})
+    assert b"".join(answer.data for answer in answers) == b"6789"
+
+
+async def test_fake_wait_is_a_real_long_poll(fake: FakeModal, provider: ModalProvider) -> None:
+    metadata = {"x-modal-token-id": "ak-test", "x-modal-token-secret": "as-test"}
+    async with provider.sandbox(spec()) as sandbox, raw_channel(fake) as channel:
+        stub = ModalClientStub(channel)
+        started = time.monotonic()
+        request = api_pb2.SandboxWaitRequest(sandbox_id=sandbox.id, timeout=0.5)
+        pending = await stub.SandboxWaitV2(request, metadata=metadata)
+        assert time.monotonic() - started >= 0.45
+        assert pending.result.status == api_pb2.GenericResult.GENERIC_STATUS_UNSPECIFIED
+        await provider.terminate(sandbox.id)
+        request = api_pb2.SandboxWaitRequest(sandbox_id=sandbox.id, timeout=5)
+        done = await stub.SandboxWaitV2(request, metadata=metadata)
+    assert done.result.status == api_pb2.GenericResult.GENERIC_STATUS_TERMINATED
+
+
+async def test_fake_answers_unserved_methods_unimplemented(fake: FakeModal) -> None:
+    async with raw_channel(fake) as channel:
+        with pytest.raises(GRPCError) as caught:
+            await ModalClientStub(channel).FunctionGet(api_pb2.FunctionGetRequest())
+    assert caught.value.status == Status.UNIMPLEMENTED

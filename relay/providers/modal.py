@@ -319,7 +319,10 @@ class ModalProvider:
             async for handle in modal.Sandbox.list.aio(
                 app_id=app.app_id, tags=wanted, client=client
             ):
-                tags: dict[str, str] = await handle.get_tags.aio()
+                try:
+                    tags: dict[str, str] = await handle.get_tags.aio()
+                except modal_errors.NotFoundError:
+                    continue  # ended between the listing and this call: nothing to reap
                 refs.append(SandboxRef(sandbox_id=handle.object_id, run_id=tags.get(TAG_RUN)))
             return refs
         except ProviderError:

@@ -63,6 +63,7 @@ class Router(
             sandbox.execs[request.exec_id] = ex
             record = {
                 "sandbox_id": sandbox.sandbox_id,
+                "exec_id": ex.exec_id,
                 "argv": list(ex.argv),
                 "env": sorted(env),
                 "workdir": request.workdir,
