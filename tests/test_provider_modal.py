@@ -482,3 +482,23 @@ async def test_fake_answers_unserved_methods_unimplemented(fake: FakeModal) -> N
         with pytest.raises(GRPCError) as caught:
             await ModalClientStub(channel).FunctionGet(api_pb2.FunctionGetRequest())
     assert caught.value.status == Status.UNIMPLEMENTED
+
+
+async def test_concurrent_runs_share_one_client(fake: FakeModal, provider: ModalProvider) -> None:
+    results: dict[int, str] = {}
+
+    async def one(index: int) -> None:
+        _, output, _ = await run(
+            provider,
+            ["sh", "-c", f"sleep 0.2; echo {index}"],
+            sandbox_spec=spec(run_id=f"r{index}"),
+        )
+        results[index] = output.text("stdout")
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as group:
+        for index in range(8):
+            group.start_soon(one, index)
+    assert results == {index: f"{index}\n" for index in range(8)}
+    assert len(fake.ledger.terminated) == 8
+    assert time.monotonic() - started < 5  # they ran side by side
