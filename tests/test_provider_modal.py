@@ -6,6 +6,7 @@ ledger: no sandbox may be left alive, whatever the test did.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -502,3 +503,32 @@ async def test_concurrent_runs_share_one_client(fake: FakeModal, provider: Modal
     assert results == {index: f"{index}\n" for index in range(8)}
     assert len(fake.ledger.terminated) == 8
     assert time.monotonic() - started < 5  # they ran side by side
+
+
+async def test_terminate_survives_a_second_cancel(fake: FakeModal, provider: ModalProvider) -> None:
+    """A server shutting down may cancel a run twice; the terminate must still finish."""
+    entered = anyio.Event()
+
+    async def runner() -> None:
+        async with provider.sandbox(spec()) as sandbox:
+            entered.set()
+            await sandbox.exec(
+                ["sleep", "60"],
+                stdin=None,
+                env={},
+                workdir=None,
+                timeout_s=60,
+                output=OutputSink(9),
+            )
+
+    task = asyncio.create_task(runner())
+    with anyio.fail_after(10):
+        await entered.wait()
+    await asyncio.sleep(0.3)
+    fake.faults.terminate_failures = 2  # the client's retries make the terminate take ~0.3 s
+    task.cancel()
+    await asyncio.sleep(0.15)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert fake.ledger.alive() == set()

@@ -9,12 +9,13 @@ stream into the :class:`OutputSink`, then ``terminate``. See ``docs/providers/mo
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import posixpath
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 import modal
@@ -45,6 +46,7 @@ from relay.providers.base import (
 from relay.settings import Settings
 
 log = logging.getLogger("relay.providers.modal")
+T = TypeVar("T")
 
 MAX_LIFETIME_S = 24 * 3600
 """Modal's ceiling on a sandbox ``timeout``."""
@@ -90,6 +92,28 @@ def map_error(exc: BaseException, action: str, *, in_sandbox: bool = False) -> P
     if isinstance(exc, _UNAVAILABLE):
         return ProviderUnavailable(f"Modal is unavailable ({action})")
     return ProviderError(f"Modal failed while {action} ({type(exc).__name__})")
+
+
+async def to_the_end(awaitable: Awaitable[T]) -> T:
+    """Finish ``awaitable`` even if the caller is cancelled, however often; then re-raise.
+
+    ``anyio.CancelScope(shield=True)`` does not hold off a second native ``Task.cancel()``
+    (a server shutting down cancels more than once), and a half-done terminate costs money.
+    The work runs in its own task; the caller waits for it through any number of cancels.
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
 
 
 class ModalSandbox:
@@ -278,7 +302,10 @@ class ModalProvider:
 
     async def _sweep(self, spec: SandboxSpec) -> None:
         """Terminate whatever a failed create left tagged with this run (best effort)."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(SWEEP_TIMEOUT_S):
+        await to_the_end(self._sweep_now(spec))
+
+    async def _sweep_now(self, spec: SandboxSpec) -> None:
+        with anyio.move_on_after(SWEEP_TIMEOUT_S):
             try:
                 client, app = await self._connected()
                 found = modal.Sandbox.list.aio(app_id=app.app_id, tags=spec.tags, client=client)
@@ -292,24 +319,29 @@ class ModalProvider:
 
     async def _finish(self, handle: Any, *, raise_errors: bool) -> None:
         sandbox_id = handle.object_id
-        error: BaseException | None = None
-        with anyio.CancelScope(shield=True):
-            try:
-                with anyio.fail_after(TERMINATE_TIMEOUT_S):
-                    await handle.terminate.aio()
-            except modal_errors.NotFoundError:
-                pass  # already gone: that is what we wanted
-            except Exception as exc:
-                error = exc
-            try:
-                with anyio.move_on_after(TERMINATE_TIMEOUT_S):
-                    await handle.detach.aio()  # release the router connection
-            except Exception as exc:
-                log.debug("modal sandbox %s: detach failed (%s)", sandbox_id, type(exc).__name__)
+        error = await to_the_end(self._terminate_handle(handle))
         if error is not None:
             log.error("modal sandbox %s: terminate failed (%s)", sandbox_id, type(error).__name__)
             if raise_errors:
                 raise map_error(error, "terminating the sandbox") from error
+
+    @staticmethod
+    async def _terminate_handle(handle: Any) -> Exception | None:
+        """Terminate (bounded) and release the router connection; the error, if any."""
+        error: Exception | None = None
+        try:
+            with anyio.fail_after(TERMINATE_TIMEOUT_S):
+                await handle.terminate.aio()
+        except modal_errors.NotFoundError:
+            pass  # already gone: that is what we wanted
+        except Exception as exc:
+            error = exc
+        try:
+            with anyio.move_on_after(TERMINATE_TIMEOUT_S):
+                await handle.detach.aio()
+        except Exception as exc:
+            log.debug("modal sandbox %s: detach failed (%s)", handle.object_id, type(exc).__name__)
+        return error
 
     async def list_owned(self) -> list[SandboxRef]:
         try:
