@@ -532,3 +532,21 @@ async def test_terminate_survives_a_second_cancel(fake: FakeModal, provider: Mod
     with pytest.raises(asyncio.CancelledError):
         await task
     assert fake.ledger.alive() == set()
+
+
+async def test_terminate_kills_children_that_left_the_process_group(
+    fake: FakeModal, provider: ModalProvider
+) -> None:
+    output = OutputSink(limit=1024)
+    async with provider.sandbox(spec()) as sandbox:
+        with anyio.move_on_after(1.0):
+            await sandbox.exec(
+                ["sh", "-c", "setsid sleep 60 & echo $!; wait"],
+                stdin=None,
+                env={},
+                workdir=None,
+                timeout_s=30,
+                output=output,
+            )
+    child = int(output.text("stdout").strip())
+    assert await process_gone(child)

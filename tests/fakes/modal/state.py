@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import psutil
+
 FS_TOOLS = "/__modal/.bin/modal-sandbox-fs-tools"
 """The helper binary the client execs for its filesystem API; the fake serves it in-process."""
 
@@ -123,9 +125,18 @@ class Exec:
     cut_pending: bool = False
 
     def kill(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+        """Kill the process, its group and every descendant (a container dies whole)."""
+        if self.process is None or self.process.returncode is not None:
+            return
+        try:  # children that called setsid() left the group but not the family tree
+            family = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.Error:
+            family = []
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        for member in family:
+            with contextlib.suppress(psutil.Error):
+                member.kill()
 
 
 @dataclass
