@@ -109,7 +109,8 @@ class BodyTooLarge(RelayError):
 
 
 class UnsupportedMediaType(RelayError):
-    status, code, default_message = 415, "unsupported_media_type", "send application/json"
+    status, code = 415, "unsupported_media_type"
+    default_message = "send the body as JSON with Content-Type: application/json"
 
 
 class ValidationFailed(RelayError):

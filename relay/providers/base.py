@@ -19,12 +19,13 @@ provider by ``tests/contract``:
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import ClassVar, Literal, Protocol, runtime_checkable
+from typing import ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
 from relay.errors import EgressUnsupported
 
@@ -206,3 +207,28 @@ class Provider(Protocol):
 
 DEFAULT_WORKDIR = "/workspace"
 """Where a job's files land and its command starts, unless the job says otherwise."""
+
+
+T = TypeVar("T")
+
+
+async def shielded(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` to the end even if the caller is cancelled, any number of times.
+
+    Cleanup such as terminating a sandbox must finish; ``anyio.CancelScope(shield=True)``
+    does not stop a native ``Task.cancel()``, this does. The caller's cancellation is
+    raised again once the work is done.
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result

@@ -1,0 +1,230 @@
+"""The ``relay`` command: serve | run | tokens | jobs | reap.
+
+Every subcommand prints ``error: …`` and exits 2 when something is wrong, never a trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from relay import client as relay_client
+from relay.auth import TokenStore, new_token
+from relay.catalog import Catalog
+from relay.errors import ConfigError
+from relay.settings import Settings
+
+DEV_TOKEN_FILE = Path(".relay-dev-token")
+
+
+def _settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = "RELAY_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
+        raise ConfigError(f"{field}: {first['msg']}") from exc
+
+
+def _dev_setup(settings: Settings) -> str | None:
+    """For ``serve --dev``: a token named dev, kept in .relay-dev-token, if none exists."""
+    if not settings.tokens_file.exists():
+        token = new_token(settings.tokens_file, "dev", command=True)
+        DEV_TOKEN_FILE.write_text(token + "\n")
+        DEV_TOKEN_FILE.chmod(0o600)
+        print(f"created a dev token in {settings.tokens_file} (and {DEV_TOKEN_FILE}, yours only)")
+    if DEV_TOKEN_FILE.exists():
+        return DEV_TOKEN_FILE.read_text().strip()
+    return None
+
+
+def _print_howto(settings: Settings, token: str | None) -> None:
+    url = f"http://{settings.host}:{settings.port}"
+    shown = token or "<your token>"
+    header = f"{settings.auth_header}: Bearer {shown}"
+    if settings.auth_header.lower() != "authorization":
+        header = f"{settings.auth_header}: {shown}"
+    body = '{"job": "echo", "params": {"message": "hello from the relay"}}'
+    print("\nThe relay is starting. Try it:\n")
+    print(f"  curl -sS {url}/v1/runs -H {shlex.quote(header)} \\")
+    print(f"       -H 'Content-Type: application/json' -d {shlex.quote(body)}\n")
+    print(f"  RELAY_URL={url} RELAY_TOKEN={shown} relay run echo -p message=hi\n", flush=True)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from relay.app import create_app
+    from relay.logs import configure
+
+    settings = _settings()
+    configure(settings.log_level, settings.log_format)
+    token = _dev_setup(settings) if args.dev else None
+    app = create_app(settings)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            state = getattr(app.state, "relay", None)
+            if state is not None:
+                state.service.begin_drain()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=max(1, int(settings.drain_s)),
+        server_header=False,
+    )
+    if args.dev:
+        _print_howto(settings, token)
+    Server(config).run()
+    return 0
+
+
+def cmd_tokens(args: argparse.Namespace) -> int:
+    settings = _settings()
+    if args.action == "new":
+        limits = {
+            "max_timeout_s": args.max_timeout_s,
+            "max_concurrent": args.max_concurrent,
+            "runs_per_day": args.runs_per_day,
+            "usd_per_day": args.usd_per_day,
+        }
+        token = new_token(
+            settings.tokens_file,
+            args.name,
+            jobs=args.job or None,
+            command=args.command,
+            providers=args.provider or None,
+            limits=limits,
+        )
+        print(token)
+        print(f"(shown once; its hash is in {settings.tokens_file})", file=sys.stderr)
+        return 0
+    store = TokenStore(settings.tokens_file)
+    for principal in store.principals:
+        jobs = ",".join(sorted(principal.jobs))
+        extra = " command" if principal.command else ""
+        print(
+            f"{principal.name}\tjobs={jobs}{extra}\tproviders={','.join(sorted(principal.providers))}"
+        )
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    settings = _settings()
+    catalog = Catalog.load(settings.jobs_dir)
+    for job in catalog.jobs.values():
+        params = " ".join(
+            f"{p.name}:{p.type}{'' if p.required else '?'}" for p in job.params.values()
+        )
+        print(f"{job.name:20} {job.timeout_s:>6.0f}s egress={list(job.egress)} {params}")
+    print(f"{len(catalog.jobs)} job(s) valid in {settings.jobs_dir}", file=sys.stderr)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    argv = [args.job]
+    for pair in args.param:
+        argv += ["-p", pair]
+    if args.json:
+        argv.append("--json")
+    url = os.environ.get("RELAY_URL")
+    if url:
+        argv += ["--url", url]
+    return relay_client.main(argv)
+
+
+async def _reap(settings: Settings, dry_run: bool) -> int:
+    from relay.providers.registry import load_providers
+    from relay.reaper import Reaper
+    from relay.service import RunService
+    from relay.store import Store
+
+    store = await Store.open(settings.database_url)
+    providers = load_providers(settings)
+    service = RunService(settings, store, Catalog({}), providers)
+    reaper = Reaper(store, providers, service, grace_s=settings.grace_s, single_replica=False)
+    try:
+        report = await reaper.sweep(dry_run=dry_run)
+    finally:
+        for provider in providers.values():
+            await provider.aclose()
+        await store.close()
+    verb = "would terminate" if dry_run else "terminated"
+    for provider_name, sandbox_id in report.terminated:
+        print(f"{verb} {provider_name} {sandbox_id}")
+    for run_id in report.lost_runs:
+        print(f"{'would mark' if dry_run else 'marked'} {run_id} lost")
+    for provider_name, sandbox_id in report.failures:
+        print(f"failed to terminate {provider_name} {sandbox_id}", file=sys.stderr)
+    return 1 if report.failures else 0
+
+
+def cmd_reap(args: argparse.Namespace) -> int:
+    return asyncio.run(_reap(_settings(), args.dry_run))
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="relay", description=__doc__)
+    sub = root.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the relay")
+    serve.add_argument(
+        "--dev",
+        action="store_true",
+        help="make a dev token if there is none and print how to call the relay",
+    )
+    serve.set_defaults(func=cmd_serve)
+    tokens = sub.add_parser("tokens", help="manage tokens")
+    tsub = tokens.add_subparsers(dest="action", required=True)
+    new = tsub.add_parser("new", help="create a token (printed once)")
+    new.add_argument("name")
+    new.add_argument("--job", action="append", help="a job it may run (repeat); default all")
+    new.add_argument("--command", action="store_true", help="may send a raw argv")
+    new.add_argument("--provider", action="append", help="a provider it may use (repeat)")
+    new.add_argument("--max-timeout-s", type=float)
+    new.add_argument("--max-concurrent", type=int)
+    new.add_argument("--runs-per-day", type=int)
+    new.add_argument("--usd-per-day", type=float)
+    tsub.add_parser("list", help="list tokens (names and scopes, never the token)")
+    tokens.set_defaults(func=cmd_tokens)
+    jobs = sub.add_parser("jobs", help="list and validate the job catalog")
+    jobs.set_defaults(func=cmd_jobs)
+    run = sub.add_parser("run", help="run a job on the relay at RELAY_URL with RELAY_TOKEN")
+    run.add_argument("job")
+    run.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a string param; KEY:=JSON for numbers, booleans, lists",
+    )
+    run.add_argument("--json", action="store_true")
+    run.set_defaults(func=cmd_run)
+    reap = sub.add_parser("reap", help="one reaper sweep: terminate what outlived its run")
+    reap.add_argument("--dry-run", action="store_true")
+    reap.set_defaults(func=cmd_reap)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code

@@ -1,0 +1,173 @@
+"""A relay client in one file, standard library only: copy it into any repo.
+
+    python client.py JOB -p message=hi            # RELAY_URL, RELAY_TOKEN from the env
+    python client.py JOB -p count:=3 --no-auth-header   # a network secret adds the header
+
+Exits with the job's exit code; 124 when the job timed out; 2 (printing ``error: …``)
+when the relay or the network failed. A retried submit reuses one Idempotency-Key, so
+it never starts a second sandbox. On an auth error the response body is never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+FINAL = {"succeeded", "failed", "timed_out", "canceled", "error", "lost"}
+RETRYABLE = {429, 502, 503, 504}
+
+
+class RelayClientError(Exception):
+    """The relay answered with an error, or could not be reached."""
+
+    def __init__(self, message: str, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class Client:
+    """Submit and poll runs. ``token=None`` sends no Authorization (the network adds it)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        auth_header: str = "Authorization",
+        timeout_s: float = 90.0,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.auth_header = auth_header
+        self.timeout_s = timeout_s
+
+    def _request(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)  # noqa: S310
+        request.add_header("Content-Type", "application/json")
+        request.add_header("Accept", "application/json")
+        if self.token:
+            value = self.token
+            if self.auth_header.lower() == "authorization":
+                value = f"Bearer {self.token}"
+            request.add_header(self.auth_header, value)
+        for name, value in (headers or {}).items():
+            request.add_header(name, value)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:  # noqa: S310
+                return answer.status, json.loads(answer.read() or b"{}")
+        except urllib.error.HTTPError as error:
+            if error.code in (401, 403):
+                # Never echo what came back with an auth failure.
+                raise RelayClientError(
+                    f"the relay refused the token (HTTP {error.code})", error.code
+                ) from None
+            try:
+                payload = json.loads(error.read() or b"{}")
+            except ValueError:
+                payload = {}
+            detail = payload.get("error", {}) if isinstance(payload, dict) else {}
+            message = detail.get("message") or f"HTTP {error.code}"
+            raise RelayClientError(message, error.code, detail.get("code")) from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+            reason = getattr(error, "reason", error)
+            raise RelayClientError(f"cannot reach the relay: {reason}") from None
+
+    def submit(
+        self, request: dict[str, Any], *, idempotency_key: str | None = None, attempts: int = 4
+    ) -> dict[str, Any]:
+        """POST a run; retries transient failures with the same Idempotency-Key."""
+        key = idempotency_key or str(uuid.uuid4())
+        delay = 1.0
+        for attempt in range(attempts):
+            try:
+                _status, run = self._request("POST", "/v1/runs", request, {"Idempotency-Key": key})
+                return run
+            except RelayClientError as error:
+                transient = error.status is None or error.status in RETRYABLE
+                if not transient or attempt == attempts - 1:
+                    raise
+                time.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def get(self, run_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/runs/{run_id}")[1]
+
+    def wait(self, run: dict[str, Any], *, poll_s: float = 1.0) -> dict[str, Any]:
+        """Poll until the run is final."""
+        while run.get("state") not in FINAL:
+            time.sleep(poll_s)
+            run = self.get(run["id"])
+        return run
+
+    def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self.wait(self.submit(request))
+
+
+def parse_params(pairs: list[str]) -> dict[str, Any]:
+    """``key=text`` is a string; ``key:=json`` is a JSON value (number, bool, list)."""
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        if ":=" in pair and pair.index(":=") < pair.index("=") + 1:
+            key, raw = pair.split(":=", 1)
+            params[key] = json.loads(raw)
+        elif "=" in pair:
+            key, value = pair.split("=", 1)
+            params[key] = value
+        else:
+            raise ValueError(f"param {pair!r}: use key=value or key:=json")
+    return params
+
+
+def exit_code(run: dict[str, Any]) -> int:
+    state = run.get("state")
+    if state in ("succeeded", "failed"):
+        return int(run.get("exit_code") or 0) if state == "failed" else 0
+    if state == "timed_out":
+        return 124
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run a declared job on a relay.")
+    parser.add_argument("job")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--url", default=os.environ.get("RELAY_URL", "http://127.0.0.1:8080"))
+    parser.add_argument(
+        "--no-auth-header", action="store_true", help="send no token: a network secret adds it"
+    )
+    parser.add_argument("--json", action="store_true", help="print the whole run as JSON")
+    args = parser.parse_args(argv)
+    token = None if args.no_auth_header else os.environ.get("RELAY_TOKEN")
+    try:
+        run = Client(args.url, token).run({"job": args.job, "params": parse_params(args.param)})
+    except (RelayClientError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(run, indent=2))
+    else:
+        sys.stdout.write(run.get("stdout", ""))
+        sys.stderr.write(run.get("stderr", ""))
+        if run.get("state") not in ("succeeded", "failed"):
+            why = run.get("error") or {}
+            print(
+                f"error: run {run.get('id')} {run.get('state')}: {why.get('message', '')}",
+                file=sys.stderr,
+            )
+    return exit_code(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""In-process run events: state changes, output chunks and the final run.
+
+The run service publishes; metrics, live output streams and webhooks subscribe. A
+subscriber must be quick and must not raise (its errors are logged and dropped, so a
+broken listener never breaks a run).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+log = logging.getLogger("relay.events")
+
+EventKind = Literal["state", "output", "finished"]
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One thing that happened to a run."""
+
+    run_id: str
+    kind: EventKind
+    state: str | None = None
+    stream: str | None = None
+    data: bytes = b""
+    row: dict[str, Any] | None = field(default=None, repr=False)
+    """For ``state`` and ``finished``: the run's stored row after the change."""
+
+
+Subscriber = Callable[[RunEvent], None]
+
+
+class EventBus:
+    """Synchronous fan-out of :class:`RunEvent` to every subscriber."""
+
+    def __init__(self) -> None:
+        self._subscribers: list[Subscriber] = []
+
+    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
+        self._subscribers.append(subscriber)
+
+        def unsubscribe() -> None:
+            if subscriber in self._subscribers:
+                self._subscribers.remove(subscriber)
+
+        return unsubscribe
+
+    def publish(self, event: RunEvent) -> None:
+        for subscriber in list(self._subscribers):
+            try:
+                subscriber(event)
+            except Exception as exc:
+                log.error(
+                    "event subscriber failed",
+                    extra={"run_id": event.run_id, "error_class": type(exc).__name__},
+                )

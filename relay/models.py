@@ -1,0 +1,228 @@
+"""The API's data: what a caller sends (:class:`RunRequest`) and gets back (:class:`Run`).
+
+These pydantic models are the single source of the request validation and of the
+OpenAPI document; the limits written here are the limits the relay enforces.
+"""
+
+from __future__ import annotations
+
+import enum
+import posixpath
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+MAX_ARGV_ITEMS = 32
+MAX_ARG_CHARS = 512
+MAX_ENV_VARS = 64
+MAX_ENV_VALUE_CHARS = 8192
+MAX_STDIN_BYTES = 65_536
+MAX_FILES = 32
+MAX_IDEMPOTENCY_KEY_CHARS = 255
+
+JobName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+Arg = Annotated[str, StringConstraints(min_length=0, max_length=MAX_ARG_CHARS)]
+EgressHost = Annotated[
+    str, StringConstraints(pattern=r"^(\*|[A-Za-z0-9.:\-/\[\]]{1,253})$", max_length=253)
+]
+
+
+class RunState(enum.StrEnum):
+    """Where a run is. The last six are final."""
+
+    queued = "queued"
+    starting = "starting"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    timed_out = "timed_out"
+    canceled = "canceled"
+    error = "error"
+    lost = "lost"
+
+    @property
+    def final(self) -> bool:
+        return self in FINAL_STATES
+
+
+FINAL_STATES = frozenset(
+    {
+        RunState.succeeded,
+        RunState.failed,
+        RunState.timed_out,
+        RunState.canceled,
+        RunState.error,
+        RunState.lost,
+    }
+)
+
+
+class Size(enum.StrEnum):
+    """Named sandbox sizes; each provider maps them to what it can give."""
+
+    small = "small"
+    medium = "medium"
+    large = "large"
+
+
+SIZES: dict[Size, tuple[float, int]] = {
+    Size.small: (1.0, 1024),
+    Size.medium: (2.0, 4096),
+    Size.large: (4.0, 8192),
+}
+"""vCPUs and memory (MiB) of each size."""
+
+
+def _relative_path(value: str) -> str:
+    normal = posixpath.normpath(value)
+    if not value or normal.startswith("/") or normal == ".." or normal.startswith("../"):
+        raise ValueError("must be a relative path inside the workdir")
+    return normal
+
+
+class RunRequest(BaseModel):
+    """Body of ``POST /v1/runs``. Unknown fields are refused and types are strict: a
+    string is not a boolean, ``"5"`` is not a number."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    job: JobName | None = Field(None, description="A declared job in jobs/.")
+    params: dict[str, Any] = Field(default_factory=dict, description="The job's params.")
+    command: list[Arg] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_ARGV_ITEMS,
+        description="Raw argv; only for tokens with the `command` scope.",
+    )
+    provider: str = Field("auto", pattern=r"^[a-z0-9_-]{1,32}$")
+    image: str | None = Field(None, max_length=255)
+    size: Size | None = None
+    env: dict[EnvName, Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS)]] = Field(
+        default_factory=dict, max_length=MAX_ENV_VARS
+    )
+    stdin: str | None = Field(None, description=f"At most {MAX_STDIN_BYTES} bytes (UTF-8).")
+    files: dict[str, str] = Field(
+        default_factory=dict, max_length=MAX_FILES, description="Relative path to text content."
+    )
+    workdir: str | None = Field(None, max_length=255)
+    timeout_s: float | None = Field(None, gt=0, le=86_400)
+    egress: list[EgressHost] | None = Field(None, max_length=64)
+    wait: bool = True
+    callback_url: str | None = Field(None, max_length=2048)
+
+    @field_validator("stdin")
+    @classmethod
+    def _stdin_size(cls, value: str | None) -> str | None:
+        if value is not None and len(value.encode("utf-8")) > MAX_STDIN_BYTES:
+            raise ValueError(f"stdin is over {MAX_STDIN_BYTES} bytes")
+        return value
+
+    @field_validator("files")
+    @classmethod
+    def _file_paths(cls, value: dict[str, str]) -> dict[str, str]:
+        return {_relative_path(path): content for path, content in value.items()}
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str | None) -> str | None:
+        return None if value is None else _relative_path(value)
+
+    @field_validator("egress")
+    @classmethod
+    def _egress(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and "*" in value and value != ["*"]:
+            raise ValueError('"*" must be the only entry')
+        return value
+
+
+class Timings(BaseModel):
+    """Where the time went, in milliseconds (None: that step did not happen)."""
+
+    create_ms: int | None = None
+    first_output_ms: int | None = None
+    exec_ms: int | None = None
+    terminate_ms: int | None = None
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+
+
+class Run(BaseModel):
+    """A run as every answer, poll and callback shows it."""
+
+    id: str
+    job: str | None
+    state: RunState
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    provider: str
+    sandbox_id: str | None = None
+    timeout_s: float
+    created_at: str
+    started_at: str | None = None
+    ended_at: str | None = None
+    duration_ms: int | None = None
+    cost_usd: float = 0.0
+    timings: Timings = Field(default_factory=Timings)
+    error: ErrorInfo | None = None
+
+
+class RunList(BaseModel):
+    runs: list[Run]
+    next_cursor: str | None = None
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    request_id: str
+    run_id: str | None = None
+    fields: list[dict[str, str]] | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer: ``{"error": {...}}``."""
+
+    error: ErrorDetail
+
+
+class ParamInfo(BaseModel):
+    name: str
+    type: Literal["string", "integer", "boolean", "array"]
+    required: bool
+    description: str = ""
+    default: Any = None
+
+
+class JobInfo(BaseModel):
+    name: str
+    description: str
+    provider: str
+    timeout_s: float
+    egress: list[str]
+    params: list[ParamInfo]
+
+
+class JobList(BaseModel):
+    jobs: list[JobInfo]
+
+
+class ProviderInfo(BaseModel):
+    name: str
+    enabled: bool
+    isolation: str | None = None
+
+
+class ProviderList(BaseModel):
+    providers: list[ProviderInfo]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded", "unavailable"]
+    checks: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,168 @@
+"""The OpenAPI 3.1 document, generated from the same pydantic models the handlers use."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from relay import __version__
+from relay.errors import ERROR_CLASSES
+from relay.models import ErrorBody, Health, JobList, ProviderList, Run, RunList, RunRequest
+
+_REF = "#/components/schemas/{model}"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF.format(model=name)}
+
+
+def _json(name: str, description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": _ref(name)}},
+    }
+    if headers:
+        answer["headers"] = headers
+    return answer
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    answers = {}
+    for status in statuses:
+        codes = sorted({cls.code for cls in ERROR_CLASSES if cls.status == status})
+        answers[str(status)] = _json("ErrorBody", "error codes: " + ", ".join(codes))
+    return answers
+
+
+_AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
+_RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_LOCATION = {"Location": {"schema": {"type": "string"}, "description": "the run's URL"}}
+_RETRY = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
+
+
+@cache
+def document() -> dict[str, Any]:
+    """The whole document; cached, since it depends on code only."""
+    _, schemas = models_json_schema(
+        [(m, "serialization") for m in (Run, RunList, ErrorBody, JobList, ProviderList, Health)]
+        + [(RunRequest, "validation")],
+        ref_template=_REF,
+    )
+    common = _errors(401, 405, 500)
+    paths: dict[str, Any] = {
+        "/v1/runs": {
+            "post": {
+                "summary": "Submit a run (waits for it unless `wait` is false)",
+                "operationId": "createRun",
+                "security": _AUTH,
+                "parameters": [
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "required": False,
+                        "schema": {"type": "string", "maxLength": 255},
+                    },
+                ],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("RunRequest")}},
+                },
+                "responses": {
+                    "200": _json("Run", "the finished run", _LOCATION),
+                    "202": _json("Run", "accepted; poll Location", _LOCATION),
+                    **_errors(400, 403, 409, 413, 415, 422, 429, 502, 503, 504),
+                    **common,
+                },
+            },
+            "get": {
+                "summary": "This token's runs, newest first",
+                "operationId": "listRuns",
+                "security": _AUTH,
+                "parameters": [
+                    {"name": "state", "in": "query", "schema": {"type": "string"}},
+                    {"name": "job", "in": "query", "schema": {"type": "string"}},
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 200},
+                    },
+                    {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {"200": _json("RunList", "a page of runs"), **_errors(400), **common},
+            },
+        },
+        "/v1/runs/{run_id}": {
+            "get": {
+                "summary": "One run",
+                "operationId": "getRun",
+                "security": _AUTH,
+                "parameters": [_RUN_ID],
+                "responses": {"200": _json("Run", "the run"), **_errors(404), **common},
+            },
+            "delete": {
+                "summary": "Cancel a run: its sandbox is terminated now",
+                "operationId": "cancelRun",
+                "security": _AUTH,
+                "parameters": [_RUN_ID],
+                "responses": {
+                    "200": _json("Run", "the canceled run"),
+                    **_errors(404, 409),
+                    **common,
+                },
+            },
+        },
+        "/v1/jobs": {
+            "get": {
+                "summary": "Jobs this token may run",
+                "operationId": "listJobs",
+                "security": _AUTH,
+                "responses": {"200": _json("JobList", "jobs"), **common},
+            }
+        },
+        "/v1/providers": {
+            "get": {
+                "summary": "Enabled providers",
+                "operationId": "listProviders",
+                "security": _AUTH,
+                "responses": {"200": _json("ProviderList", "providers"), **common},
+            }
+        },
+        "/healthz": {
+            "get": {
+                "summary": "Liveness",
+                "operationId": "healthz",
+                "security": [],
+                "responses": {"200": {"description": "alive"}},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "summary": "Readiness",
+                "operationId": "readyz",
+                "security": [],
+                "responses": {
+                    "200": _json("Health", "ready or degraded"),
+                    "503": _json("Health", "not ready", _RETRY),
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "operationId": "openapi",
+                "security": [],
+                "responses": {"200": {"description": "OpenAPI 3.1"}},
+            }
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "relay", "version": __version__},
+        "paths": paths,
+        "components": {
+            "schemas": schemas["$defs"],
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

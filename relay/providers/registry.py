@@ -1,0 +1,47 @@
+"""Provider names → classes, loaded only when enabled by ``RELAY_PROVIDERS``.
+
+A cloud SDK is imported only if its provider is enabled, so a relay that uses only the
+local provider installs and starts without any of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from relay.errors import ConfigError
+from relay.providers.base import Provider
+from relay.settings import Settings
+
+
+@dataclass(frozen=True)
+class Entry:
+    target: str
+    extra: str | None
+
+
+PROVIDERS: dict[str, Entry] = {
+    "local": Entry("relay.providers.local:LocalProvider", None),
+    "e2b": Entry("relay.providers.e2b:E2BProvider", "e2b"),
+    "modal": Entry("relay.providers.modal:ModalProvider", "modal"),
+    "vercel": Entry("relay.providers.vercel:VercelProvider", "vercel"),
+}
+
+
+def load_provider(name: str, settings: Settings) -> Provider:
+    """Build one provider, or a :class:`ConfigError` that says what to install or set."""
+    entry = PROVIDERS.get(name)
+    if entry is None:
+        raise ConfigError(f"RELAY_PROVIDERS: unknown provider {name!r}; known: {sorted(PROVIDERS)}")
+    module_name, class_name = entry.target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f"pip install 'relay[{entry.extra}]'" if entry.extra else "reinstall relay"
+        raise ConfigError(f"provider {name!r} needs its SDK: {hint}") from exc
+    provider: Provider = getattr(module, class_name)(settings)
+    return provider
+
+
+def load_providers(settings: Settings) -> dict[str, Provider]:
+    return {name: load_provider(name, settings) for name in dict.fromkeys(settings.providers)}

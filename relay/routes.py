@@ -1,0 +1,283 @@
+"""Thin HTTP handlers: parse → service → JSON. No provider is touched from here."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from relay.auth import Principal
+from relay.errors import (
+    InvalidJson,
+    InvalidRequest,
+    ProviderError,
+    ProviderRateLimited,
+    Unauthorized,
+    UnsupportedMediaType,
+    ValidationFailed,
+    error_for_code,
+)
+from relay.models import (
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    ErrorInfo,
+    Health,
+    JobInfo,
+    JobList,
+    ParamInfo,
+    ProviderInfo,
+    ProviderList,
+    Run,
+    RunList,
+    RunRequest,
+    RunState,
+    Timings,
+)
+from relay.state import AppState
+
+
+def _iso(stamp: float | None) -> str | None:
+    if stamp is None:
+        return None
+    return (
+        datetime.fromtimestamp(stamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+def run_model(row: dict[str, Any]) -> Run:
+    """A stored row as the API shows it (the same shape everywhere)."""
+    error = None
+    if row.get("error_code"):
+        error = ErrorInfo(code=row["error_code"], message=row.get("error_message") or "")
+    return Run(
+        id=row["id"],
+        job=row["job"],
+        state=RunState(row["state"]),
+        exit_code=row.get("exit_code"),
+        stdout=row.get("stdout") or "",
+        stderr=row.get("stderr") or "",
+        stdout_truncated=bool(row.get("stdout_truncated")),
+        stderr_truncated=bool(row.get("stderr_truncated")),
+        provider=row["provider"],
+        sandbox_id=row.get("sandbox_id"),
+        timeout_s=row["timeout_s"],
+        created_at=_iso(row["created_at"]) or "",
+        started_at=_iso(row.get("started_at")),
+        ended_at=_iso(row.get("ended_at")),
+        duration_ms=row.get("duration_ms"),
+        cost_usd=row.get("cost_usd") or 0.0,
+        timings=Timings(**json.loads(row.get("timings") or "{}")),
+        error=error,
+    )
+
+
+def _json(model: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        model.model_dump_json(), status_code=status, headers=headers, media_type="application/json"
+    )
+
+
+def _state(request: Request) -> AppState:
+    state: AppState = request.app.state.relay
+    return state
+
+
+def authenticate(request: Request) -> Principal:
+    state = _state(request)
+    header = state.settings.auth_header
+    raw = request.headers.get(header)
+    if raw is not None and header.lower() == "authorization":
+        scheme, _, credentials = raw.partition(" ")
+        if scheme.lower() != "bearer" or not credentials.strip():
+            raise Unauthorized("use `Authorization: Bearer <token>`")
+        raw = credentials.strip()
+    principal = state.tokens.authenticate(raw)
+    request.state.token_name = principal.name
+    return principal
+
+
+async def _read_request(request: Request) -> RunRequest:
+    content_type = request.headers.get("content-type", "application/json")
+    if content_type.split(";")[0].strip().lower() not in ("application/json", ""):
+        raise UnsupportedMediaType()
+    body = await request.body()
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidJson() from exc
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    try:
+        return RunRequest.model_validate_json(body)
+    except ValidationError as exc:
+        fields = [
+            {"field": ".".join(str(part) for part in err["loc"]) or "body", "message": err["msg"]}
+            for err in exc.errors(include_input=False, include_url=False)
+        ]
+        first = fields[0]
+        raise ValidationFailed(
+            f"{first['field']}: {first['message']}", details={"fields": fields}
+        ) from exc
+
+
+def _idempotency_key(request: Request) -> str | None:
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS or not key.isprintable():
+        raise InvalidRequest(
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} printable characters"
+        )
+    return key
+
+
+def _run_answer(request: Request, row: dict[str, Any]) -> Response:
+    run = run_model(row)
+    state = _state(request)
+    location = f"{state.base_url(request)}/v1/runs/{run.id}"
+    if not run.state.final:
+        return _json(run, 202, {"Location": location})
+    if run.state == RunState.error and run.error is not None:
+        error = error_for_code(run.error.code)
+        if issubclass(error, ProviderError):
+            # The request did not succeed: answer with the provider fault's status, and
+            # name the run so the caller can still read it.
+            headers = {"Location": location}
+            if issubclass(error, ProviderRateLimited):
+                headers["Retry-After"] = "10"
+            raise error(run.error.message, details={"run_id": run.id}, headers=headers)
+    return _json(run, 200, {"Location": location})
+
+
+async def create_run(request: Request) -> Response:
+    principal = authenticate(request)
+    key = _idempotency_key(request)
+    body = await _read_request(request)
+    state = _state(request)
+    row, _created = await state.service.submit(principal, body, key)
+    if body.wait and not RunState(row["state"]).final:
+        row = await state.service.wait(row["id"], state.settings.max_wait_s)
+    return _run_answer(request, row)
+
+
+async def get_run(request: Request) -> Response:
+    principal = authenticate(request)
+    row = await _state(request).service.get(principal, request.path_params["run_id"])
+    return _json(run_model(row))
+
+
+async def cancel_run(request: Request) -> Response:
+    principal = authenticate(request)
+    row = await _state(request).service.cancel(principal, request.path_params["run_id"])
+    return _json(run_model(row))
+
+
+async def list_runs(request: Request) -> Response:
+    principal = authenticate(request)
+    query = request.query_params
+    unknown = sorted(set(query) - {"state", "job", "limit", "cursor"})
+    if unknown:
+        raise InvalidRequest(f"unknown query parameter {unknown[0]!r}")
+    state_filter = query.get("state")
+    if state_filter is not None and state_filter not in {s.value for s in RunState}:
+        raise InvalidRequest(f"state must be one of {[s.value for s in RunState]}")
+    try:
+        limit = int(query.get("limit", "50"))
+    except ValueError as exc:
+        raise InvalidRequest("limit must be an integer from 1 to 200") from exc
+    if not 1 <= limit <= 200:
+        raise InvalidRequest("limit must be an integer from 1 to 200")
+    rows, cursor = await _state(request).store.list_runs(
+        principal.name,
+        state=state_filter,
+        job=query.get("job"),
+        limit=limit,
+        cursor=query.get("cursor"),
+    )
+    return _json(RunList(runs=[run_model(row) for row in rows], next_cursor=cursor))
+
+
+async def list_jobs(request: Request) -> Response:
+    principal = authenticate(request)
+    jobs = []
+    for job in _state(request).catalog.jobs.values():
+        if not principal.may_run_job(job.name):
+            continue
+        params = [
+            ParamInfo(
+                name=p.name,
+                type=p.type,
+                required=p.required,
+                description=p.description,
+                default=p.default,
+            )
+            for p in job.params.values()
+        ]
+        jobs.append(
+            JobInfo(
+                name=job.name,
+                description=job.description,
+                provider=job.provider,
+                timeout_s=job.timeout_s,
+                egress=list(job.egress),
+                params=params,
+            )
+        )
+    return _json(JobList(jobs=jobs))
+
+
+async def list_providers(request: Request) -> Response:
+    authenticate(request)
+    state = _state(request)
+    infos = [
+        ProviderInfo(name=name, enabled=True, isolation=getattr(provider, "isolation", None))
+        for name, provider in state.providers.items()
+    ]
+    return _json(ProviderList(providers=infos))
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    state = _state(request)
+    checks: dict[str, str] = {}
+    status = "ok"
+    try:
+        await state.store.ping()
+        checks["store"] = "ok"
+    except Exception:
+        checks["store"] = "unreachable"
+        status = "unavailable"
+    if not state.service.accepting:
+        checks["relay"] = "draining"
+        status = "unavailable"
+    if state.reaper is not None and state.reaper.degraded:
+        checks["reaper"] = f"{len(state.reaper.failing)} sandbox(es) failed to terminate"
+        status = "degraded" if status == "ok" else status
+    code = 503 if status == "unavailable" else 200
+    return _json(Health(status=status, checks=checks), code)
+
+
+async def openapi(request: Request) -> Response:
+    from relay.openapi import document
+
+    return JSONResponse(document())
+
+
+routes = [
+    Route("/v1/runs", create_run, methods=["POST"]),
+    Route("/v1/runs", list_runs, methods=["GET"]),
+    Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
+    Route("/v1/runs/{run_id}", cancel_run, methods=["DELETE"]),
+    Route("/v1/jobs", list_jobs, methods=["GET"]),
+    Route("/v1/providers", list_providers, methods=["GET"]),
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
+    Route("/openapi.json", openapi, methods=["GET"]),
+]

@@ -1,0 +1,466 @@
+"""RunService: the one place that owns a run's lifecycle.
+
+submit → admission (scopes, job, params, provider check, idempotency) → the run row is
+written first (the intent) → a task owned by the service, not by the HTTP request, runs
+the sandbox → every state change goes to the store → the final row is written once.
+
+A caller that disconnects does not stop its run; a retry with the same Idempotency-Key
+finds it. Cancellation (``DELETE``, shutdown) and the deadline end the sandbox through
+the provider context, which always terminates it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from relay.auth import Principal
+from relay.catalog import Catalog, JobSpec
+from relay.errors import (
+    Forbidden,
+    IdempotencyConflict,
+    NotFound,
+    ProviderNotEnabled,
+    ProviderTimeout,
+    RelayError,
+    RunNotCancelable,
+    ShuttingDown,
+    UnknownJob,
+    ValidationFailed,
+)
+from relay.events import EventBus, RunEvent
+from relay.models import SIZES, RunRequest, RunState, Size
+from relay.providers.base import (
+    Egress,
+    OutputSink,
+    Provider,
+    Resources,
+    SandboxSpec,
+    shielded,
+)
+from relay.settings import Settings
+from relay.store import DuplicateKey, Store
+
+log = logging.getLogger("relay.service")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated request, resolved to exactly what will run and where."""
+
+    job: str | None
+    provider: str
+    argv: list[str]
+    env: dict[str, str]
+    files: dict[str, bytes]
+    stdin: bytes | None
+    workdir: str | None
+    timeout_s: float
+    size: Size
+    spec: SandboxSpec
+
+
+def new_run_id() -> str:
+    """Sortable by creation time, unguessable."""
+    return f"run_{int(time.time() * 1000):011x}{secrets.token_hex(8)}"
+
+
+def request_hash(request: RunRequest) -> str:
+    body = request.model_dump(mode="json", exclude={"wait"})
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _narrower_egress(job: tuple[str, ...], asked: list[str]) -> tuple[str, ...]:
+    """The asked egress if it is within the job's; a caller can narrow, never widen."""
+    if job == ("*",) or set(asked) <= set(job):
+        return tuple(asked)
+    raise Forbidden("this job does not allow that egress; a request may only narrow it")
+
+
+class RunService:
+    """Submits, runs, waits for, lists and cancels runs."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        catalog: Catalog,
+        providers: Mapping[str, Provider],
+        *,
+        instance_id: str | None = None,
+        events: EventBus | None = None,
+    ) -> None:
+        self.settings = settings
+        self.events = events or EventBus()
+        self.store = store
+        self.catalog = catalog
+        self.providers = dict(providers)
+        self.instance_id = instance_id or secrets.token_hex(8)
+        self.accepting = True
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._done: dict[str, asyncio.Event] = {}
+        self._cancel_reason: dict[str, str] = {}
+        self._drain_started: float | None = None
+
+    # -- admission ---------------------------------------------------------------------
+
+    def _choose_provider(self, principal: Principal, asked: str, job: JobSpec | None) -> str:
+        name = asked
+        if name == "auto":
+            name = job.provider if job and job.provider != "auto" else self.settings.providers[0]
+        if name not in self.providers:
+            raise ProviderNotEnabled(f"provider {name!r} is not enabled on this relay")
+        if not principal.may_use_provider(name):
+            raise Forbidden(f"this token may not use provider {name!r}")
+        if job and job.provider not in ("auto", name):
+            raise Forbidden(f"job {job.name!r} runs only on {job.provider!r}")
+        return name
+
+    def plan(self, principal: Principal, request: RunRequest, run_id: str) -> Plan:
+        """Check scopes, job, params and limits; raise a RelayError or return the plan."""
+        if request.callback_url is not None:
+            raise ValidationFailed("callback_url is not supported by this relay version")
+        if (request.job is None) == (request.command is None):
+            raise ValidationFailed("send exactly one of `job` or `command`")
+        job: JobSpec | None = None
+        if request.job is not None:
+            if not principal.may_run_job(request.job):
+                raise Forbidden(f"this token may not run job {request.job!r}")
+            job = self.catalog.get(request.job)
+            if job is None:
+                raise UnknownJob(f"no job named {request.job!r}")
+            overrides = {
+                key
+                for key in (
+                    "image",
+                    "size",
+                    "env",
+                    "stdin",
+                    "files",
+                    "workdir",
+                    "timeout_s",
+                    "egress",
+                )
+                if key in request.model_fields_set and getattr(request, key) not in (None, {}, [])
+            }
+            refused = sorted(overrides - job.allow)
+            if refused:
+                raise Forbidden(f"job {job.name!r} does not let a request set `{refused[0]}`")
+            argv, env, files = job.render(job.resolve_params(request.params))
+            egress = job.egress
+            base_timeout, image, size = job.timeout_s, job.image, job.size
+        else:
+            if not principal.command:
+                raise Forbidden("this token may not run a raw command")
+            if request.params:
+                raise ValidationFailed("`params` belong to a job; a raw command has none")
+            argv, env, files = list(request.command or []), {}, {}
+            egress, base_timeout, image = ("*",), self.settings.default_timeout_s, None
+            size = Size.small
+        if request.egress is not None:
+            egress = _narrower_egress(egress, request.egress)
+        elif job is None:
+            egress = ()
+        env.update(request.env)
+        files.update({path: text.encode("utf-8") for path, text in request.files.items()})
+        caps = [self.settings.max_timeout_s, base_timeout if job else self.settings.max_timeout_s]
+        if principal.max_timeout_s is not None:
+            caps.append(principal.max_timeout_s)
+        timeout_s = min([request.timeout_s or base_timeout, *caps])
+        size = request.size or size
+        provider = self._choose_provider(principal, request.provider, job)
+        cpu, memory_mb = SIZES[size]
+        spec = SandboxSpec(
+            run_id=run_id,
+            cluster=self.settings.cluster,
+            timeout_s=timeout_s,
+            grace_s=self.settings.grace_s,
+            image=request.image or image,
+            resources=Resources(cpu=cpu, memory_mb=memory_mb),
+            egress=Egress(tuple(egress)),
+            env=env,
+            pip=job.pip if job else (),
+        )
+        self.providers[provider].check(spec)
+        stdin = request.stdin.encode("utf-8") if request.stdin is not None else None
+        return Plan(
+            job=job.name if job else None,
+            provider=provider,
+            argv=argv,
+            env=env,
+            files=files,
+            stdin=stdin,
+            workdir=request.workdir,
+            timeout_s=timeout_s,
+            size=size,
+            spec=spec,
+        )
+
+    async def submit(
+        self, principal: Principal, request: RunRequest, idempotency_key: str | None
+    ) -> tuple[dict[str, Any], bool]:
+        """Admit and start a run; returns its row and whether it is new."""
+        if not self.accepting:
+            raise ShuttingDown(retry_after=5)
+        digest = request_hash(request)
+        if idempotency_key is not None:
+            existing = await self.store.find_by_key(principal.name, idempotency_key)
+            if existing is not None:
+                return self._same_request(existing, digest), False
+        run_id = new_run_id()
+        plan = self.plan(principal, request, run_id)
+        now = time.time()
+        row = {
+            "id": run_id,
+            "token": principal.name,
+            "job": plan.job,
+            "provider": plan.provider,
+            "state": RunState.queued.value,
+            "idempotency_key": idempotency_key,
+            "request_hash": digest,
+            "timeout_s": plan.timeout_s,
+            "cpu": plan.spec.resources.cpu,
+            "memory_mb": plan.spec.resources.memory_mb,
+            "created_at": now,
+            "deadline": now + self.settings.create_timeout_s + plan.timeout_s,
+            "owner": self.instance_id,
+            "stdout": "",
+            "stderr": "",
+            "timings": "{}",
+        }
+        try:
+            await self.store.insert_run(row)
+        except DuplicateKey:
+            existing = await self.store.find_by_key(principal.name, idempotency_key or "")
+            if existing is None:  # pragma: no cover - the unique index makes this impossible
+                raise
+            return self._same_request(existing, digest), False
+        self._done[run_id] = asyncio.Event()
+        self._tasks[run_id] = asyncio.create_task(self._execute(run_id, plan), name=run_id)
+        log.info(
+            "run submitted",
+            extra={
+                "run_id": run_id,
+                "token": principal.name,
+                "job": plan.job,
+                "provider": plan.provider,
+            },
+        )
+        return row, True
+
+    @staticmethod
+    def _same_request(existing: dict[str, Any], digest: str) -> dict[str, Any]:
+        if existing["request_hash"] != digest:
+            raise IdempotencyConflict(details={"run_id": existing["id"]})
+        return existing
+
+    # -- the run -----------------------------------------------------------------------
+
+    async def _execute(self, run_id: str, plan: Plan) -> None:
+        sink = OutputSink(
+            self.settings.max_output_bytes,
+            lambda stream, data: self.events.publish(
+                RunEvent(run_id, "output", stream=stream, data=data)
+            ),
+        )
+        timings: dict[str, int] = {}
+        final: dict[str, Any] = {}
+        started_mono = time.monotonic()
+        exec_started: float | None = None
+        provider = self.providers[plan.provider]
+        try:
+            await self._set_state(run_id, RunState.starting)
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    async with asyncio.timeout(self.settings.create_timeout_s + 5):
+                        sandbox = await stack.enter_async_context(provider.sandbox(plan.spec))
+                except TimeoutError as exc:
+                    raise ProviderTimeout(
+                        "the provider did not create the sandbox in time"
+                    ) from exc
+                timings["create_ms"] = _ms_since(started_mono)
+                started_at = time.time()
+                await self._set_state(
+                    run_id,
+                    RunState.running,
+                    sandbox_id=sandbox.id,
+                    started_at=started_at,
+                    deadline=started_at + plan.timeout_s,
+                )
+                if plan.files:
+                    await sandbox.upload(plan.files)
+                exec_started = time.monotonic()
+                remaining = max(0.0, plan.timeout_s - (time.time() - started_at))
+                deadline = asyncio.timeout(remaining)
+                result = None
+                try:
+                    async with deadline:
+                        result = await sandbox.exec(
+                            plan.argv,
+                            stdin=plan.stdin,
+                            env=plan.env,
+                            workdir=plan.workdir,
+                            timeout_s=remaining,
+                            output=sink,
+                        )
+                except TimeoutError:
+                    if not deadline.expired():
+                        raise
+                if result is None:
+                    final = {"state": RunState.timed_out.value}
+                else:
+                    state = RunState.succeeded if result.exit_code == 0 else RunState.failed
+                    final = {"state": state.value, "exit_code": result.exit_code}
+                timings["exec_ms"] = _ms_since(exec_started)
+                terminate_started = time.monotonic()
+            timings["terminate_ms"] = _ms_since(terminate_started)
+        except asyncio.CancelledError:
+            reason = self._cancel_reason.get(run_id, "shutdown")
+            final = {"state": RunState.canceled.value}
+            if reason == "shutdown":
+                final |= {
+                    "error_code": "shutting_down",
+                    "error_message": "the relay shut down before the run ended",
+                }
+            raise
+        except RelayError as exc:
+            if final:  # the job ended; only terminating failed: the reaper retries it
+                log.error(
+                    "terminate failed",
+                    extra={"run_id": run_id, "provider": plan.provider, "error_code": exc.code},
+                )
+            else:
+                final = {
+                    "state": RunState.error.value,
+                    "error_code": exc.code,
+                    "error_message": exc.message,
+                }
+        except Exception as exc:
+            log.error(
+                "run failed inside the relay",
+                extra={"run_id": run_id, "error_class": type(exc).__name__},
+            )
+            final = {
+                "state": RunState.error.value,
+                "error_code": "internal",
+                "error_message": "the relay failed while running this job",
+            }
+        finally:
+            if exec_started is not None and "exec_ms" not in timings:
+                timings["exec_ms"] = _ms_since(exec_started)
+            if sink.first_output_at is not None:
+                timings["first_output_ms"] = int((sink.first_output_at - started_mono) * 1000)
+            await shielded(self._finish(run_id, final, sink, timings))
+
+    async def _set_state(self, run_id: str, state: RunState, **values: Any) -> None:
+        await self.store.update_run(run_id, state=state.value, **values)
+        self.events.publish(RunEvent(run_id, "state", state=state.value))
+
+    async def _finish(
+        self, run_id: str, final: dict[str, Any], sink: OutputSink, timings: dict[str, int]
+    ) -> None:
+        now = time.time()
+        row = await self.store.get_run(run_id)
+        started = row["started_at"] if row else None
+        await self.store.update_run(
+            run_id,
+            **final,
+            stdout=sink.text("stdout"),
+            stderr=sink.text("stderr"),
+            stdout_truncated=sink.truncated("stdout"),
+            stderr_truncated=sink.truncated("stderr"),
+            ended_at=now,
+            duration_ms=int((now - started) * 1000) if started else None,
+            timings=timings,
+        )
+        self._tasks.pop(run_id, None)
+        self._cancel_reason.pop(run_id, None)
+        finished = await self.store.get_run(run_id)
+        if finished is not None:
+            self.events.publish(RunEvent(run_id, "finished", state=finished["state"], row=finished))
+        event = self._done.pop(run_id, None)
+        if event is not None:
+            event.set()
+        log.info("run finished", extra={"run_id": run_id, "state": final.get("state")})
+
+    # -- reading, waiting, cancelling --------------------------------------------------
+
+    async def get(self, principal: Principal, run_id: str) -> dict[str, Any]:
+        row = await self.store.get_run(run_id)
+        if row is None or row["token"] != principal.name:
+            raise NotFound("no such run")  # another token's run is as good as absent
+        return row
+
+    async def wait(self, run_id: str, timeout_s: float) -> dict[str, Any]:
+        """The run once final, or as it is when ``timeout_s`` has passed."""
+        event = self._done.get(run_id)
+        end = time.monotonic() + timeout_s
+        if event is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout_s)
+        while True:
+            row = await self.store.get_run(run_id)
+            if row is None:
+                raise NotFound("no such run")
+            if RunState(row["state"]).final or time.monotonic() >= end:
+                return row
+            await asyncio.sleep(min(0.25, max(0.0, end - time.monotonic())))
+
+    async def cancel(self, principal: Principal, run_id: str) -> dict[str, Any]:
+        row = await self.get(principal, run_id)
+        if RunState(row["state"]).final:
+            raise RunNotCancelable(details={"run_id": run_id})
+        await self.store.update_run(run_id, cancel_requested=True)
+        task = self._tasks.get(run_id)
+        if task is not None:
+            if run_id not in self._cancel_reason:
+                self._cancel_reason[run_id] = "canceled"
+                task.cancel()
+            await asyncio.wait({task}, timeout=self.settings.create_timeout_s)
+        else:
+            # Held by no task here (another replica, or a relay that died): end the sandbox
+            # through the provider, then close the run.
+            provider = self.providers.get(row["provider"])
+            if row["sandbox_id"] and provider is not None:
+                await provider.terminate(row["sandbox_id"])
+            await self.store.update_run(run_id, state=RunState.canceled.value, ended_at=time.time())
+        return await self.get(principal, run_id)
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    def begin_drain(self) -> None:
+        """Stop accepting runs (SIGTERM); running ones get ``RELAY_DRAIN_S`` to finish."""
+        if self._drain_started is None:
+            self._drain_started = time.monotonic()
+        self.accepting = False
+
+    async def shutdown(self) -> None:
+        """Let runs finish within the drain time, then cancel the rest and record it."""
+        self.begin_drain()
+        assert self._drain_started is not None
+        remaining = self.settings.drain_s - (time.monotonic() - self._drain_started)
+        tasks = set(self._tasks.values())
+        if tasks and remaining > 0:
+            await asyncio.wait(tasks, timeout=remaining)
+        for run_id, task in list(self._tasks.items()):
+            if run_id not in self._cancel_reason:
+                self._cancel_reason[run_id] = "shutdown"
+                task.cancel()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks.values()), timeout=self.settings.create_timeout_s)
+
+    @property
+    def active_runs(self) -> int:
+        return len(self._tasks)
+
+
+def _ms_since(start: float) -> int:
+    return int((time.monotonic() - start) * 1000)

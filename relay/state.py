@@ -1,0 +1,35 @@
+"""What the running app holds: settings, tokens, catalog, store, providers, service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from relay.auth import TokenStore
+from relay.catalog import Catalog
+from relay.events import EventBus
+from relay.providers.base import Provider
+from relay.reaper import Reaper
+from relay.service import RunService
+from relay.settings import Settings
+from relay.store import Store
+
+
+@dataclass
+class AppState:
+    """Built by the app's lifespan; handlers reach it as ``request.app.state.relay``."""
+
+    settings: Settings
+    tokens: TokenStore
+    catalog: Catalog
+    store: Store
+    providers: dict[str, Provider]
+    service: RunService
+    reaper: Reaper | None = None
+    events: EventBus | None = None
+
+    def base_url(self, request: Request) -> str:
+        if self.settings.public_url:
+            return self.settings.public_url.rstrip("/")
+        return str(request.base_url).rstrip("/")

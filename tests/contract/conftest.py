@@ -1,0 +1,23 @@
+"""Runs the contract suite once per provider that has a harness module."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.contract.harness import Harness
+
+NAMES = ["local", "local_none", "e2b", "modal", "vercel"]
+AVAILABLE = [n for n in NAMES if importlib.util.find_spec(f"tests.contract.harness_{n}")]
+
+
+@pytest.fixture(params=AVAILABLE)
+async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
+    module = importlib.import_module(f"tests.contract.harness_{request.param}")
+    async with module.open_harness(tmp_path) as opened:
+        yield opened
+        assert await opened.alive() == set(), "a sandbox outlived its test"

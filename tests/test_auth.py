@@ -1,0 +1,68 @@
+"""Tokens: hashed at rest, checked against every entry, never failing open."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from relay.auth import TokenStore, new_token
+from relay.errors import ConfigError, Unauthorized
+
+
+def test_token_file_holds_only_hashes(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    token = new_token(path, "ci", jobs=["echo"], limits={"max_timeout_s": 30})
+    text = path.read_text()
+    assert token not in text
+    assert hashlib.sha256(token.encode()).hexdigest() in text
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    principal = TokenStore(path).authenticate(token)
+    assert principal.name == "ci" and principal.jobs == {"echo"} and not principal.command
+    assert principal.max_timeout_s == 30
+
+
+def test_unknown_missing_and_near_miss_tokens_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    token = new_token(path, "a")
+    store = TokenStore(path)
+    for bad in (None, "", token[:-1], token + "x", token.upper()):
+        with pytest.raises(Unauthorized):
+            store.authenticate(bad)
+
+
+def test_no_token_file_or_no_token_refuses_to_start(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no token file"):
+        TokenStore(tmp_path / "missing.toml")
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# nothing\n")
+    with pytest.raises(ConfigError, match="no token configured"):
+        TokenStore(empty)
+
+
+def test_a_new_token_works_without_restart(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    new_token(path, "first")
+    store = TokenStore(path)
+    second = new_token(path, "second")
+    os.utime(path, (1, 1))  # make sure the change is seen even within one mtime tick
+    assert store.authenticate(second).name == "second"
+
+
+def test_duplicate_and_bad_names_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    new_token(path, "one")
+    with pytest.raises(ConfigError, match="exists"):
+        new_token(path, "one")
+    with pytest.raises(ConfigError):
+        new_token(path, "Bad Name")
+
+
+def test_bad_entries_name_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text('[tokens.x]\nsha256 = "abc"\n')
+    with pytest.raises(ConfigError, match=r"tokens\.x\.sha256"):
+        TokenStore(path)

@@ -1,0 +1,116 @@
+"""Job manifests: loaded, validated with the file and field named, rendered without a shell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from relay.catalog import Catalog, load_job
+from relay.errors import ConfigError, InvalidParams
+from tests.conftest import REPO
+
+
+def write_job(root: Path, name: str, text: str, files: dict[str, str] | None = None) -> Path:
+    directory = root / name
+    directory.mkdir(parents=True)
+    (directory / "job.toml").write_text(text)
+    for relative, content in (files or {}).items():
+        (directory / relative).write_text(content)
+    return directory
+
+
+def test_the_shipped_examples_load() -> None:
+    catalog = Catalog.load(REPO / "jobs")
+    assert {"echo", "python", "http-status"} <= set(catalog.jobs)
+    assert catalog.jobs["http-status"].files["check.py"].startswith(b'"""Print')
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('command = "echo hi"', "command"),
+        ("command = []", "command"),
+        ('command = ["echo"]\nbogus = 1', "bogus"),
+        ('command = ["echo", "{missing}"]', "{missing}"),
+        ('command = ["echo"]\nsize = "huge"', "size"),
+        ('command = ["echo"]\ntimeout_s = 0', "timeout_s"),
+        ('command = ["echo"]\negress = ["*", "a.com"]', "egress"),
+        ('command = ["echo"]\nallow = ["command"]', "allow"),
+        ('command = ["echo"]\nfiles = ["nope.py"]', "files"),
+        ('command = ["echo"]\nfiles = ["../../etc/passwd"]', "files"),
+        ('command = ["echo"]\n[params.x]\ntype = "float"', "params.x.type"),
+        ('command = ["echo"]\n[params.x]\ntype = "string"', "params.x.max_length"),
+        ('command = ["echo"]\n[params.x]\ntype = "array"\nmax_length = 3', "params.x.max_items"),
+        (
+            'command = ["echo"]\n[params.x]\ntype = "string"\nmax_length = 3\npattern = "("',
+            "params.x.pattern",
+        ),
+        (
+            'command = ["echo"]\n[params.x]\ntype = "integer"\nmax = 3\ndefault = 9',
+            "params.x.default",
+        ),
+        ("command = [", "not valid TOML"),
+    ],
+)
+def test_a_bad_manifest_names_file_and_field(tmp_path: Path, text: str, field: str) -> None:
+    write_job(tmp_path, "bad", text)
+    with pytest.raises(ConfigError) as caught:
+        Catalog.load(tmp_path)
+    assert str(tmp_path / "bad" / "job.toml") in caught.value.message
+    assert field in caught.value.message
+
+
+def test_render_keeps_params_whole(tmp_path: Path) -> None:
+    job = load_job(
+        write_job(
+            tmp_path,
+            "j",
+            """
+command = ["tool", "{items}", "--name={name}", "{name}", "{flag}"]
+params_file = true
+[params.items]
+type = "array"
+max_items = 5
+max_length = 50
+[params.name]
+type = "string"
+max_length = 50
+env = "NAME"
+[params.flag]
+type = "boolean"
+default = false
+""",
+        )
+    )
+    values = job.resolve_params({"items": ["a b", "$(x)"], "name": "; rm -rf /"})
+    argv, env, files = job.render(values)
+    assert argv == ["tool", "a b", "$(x)", "--name=; rm -rf /", "; rm -rf /", "false"]
+    assert env == {"NAME": "; rm -rf /"}
+    assert files["params.json"] == (
+        b'{"flag": false, "items": ["a b", "$(x)"], "name": "; rm -rf /"}'
+    )
+
+
+def test_param_edges(tmp_path: Path) -> None:
+    job = load_job(
+        write_job(
+            tmp_path,
+            "j",
+            """
+command = ["x", "{n}"]
+[params.n]
+type = "integer"
+min = 1
+max = 3
+required = true
+""",
+        )
+    )
+    assert job.resolve_params({"n": 1}) == {"n": 1}
+    assert job.resolve_params({"n": 3}) == {"n": 3}
+    for bad in (0, 4, "2", 2.0, True, None):
+        with pytest.raises(InvalidParams):
+            job.resolve_params({"n": bad})
+    with pytest.raises(InvalidParams, match="required"):
+        job.resolve_params({})

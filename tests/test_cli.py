@@ -1,0 +1,101 @@
+"""The relay command: tokens, jobs, run (exit codes), reap, and the stdlib client."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from relay.client import parse_params
+from tests.relay_server import RelayProcess
+
+
+def relay_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "relay", *args],
+        cwd=cwd,
+        env={"PATH": os.environ["PATH"], **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
+    server = RelayProcess(tmp_path_factory.mktemp("cli"), local_isolation="bwrap")
+    server.add_token("cli")
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_tokens_new_prints_once_and_list_never_shows_it(tmp_path: Path) -> None:
+    made = relay_cli("tokens", "new", "bot", "--job", "echo", cwd=tmp_path)
+    assert made.returncode == 0
+    token = made.stdout.strip()
+    assert token.startswith("rly_")
+    listed = relay_cli("tokens", "list", cwd=tmp_path)
+    assert "bot" in listed.stdout and "jobs=echo" in listed.stdout and token not in listed.stdout
+    assert token not in (tmp_path / "tokens.toml").read_text()
+
+
+def test_jobs_lists_and_a_bad_manifest_exits_2(tmp_path: Path) -> None:
+    listed = relay_cli("jobs", cwd=tmp_path, env={"RELAY_JOBS_DIR": str(Path.cwd() / "jobs")})
+    assert listed.returncode == 0 and "echo" in listed.stdout
+    (tmp_path / "jobs" / "broken").mkdir(parents=True)
+    (tmp_path / "jobs" / "broken" / "job.toml").write_text("command = 1\n")
+    bad = relay_cli("jobs", cwd=tmp_path, env={"RELAY_JOBS_DIR": str(tmp_path / "jobs")})
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("error: ") and "broken/job.toml: command" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_run_prints_output_and_exits_with_the_job_code(relay: RelayProcess) -> None:
+    env = {"RELAY_URL": relay.url, "RELAY_TOKEN": relay.tokens["cli"]}
+    ok = relay_cli("run", "echo", "-p", "message=hello there", cwd=relay.root, env=env)
+    assert (ok.returncode, ok.stdout) == (0, "hello there\n")
+    params = relay_cli(
+        "run",
+        "params",
+        "-p",
+        "name=n",
+        "-p",
+        "count:=3",
+        "-p",
+        'tags:=["ab"]',
+        cwd=relay.root,
+        env=env,
+    )
+    assert params.returncode == 0 and '"count": 3' in params.stdout
+
+
+def test_run_exits_2_on_relay_errors(relay: RelayProcess) -> None:
+    env = {"RELAY_URL": relay.url, "RELAY_TOKEN": "rly_wrong"}
+    refused = relay_cli("run", "echo", "-p", "message=x", cwd=relay.root, env=env)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: ")
+    assert "unknown token" not in refused.stderr  # an auth failure's body is never shown
+    env["RELAY_TOKEN"] = relay.tokens["cli"]
+    unknown = relay_cli("run", "nope", cwd=relay.root, env=env)
+    assert unknown.returncode == 2 and "no job named" in unknown.stderr
+    env["RELAY_URL"] = "http://127.0.0.1:9"
+    down = relay_cli("run", "echo", "-p", "message=x", cwd=relay.root, env=env)
+    assert down.returncode == 2 and "cannot reach" in down.stderr
+
+
+def test_parse_params() -> None:
+    assert parse_params(["a=b=c", "n:=3", "flag:=true", "url=http://x/?q:=1"]) == {
+        "a": "b=c",
+        "n": 3,
+        "flag": True,
+        "url": "http://x/?q:=1",
+    }
+    with pytest.raises(ValueError):
+        parse_params(["novalue"])

@@ -1,0 +1,86 @@
+"""The throwaway PostgreSQL of tests/postgres.py: it starts, answers, and is gone afterwards."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import asyncpg
+import pytest
+
+from tests.postgres import postgres_url, start_postgres, temp_base
+
+__all__ = ["postgres_url"]  # the fixture, re-exported so pytest finds it here
+
+pytestmark = pytest.mark.postgres
+
+URL_PATTERN = re.compile(r"^postgresql\+asyncpg://[\w-]+@127\.0\.0\.1:\d+/\w+$")
+
+
+def _dsn(url: str) -> str:
+    """asyncpg speaks plain ``postgresql://``; SQLAlchemy's driver suffix goes."""
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+async def test_select_one(postgres_url: str) -> None:
+    connection = await asyncpg.connect(_dsn(postgres_url), timeout=10)
+    try:
+        assert await connection.fetchval("select 1") == 1
+        assert await connection.fetchval("select current_database()") == "relay_test"
+    finally:
+        await connection.close()
+
+
+def test_url_is_loopback_asyncpg(postgres_url: str) -> None:
+    if "RELAY_TEST_POSTGRES_URL" not in os.environ:
+        assert URL_PATTERN.match(postgres_url), postgres_url
+
+
+def _server_dirs() -> set[Path]:
+    return set(temp_base().glob("relay-pg-*"))
+
+
+async def test_own_server_stops_and_leaves_nothing() -> None:
+    """A second, private server: reachable inside the block, gone (port and files) after."""
+    if "RELAY_TEST_POSTGRES_URL" in os.environ:
+        pytest.skip("RELAY_TEST_POSTGRES_URL is set: no server of our own is started")
+    before = _server_dirs()
+    with start_postgres() as url:
+        assert len(_server_dirs() - before) == 1, "one new data directory while running"
+        port = urlsplit(url).port
+        assert port is not None
+        connection = await asyncpg.connect(_dsn(url), timeout=10)
+        try:
+            assert await connection.fetchval("select 1 + 1") == 2
+        finally:
+            await connection.close()
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0, "server still listening after exit"
+    assert _server_dirs() - before == set(), "data directory left behind"
+
+
+def test_without_server_and_root_it_skips_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import postgres
+
+    monkeypatch.delenv("RELAY_TEST_POSTGRES_URL", raising=False)
+    monkeypatch.delenv("RELAY_TEST_REQUIRE_POSTGRES", raising=False)
+    monkeypatch.setattr(postgres, "find_server", lambda: None)
+    monkeypatch.setattr(postgres, "_is_root", lambda: False)
+    skipped = pytest.raises(pytest.skip.Exception, match=r"no server binaries .* and not root")
+    with skipped, start_postgres():
+        pytest.fail("yielded a URL without a server")
+
+
+def test_required_postgres_fails_instead_of_skipping(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import postgres
+
+    monkeypatch.delenv("RELAY_TEST_POSTGRES_URL", raising=False)
+    monkeypatch.setenv("RELAY_TEST_REQUIRE_POSTGRES", "1")
+    monkeypatch.setattr(postgres, "find_server", lambda: None)
+    monkeypatch.setattr(postgres, "_is_root", lambda: False)
+    failed = pytest.raises(pytest.fail.Exception, match=r"RELAY_TEST_REQUIRE_POSTGRES=1")
+    with failed, start_postgres():
+        pytest.fail("yielded a URL without a server")
