@@ -9,13 +9,12 @@ stream into the :class:`OutputSink`, then ``terminate``. See ``docs/providers/mo
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import posixpath
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import anyio
 import modal
@@ -42,11 +41,11 @@ from relay.providers.base import (
     SandboxRef,
     SandboxSpec,
     StreamName,
+    shielded,
 )
 from relay.settings import Settings
 
 log = logging.getLogger("relay.providers.modal")
-T = TypeVar("T")
 
 MAX_LIFETIME_S = 24 * 3600
 """Modal's ceiling on a sandbox ``timeout``."""
@@ -92,28 +91,6 @@ def map_error(exc: BaseException, action: str, *, in_sandbox: bool = False) -> P
     if isinstance(exc, _UNAVAILABLE):
         return ProviderUnavailable(f"Modal is unavailable ({action})")
     return ProviderError(f"Modal failed while {action} ({type(exc).__name__})")
-
-
-async def to_the_end(awaitable: Awaitable[T]) -> T:
-    """Finish ``awaitable`` even if the caller is cancelled, however often; then re-raise.
-
-    ``anyio.CancelScope(shield=True)`` does not hold off a second native ``Task.cancel()``
-    (a server shutting down cancels more than once), and a half-done terminate costs money.
-    The work runs in its own task; the caller waits for it through any number of cancels.
-    """
-    task = asyncio.ensure_future(awaitable)
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():
-                raise
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return result
 
 
 class ModalSandbox:
@@ -302,7 +279,7 @@ class ModalProvider:
 
     async def _sweep(self, spec: SandboxSpec) -> None:
         """Terminate whatever a failed create left tagged with this run (best effort)."""
-        await to_the_end(self._sweep_now(spec))
+        await shielded(self._sweep_now(spec))
 
     async def _sweep_now(self, spec: SandboxSpec) -> None:
         with anyio.move_on_after(SWEEP_TIMEOUT_S):
@@ -319,7 +296,7 @@ class ModalProvider:
 
     async def _finish(self, handle: Any, *, raise_errors: bool) -> None:
         sandbox_id = handle.object_id
-        error = await to_the_end(self._terminate_handle(handle))
+        error = await shielded(self._terminate_handle(handle))
         if error is not None:
             log.error("modal sandbox %s: terminate failed (%s)", sandbox_id, type(error).__name__)
             if raise_errors:
