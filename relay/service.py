@@ -370,6 +370,9 @@ class RunService:
         now = time.time()
         row = await self.store.get_run(run_id)
         started = row["started_at"] if row else None
+        if row and row["cancel_requested"] and final.get("state") != RunState.succeeded.value:
+            # Canceled through another replica, which terminated the sandbox under us.
+            final = {"state": RunState.canceled.value}
         await self.store.update_run(
             run_id,
             **final,

@@ -8,18 +8,22 @@ final state.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from relay.errors import ConfigError, InvalidRequest
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FINAL = ("succeeded", "failed", "timed_out", "canceled", "error", "lost")
 
 metadata = sa.MetaData()
@@ -68,6 +72,33 @@ meta = sa.Table(
 )
 
 
+replicas = sa.Table(
+    "replicas",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("seen_at", sa.Float, nullable=False),
+)
+"""Each running relay's heartbeat: a replica not seen for a while has died."""
+
+
+def _create_tables(*tables: sa.Table) -> Callable[[Connection], None]:
+    def step(conn: Connection) -> None:
+        metadata.create_all(conn, tables=list(tables))
+
+    return step
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    1: _create_tables(runs, meta),
+    2: _create_tables(replicas),
+}
+"""Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
+never drops or rewrites a run. A relay refuses a database newer than it knows."""
+_LOCK_MIGRATE = 7_241_001
+_LOCK_SWEEP = 7_241_002
+
+
 class DuplicateKey(Exception):
     """A run with this token and Idempotency-Key exists already."""
 
@@ -114,21 +145,84 @@ class Store:
         return store
 
     async def migrate(self) -> None:
-        """Create the schema, or check that the database's schema is one we understand."""
+        """Bring the schema to :data:`SCHEMA_VERSION`, one recorded step at a time."""
+        for attempt in range(5):
+            try:
+                await self._migrate_once()
+                return
+            except OperationalError:
+                # SQLite has no lock to take first: two processes creating the same table
+                # at once lose one race; the next attempt sees the other's work.
+                if not self.is_sqlite or attempt == 4:
+                    raise
+                await asyncio.sleep(0.1 * (attempt + 1))
+
+    async def _migrate_once(self) -> None:
         async with self.engine.begin() as conn:
-            await conn.run_sync(metadata.create_all)
+            if not self.is_sqlite:
+                # Replicas starting together: one migrates, the others wait and then see it.
+                await conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({_LOCK_MIGRATE})"))
+            await conn.run_sync(_create_tables(meta))
             row = (
                 await conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version"))
             ).first()
-            if row is None:
-                await conn.execute(
-                    meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION))
-                )
-            elif int(row[0]) > SCHEMA_VERSION:
+            has_runs = await conn.run_sync(lambda sync: sa.inspect(sync).has_table("runs"))
+            current = int(row[0]) if row else (1 if has_runs else 0)
+            if current > SCHEMA_VERSION:
                 raise ConfigError(
-                    f"the database has schema version {row[0]}, newer than this relay's "
+                    f"the database has schema version {current}, newer than this relay's "
                     f"{SCHEMA_VERSION}: upgrade the relay before starting it"
                 )
+            for version in range(current + 1, SCHEMA_VERSION + 1):
+                await conn.run_sync(MIGRATIONS[version])
+            if row is None:
+                await conn.execute(meta.insert().values(key="schema_version", value="0"))
+            await conn.execute(
+                meta.update()
+                .where(meta.c.key == "schema_version")
+                .values(value=str(SCHEMA_VERSION))
+            )
+
+    async def schema_version(self) -> int:
+        async with self.engine.connect() as conn:
+            value = await conn.scalar(sa.select(meta.c.value).where(meta.c.key == "schema_version"))
+        return int(value or 0)
+
+    @contextlib.asynccontextmanager
+    async def sweep_lock(self) -> AsyncIterator[bool]:
+        """Held by one replica at a time on PostgreSQL (SQLite has one relay): yields
+        whether this caller got it."""
+        if self.is_sqlite:
+            yield True
+            return
+        async with self.engine.connect() as conn:
+            got = bool(await conn.scalar(sa.text(f"SELECT pg_try_advisory_lock({_LOCK_SWEEP})")))
+            try:
+                yield got
+            finally:
+                if got:
+                    await conn.execute(sa.text(f"SELECT pg_advisory_unlock({_LOCK_SWEEP})"))
+                    await conn.commit()
+
+    async def heartbeat(self, replica_id: str) -> None:
+        now = time.time()
+        async with self.engine.begin() as conn:
+            updated = await conn.execute(
+                replicas.update().where(replicas.c.id == replica_id).values(seen_at=now)
+            )
+            if not updated.rowcount:
+                await conn.execute(
+                    replicas.insert().values(id=replica_id, started_at=now, seen_at=now)
+                )
+
+    async def live_replicas(self, within_s: float) -> set[str]:
+        query = sa.select(replicas.c.id).where(replicas.c.seen_at >= time.time() - within_s)
+        async with self.engine.connect() as conn:
+            return set((await conn.scalars(query)).all())
+
+    async def forget_replica(self, replica_id: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(replicas.delete().where(replicas.c.id == replica_id))
 
     async def close(self) -> None:
         await self.engine.dispose()
