@@ -550,3 +550,11 @@ async def test_terminate_kills_children_that_left_the_process_group(
             )
     child = int(output.text("stdout").strip())
     assert await process_gone(child)
+
+
+async def test_upload_then_exec_makes_no_extra_directory_call(
+    fake: FakeModal, provider: ModalProvider
+) -> None:
+    await run(provider, ["cat", "data/in.txt"], files={"data/in.txt": b"x"})
+    commands = [ex["argv"][1] for ex in fake.ledger.execs if ex["argv"][0].startswith("/__modal")]
+    assert commands == ['{"WriteFile": {"path": "/workspace/data/in.txt"}}']

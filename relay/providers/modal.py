@@ -106,7 +106,10 @@ class ModalSandbox:
             for path, data in files.items():
                 target = posixpath.join(DEFAULT_WORKDIR, path)  # an absolute path stays as is
                 await self._handle.filesystem.write_bytes.aio(data, target)
-                self._directories.add(posixpath.dirname(target))
+                parent = posixpath.dirname(target)  # write_bytes made it and its parents
+                while parent not in self._directories and parent != "/":
+                    self._directories.add(parent)
+                    parent = posixpath.dirname(parent)
         except Exception as exc:
             raise map_error(exc, "uploading files", in_sandbox=True) from exc
 
