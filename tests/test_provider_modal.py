@@ -43,7 +43,7 @@ from relay.providers.base import (
     Resources,
     SandboxSpec,
 )
-from relay.providers.modal import ModalProvider
+from relay.providers.modal import EXEC_TIMEOUT_MARGIN_S, ModalProvider
 from relay.settings import Settings
 from tests.contract.harness_modal import settings_for
 from tests.fakes.modal import FakeModal, running_fake
@@ -212,11 +212,14 @@ async def test_cancelled_exec_returns_promptly_and_terminates(
     assert await process_gone(fake.ledger.execs[-1]["pid"])  # it died with its sandbox
 
 
-async def test_command_timeout_is_a_second_line_of_defence(provider: ModalProvider) -> None:
+async def test_command_timeout_is_a_second_line_of_defence(
+    fake: FakeModal, provider: ModalProvider
+) -> None:
     started = time.monotonic()
     code, _, _ = await run(provider, ["sleep", "30"], timeout_s=1)
     assert time.monotonic() - started < 8
     assert code in (None, 137)
+    assert fake.ledger.execs[-1]["timeout_secs"] == 1 + EXEC_TIMEOUT_MARGIN_S
 
 
 async def test_fake_enforces_sandbox_lifetime(fake: FakeModal, provider: ModalProvider) -> None:

@@ -57,6 +57,7 @@ SWEEP_TIMEOUT_S = 10.0
 RATE_LIMIT_RETRY_S = 10.0
 """Modal's throttling errors carry no delay the client exposes; this is our suggestion."""
 STDIN_CHUNK = 1024 * 1024
+EXEC_TIMEOUT_MARGIN_S = 2
 
 _LOST = (
     modal_errors.NotFoundError,
@@ -130,12 +131,13 @@ class ModalSandbox:
                 await self._handle.filesystem.make_directory.aio(workdir)
                 self._directories.add(workdir)
             # argv goes over gRPC as a list (no shell anywhere); env travels as an inline
-            # secret, never in argv; the timeout is the client's second line of defence.
+            # secret, never in argv; the timeout is only a second line of defence, set a
+            # little past the caller's deadline so that one fires first (a timed-out run).
             process = await self._handle.exec.aio(
                 *argv,
                 workdir=workdir,
                 env=dict(env),
-                timeout=max(1, math.ceil(timeout_s)),
+                timeout=math.ceil(timeout_s) + EXEC_TIMEOUT_MARGIN_S,
                 text=False,
             )
             async with anyio.create_task_group() as group:
@@ -225,7 +227,11 @@ class ModalProvider:
                 server_url = self._settings.modal_server_url or modal.config.DEFAULT_SERVER_URL
                 credentials = (token_id.get_secret_value(), token_secret.get_secret_value())
                 client: Any = modal.Client(server_url, api_pb2.CLIENT_TYPE_CLIENT, credentials)
-                await client.__aenter__()
+                try:
+                    await client.__aenter__()
+                except BaseException:
+                    await shielded(client.close.aio())  # no half-open client left behind
+                    raise
                 self._client = client
             if self._app is None:
                 try:
