@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from relay.models import RunState
 from relay.providers.base import Provider
 from relay.service import RunService
-from relay.store import FINAL, Store
+from relay.store import ACTIVE, FINAL, Store
 
 log = logging.getLogger("relay.reaper")
-ACTIVE = ("queued", "starting", "running")
 
 
 @dataclass

@@ -21,10 +21,11 @@ def pair(tmp_path: Path, postgres_url: str) -> Iterator[tuple[RelayProcess, Rela
     import asyncio
 
     url = asyncio.run(new_database(postgres_url))
-    shared = {"database_url": url, "local_root": tmp_path / "sandboxes", "reap_interval_s": 1,
+    shared = {"database_url": url, "local_root": tmp_path / "sandboxes", "reap_interval_s": 1, "drain_s": 1,
               "local_isolation": "bwrap"}  # fmt: skip
     first = RelayProcess(tmp_path / "a", **shared)
     first.add_token("ops", command=True)
+    first.add_token("capped", command=True, limits={"max_concurrent": 2})
     second = RelayProcess(tmp_path / "b", tokens_file=first.tokens_file, **shared)
     second.tokens = first.tokens
     first.start()
@@ -102,3 +103,22 @@ def test_a_dead_replicas_runs_are_reaped_by_the_other(
     assert not any(alive(362 + i) for i in range(3))
     sandboxes = first.root.parent / "sandboxes"
     assert not any(sandboxes.iterdir()), "the dead replica's sandbox folders were not reaped"
+
+
+def test_limits_hold_across_replicas(pair: tuple[RelayProcess, RelayProcess]) -> None:
+    first, second = pair
+    token = first.tokens["capped"]
+
+    def send(i: int) -> int:
+        server = first if i % 2 else second
+        return server.post(token, {"command": sleeping(370), "wait": False}).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(send, range(8)))
+    assert sorted(statuses) == [202, 202] + [429] * 6
+    for run in (
+        first.get(token, "/v1/runs", state="running").json()["runs"]
+        + first.get(token, "/v1/runs", state="queued").json()["runs"]
+        + first.get(token, "/v1/runs", state="starting").json()["runs"]
+    ):
+        second.delete(token, f"/v1/runs/{run['id']}")
