@@ -68,7 +68,7 @@ def created_for(fake: FakeModal, run_id: str) -> dict[str, object]:
 def test_echo_job(relay: RelayProcess, fake_modal: FakeModal) -> None:
     run = relay.post(ops(relay), {"job": "echo", "params": {"message": "hi modal"}}).json()
     assert run["state"] == "succeeded" and run["stdout"] == "hi modal\n"
-    assert run["provider"] == "modal"
+    assert run["provider"] == "modal" and run["cost_usd"] > 0  # at Modal's list price
     entry = created_for(fake_modal, run["id"])
     assert entry["sandbox_id"] == run["sandbox_id"]
     assert entry["tags"] == {"relay-cluster": "e2e", "relay-run": run["id"]}
