@@ -39,6 +39,7 @@ test: $(VENV)/.dev system-deps lint
 bench: $(VENV)/.dev
 	@bash scripts/system-deps.sh bench
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.leaks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
