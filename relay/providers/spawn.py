@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Protocol
@@ -97,8 +98,11 @@ class PopenChild:
     def _reap(self) -> None:
         self._loop.remove_reader(self._pidfd)
         os.close(self._pidfd)
-        _, status = os.waitpid(self.popen.pid, 0)  # it has exited: this does not block
-        code = os.waitstatus_to_exitcode(status)
+        try:
+            _, status = os.waitpid(self.popen.pid, 0)  # it has exited: this does not block
+            code = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # reaped elsewhere: the status is lost, not the exit
+            code = -signal.SIGKILL
         self.popen.returncode = code
         if not self._exited.done():
             self._exited.set_result(code)
@@ -142,15 +146,24 @@ async def spawn(
         cwd=cwd,
         start_new_session=True,
     )
-    child = PopenChild(popen, asyncio.get_running_loop())
+    try:
+        child = PopenChild(popen, asyncio.get_running_loop())
+    except BaseException:
+        _kill(popen.pid)
+        popen.wait()  # killed: reaped at once
+        raise
     try:
         await child.connect()
     except BaseException:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(popen.pid, 9)
-        child.close()
+        _kill(popen.pid)
+        child.close()  # the pidfd watch reaps it
         raise
     return child
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def close(child: Child) -> None:
