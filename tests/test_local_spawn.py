@@ -3,6 +3,7 @@ the relay's life hold all the same (relay/providers/spawn.py)."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -60,6 +61,7 @@ async def test_the_job_runs_under_the_sandbox_limits(tmp_path: Path, isolation: 
 
 
 @needs_bwrap
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) missing")
 def test_a_bwrap_sandbox_is_started_without_a_fork_of_the_relay(tmp_path: Path) -> None:
     provider = LocalProvider(make_settings(tmp_path, local_isolation="bwrap"))
     spec = SandboxSpec(run_id="run_spawn", cluster="test", timeout_s=5, egress=Egress(()))
