@@ -24,6 +24,7 @@ from relay.auth import TokenStore
 from relay.catalog import Catalog
 from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError
 from relay.events import EventBus
+from relay.live import LiveRuns
 from relay.models import ErrorBody, ErrorDetail
 from relay.providers.registry import load_providers
 from relay.reaper import Reaper
@@ -32,6 +33,7 @@ from relay.service import RunService
 from relay.settings import Settings
 from relay.state import AppState
 from relay.store import Store
+from relay.webhooks import WebhookDispatcher
 
 log = logging.getLogger("relay.app")
 
@@ -140,14 +142,24 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             store, providers, service, grace_s=settings.grace_s, single_replica=store.is_sqlite
         )
         state = AppState(settings, tokens, catalog, store, providers, service, reaper, events)
+        state.live = LiveRuns(events)
         app.state.relay = state
         with contextlib.suppress(Exception):
             await reaper.sweep()
         sweeper = asyncio.create_task(reaper.run_forever(settings.reap_interval_s))
+        webhooks = WebhookDispatcher(
+            settings, store, secret_for=tokens.webhook_secret, events=events
+        )
+        dispatcher = asyncio.create_task(webhooks.run_forever())
         try:
             yield {}
         finally:
             await service.shutdown()
+            dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await dispatcher
+            await webhooks.aclose()
+            state.live.close()
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper

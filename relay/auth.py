@@ -151,6 +151,14 @@ class TokenStore:
             raise Unauthorized("unknown token")
         return found
 
+    def webhook_secret(self, name: str) -> str | None:
+        """The named token's own webhook secret (re-reading a changed file), if any."""
+        self._refresh()
+        for entry in self._entries:
+            if entry.principal.name == name:
+                return entry.principal.webhook_secret
+        return None
+
     @property
     def principals(self) -> list[Principal]:
         return [entry.principal for entry in self._entries]

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
 from relay.auth import TokenStore
 from relay.catalog import Catalog
 from relay.events import EventBus
+
+if TYPE_CHECKING:
+    from relay.live import LiveRuns
 from relay.providers.base import Provider
 from relay.reaper import Reaper
 from relay.service import RunService
@@ -28,6 +32,7 @@ class AppState:
     service: RunService
     reaper: Reaper | None = None
     events: EventBus | None = None
+    live: LiveRuns | None = None
 
     def base_url(self, request: Request) -> str:
         if self.settings.public_url:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -60,6 +62,25 @@ runs = sa.Table(
     sa.Index("ix_runs_state", "state"),
 )
 
+deliveries = sa.Table(
+    "deliveries",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("run_id", sa.String(40), nullable=False),
+    sa.Column("token", sa.String(64), nullable=False),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("attempt_log", sa.Text, nullable=False, default="[]"),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("next_attempt_at", sa.Float, nullable=False),
+    sa.Column("lease_owner", sa.String(64)),
+    sa.Column("lease_until", sa.Float),
+    sa.UniqueConstraint("run_id", name="uq_deliveries_run"),
+    sa.Index("ix_deliveries_due", "state", "next_attempt_at"),
+)
+"""Webhook deliveries (relay/webhooks.py): one per finished run that has a callback_url."""
+
 meta = sa.Table(
     "relay_meta",
     metadata,
@@ -70,6 +91,29 @@ meta = sa.Table(
 
 class DuplicateKey(Exception):
     """A run with this token and Idempotency-Key exists already."""
+
+
+def delivery_for_final_run(run_id: str) -> sa.Insert:
+    """Insert a pending delivery for this run if it has a callback_url and none yet.
+
+    Executed in the transaction that writes the run's final state, so a crash right
+    after that write cannot lose the callback.
+    """
+    now = time.time()
+    exists = sa.select(deliveries.c.id).where(deliveries.c.run_id == run_id).exists()
+    source = sa.select(
+        sa.literal("dlv_" + secrets.token_hex(12)),
+        runs.c.id,
+        runs.c.token,
+        runs.c.callback_url,
+        sa.literal("pending"),
+        sa.literal(0),
+        sa.literal("[]"),
+        sa.literal(now),
+        sa.literal(now),
+    ).where(runs.c.id == run_id, runs.c.callback_url.is_not(None), ~exists)
+    columns = ["id", "run_id", "token", "url", "state", "attempts", "attempt_log"]
+    return deliveries.insert().from_select([*columns, "created_at", "next_attempt_at"], source)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -164,6 +208,8 @@ class Store:
             query = query.where(runs.c.state.not_in(FINAL))
         async with self.engine.begin() as conn:
             result = await conn.execute(query)
+            if result.rowcount and values.get("state") in FINAL:
+                await conn.execute(delivery_for_final_run(run_id))
         return bool(result.rowcount)
 
     async def list_runs(
