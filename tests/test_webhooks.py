@@ -13,7 +13,7 @@ import pytest
 
 from relay.client import verify_signature
 from relay.webhooks import sign
-from tests.receiver import Receiver, Received
+from tests.receiver import Received, Receiver
 from tests.relay_server import RelayProcess, free_port
 
 TOKEN_SECRET = "whsec-token-5b1e"
@@ -64,9 +64,12 @@ def wait_delivery(
     while time.monotonic() < deadline:
         run: dict[str, Any] = relay.get(relay.tokens[token], f"/v1/runs/{run_id}").json()
         found = run["deliveries"]
-        if found and found[0]["state"] == state:
-            if attempts is None or len(found[0]["attempts"]) == attempts:
-                return run
+        if (
+            found
+            and found[0]["state"] == state
+            and (attempts is None or len(found[0]["attempts"]) == attempts)
+        ):
+            return run
         time.sleep(0.05)
     raise AssertionError(f"delivery of {run_id} never became {state}: {run}")
 
