@@ -6,6 +6,8 @@
 Exits with the job's exit code; 124 when the job timed out; 2 (printing ``error: …``)
 when the relay or the network failed. A retried submit reuses one Idempotency-Key, so
 it never starts a second sandbox. On an auth error the response body is never printed.
+
+A webhook receiver checks each callback with ``verify_signature(secret, header, body)``.
 """
 
 from __future__ import annotations

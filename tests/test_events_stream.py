@@ -50,14 +50,14 @@ def start(relay: RelayProcess, command: list[str]) -> str:
 class Follower:
     """Reads the events of one run in a thread, stamping each line as it arrives."""
 
-    def __init__(self, relay: RelayProcess, run_id: str, token: str = "ops") -> None:
+    def __init__(self, relay: RelayProcess, run_id: str, who: str = "ops") -> None:
         self.lines: list[tuple[float, dict[str, Any]]] = []
         self.status: int | None = None
         self.content_type = ""
         self.closed = threading.Event()
         self.got_line = threading.Condition()
         url = f"{relay.url}/v1/runs/{run_id}/events"
-        headers = relay.headers(relay.tokens[token])
+        headers = relay.headers(relay.tokens[who])
         self._thread = threading.Thread(target=self._read, args=(url, headers), daemon=True)
         self._thread.start()
 
@@ -148,7 +148,7 @@ def test_a_canceled_run_ends_its_stream_canceled(relay: RelayProcess) -> None:
 
 def test_another_tokens_run_is_not_found(relay: RelayProcess) -> None:
     run_id = start(relay, ["true"])
-    follower = Follower(relay, run_id, token="other")
+    follower = Follower(relay, run_id, who="other")
     follower.finish()
     assert follower.status == 404
     unknown = relay.get(relay.tokens["ops"], "/v1/runs/run_nope/events")
