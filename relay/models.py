@@ -109,7 +109,11 @@ class RunRequest(BaseModel):
     timeout_s: float | None = Field(None, gt=0, le=86_400)
     egress: list[EgressHost] | None = Field(None, max_length=64)
     wait: bool = True
-    callback_url: str | None = Field(None, max_length=2048)
+    callback_url: str | None = Field(
+        None,
+        max_length=2048,
+        description="https URL; the final run is POSTed there, signed (Relay-Signature).",
+    )
 
     @field_validator("stdin")
     @classmethod

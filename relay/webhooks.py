@@ -50,7 +50,6 @@ from relay.store import Store
 log = logging.getLogger("relay.webhooks")
 
 MAX_BACKOFF_S = 3600.0
-BATCH = 50
 CONCURRENCY = 8
 SecretLookup = Callable[[str], str | None]
 """token name → that token's own webhook secret, if it has one."""
@@ -91,7 +90,6 @@ class WebhookDispatcher:
         self.lease_s = settings.webhook_timeout_s + RESOLVE_AND_SLACK_S
         self._wake = asyncio.Event()
         self._sending: set[asyncio.Task[None]] = set()
-        self._slots = asyncio.Semaphore(CONCURRENCY)
         self._client = httpx.AsyncClient(
             timeout=settings.webhook_timeout_s,
             follow_redirects=False,
@@ -126,10 +124,17 @@ class WebhookDispatcher:
                 await asyncio.wait_for(self._wake.wait(), sleep)
 
     async def dispatch_due(self) -> int:
-        """Claim what is due and start sending it; returns how many were claimed."""
+        """Claim what is due and start sending it; returns how many were claimed.
+
+        Only as many as can be sent at once are claimed, so no claim waits here while
+        its lease runs out (another replica could then send the same attempt).
+        """
+        free = CONCURRENCY - len(self._sending)
+        if free <= 0:
+            return 0
         claimed = 0
         now = time.time()
-        for delivery_id in await self.deliveries.due(now, BATCH):
+        for delivery_id in await self.deliveries.due(now, free):
             row = await self.deliveries.claim(delivery_id, self.owner, now, self.lease_s)
             if row is None:
                 continue  # another replica has it
@@ -155,25 +160,24 @@ class WebhookDispatcher:
         await self._client.aclose()
 
     async def _send(self, delivery: dict[str, Any]) -> None:
-        async with self._slots:
-            started = time.time()
-            try:
-                outcome = await self._attempt(delivery)
-            except asyncio.CancelledError:
-                outcome = {"error": "interrupted: the relay stopped"}
-                attempt = {"at": started, "duration_ms": None, **outcome}
-                # Give the claim back now rather than at the end of its lease.
-                await asyncio.shield(self._record(delivery, attempt, retry_now=True))
-                raise
-            except Exception as exc:
-                log.error(
-                    "webhook attempt failed inside the relay",
-                    extra={"delivery_id": delivery["id"], "error_class": type(exc).__name__},
-                )
-                outcome = {"error": "internal: the relay failed to send"}
-            attempt = {"at": started, "duration_ms": int((time.time() - started) * 1000)}
-            await self._record(delivery, attempt | outcome)
-            self._wake.set()  # the loop sleeps until the next due time, which just changed
+        started = time.time()
+        try:
+            outcome = await self._attempt(delivery)
+        except asyncio.CancelledError:
+            outcome = {"error": "interrupted: the relay stopped"}
+            attempt = {"at": started, "duration_ms": None, **outcome}
+            # Give the claim back now rather than at the end of its lease.
+            await asyncio.shield(self._record(delivery, attempt, retry_now=True))
+            raise
+        except Exception as exc:
+            log.error(
+                "webhook attempt failed inside the relay",
+                extra={"delivery_id": delivery["id"], "error_class": type(exc).__name__},
+            )
+            outcome = {"error": "internal: the relay failed to send"}
+        attempt = {"at": started, "duration_ms": int((time.time() - started) * 1000)}
+        await self._record(delivery, attempt | outcome)
+        self._wake.set()  # a slot is free and the next due time changed: look again
 
     async def _attempt(self, delivery: dict[str, Any]) -> dict[str, Any]:
         """One POST; returns ``status_code`` and/or ``error`` (never the receiver's body)."""
