@@ -10,6 +10,7 @@ import asyncio
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,22 @@ def _dev_setup(settings: Settings) -> str | None:
     return None
 
 
+def _dev_isolation(settings: Settings) -> Settings:
+    """``serve --dev`` on a machine without bubblewrap: say so loudly and run unisolated,
+    so the first try works; a real deployment keeps ``auto``, which refuses instead."""
+    from relay.providers.local import bwrap_works
+
+    if settings.local_isolation != "auto" or "local" not in settings.providers or bwrap_works():
+        return settings
+    print(
+        "warning: bubblewrap is not available here, so this dev relay runs jobs WITHOUT "
+        "isolation (RELAY_LOCAL_ISOLATION=none): no network wall, no filesystem wall. "
+        "Install bubblewrap (apt-get install bubblewrap) for real sandboxes.",
+        file=sys.stderr,
+    )
+    return settings.model_copy(update={"local_isolation": "none"})
+
+
 def _print_howto(settings: Settings, token: str | None) -> None:
     url = f"http://{settings.host}:{settings.port}"
     shown = token or "<your token>"
@@ -66,7 +83,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings()
     configure(settings.log_level, settings.log_format)
-    token = _dev_setup(settings) if args.dev else None
+    token = None
+    if args.dev:
+        token = _dev_setup(settings)
+        settings = _dev_isolation(settings)
     app = create_app(settings)
 
     class Server(uvicorn.Server):
@@ -111,14 +131,38 @@ def cmd_tokens(args: argparse.Namespace) -> int:
         print(token)
         print(f"(shown once; its hash is in {settings.tokens_file})", file=sys.stderr)
         return 0
-    store = TokenStore(settings.tokens_file)
-    for principal in store.principals:
-        jobs = ",".join(sorted(principal.jobs))
-        extra = " command" if principal.command else ""
+    principals = TokenStore(settings.tokens_file).principals
+    usage = asyncio.run(_usage_today(settings, [p.name for p in principals]))
+    for principal in principals:
+        shown = [
+            f"{key}={value:g}"
+            for key in ("max_timeout_s", "max_concurrent", "runs_per_day", "usd_per_day")
+            if (value := getattr(principal, key)) is not None
+        ]
+        runs, usd = usage.get(principal.name, (0, 0.0))
         print(
-            f"{principal.name}\tjobs={jobs}{extra}\tproviders={','.join(sorted(principal.providers))}"
+            f"{principal.name}\tjobs={','.join(sorted(principal.jobs))}"
+            f"{' command' if principal.command else ''}"
+            f"\tproviders={','.join(sorted(principal.providers))}"
+            f"\t{' '.join(shown) or 'no limits'}\ttoday: {runs} runs, ${usd:.4f}"
         )
     return 0
+
+
+async def _usage_today(settings: Settings, names: list[str]) -> dict[str, tuple[int, float]]:
+    from relay.service import day_start
+    from relay.store import Store
+
+    store = await Store.open(settings.database_url)
+    try:
+        since = day_start(time.time())
+        found = {}
+        for name in names:
+            usage = await store.usage(name, since)
+            found[name] = (usage.runs, usage.usd)
+        return found
+    finally:
+        await store.close()
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:

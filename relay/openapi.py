@@ -9,7 +9,16 @@ from pydantic.json_schema import models_json_schema
 
 from relay import __version__
 from relay.errors import ERROR_CLASSES
-from relay.models import ErrorBody, Health, JobList, ProviderList, Run, RunList, RunRequest
+from relay.models import (
+    ErrorBody,
+    Health,
+    JobList,
+    ProviderList,
+    Run,
+    RunList,
+    RunRequest,
+    UsageReport,
+)
 
 _REF = "#/components/schemas/{model}"
 
@@ -40,6 +49,14 @@ _AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
 _RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _LOCATION = {"Location": {"schema": {"type": "string"}, "description": "the run's URL"}}
 _RETRY = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
+_RATE_LIMIT = {
+    name: {"schema": {"type": "integer"}, "description": text}
+    for name, text in (
+        ("RateLimit-Limit", "the limit that was reached"),
+        ("RateLimit-Remaining", "what is left of it (0)"),
+        ("RateLimit-Reset", "seconds until it resets"),
+    )
+}
 
 
 _RUN_EVENT: dict[str, Any] = {
@@ -61,7 +78,10 @@ _RUN_EVENT: dict[str, Any] = {
 def document() -> dict[str, Any]:
     """The whole document; cached, since it depends on code only."""
     _, schemas = models_json_schema(
-        [(m, "serialization") for m in (Run, RunList, ErrorBody, JobList, ProviderList, Health)]
+        [
+            (m, "serialization")
+            for m in (Run, RunList, ErrorBody, JobList, ProviderList, Health, UsageReport)
+        ]
         + [(RunRequest, "validation")],
         ref_template=_REF,
     )
@@ -86,8 +106,13 @@ def document() -> dict[str, Any]:
                 },
                 "responses": {
                     "200": _json("Run", "the finished run", _LOCATION),
+                    "429": _json(
+                        "ErrorBody",
+                        "error codes: rate_limited, budget_exceeded",
+                        {**_RETRY, **_RATE_LIMIT},
+                    ),
                     "202": _json("Run", "accepted; poll Location", _LOCATION),
-                    **_errors(400, 403, 409, 413, 415, 422, 429, 502, 503, 504),
+                    **_errors(400, 403, 409, 413, 415, 422, 502, 503, 504),
                     **common,
                 },
             },
@@ -158,6 +183,14 @@ def document() -> dict[str, Any]:
                 "operationId": "listJobs",
                 "security": _AUTH,
                 "responses": {"200": _json("JobList", "jobs"), **common},
+            }
+        },
+        "/v1/usage": {
+            "get": {
+                "summary": "This token's runs, sandbox seconds and spend today and this month",
+                "operationId": "getUsage",
+                "security": _AUTH,
+                "responses": {"200": _json("UsageReport", "usage and limits"), **common},
             }
         },
         "/v1/providers": {

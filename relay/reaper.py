@@ -3,19 +3,22 @@
 Each sweep (at startup and every ``RELAY_REAP_INTERVAL_S``):
 
 1. runs that are not final, not held by this process, and either past their deadline +
-   grace or orphaned (on SQLite there is one relay, so a run owned by an earlier process
-   is orphaned) → their sandbox is terminated and the run reads ``lost``;
+   grace or orphaned → their sandbox is terminated and the run reads ``lost``. A run is
+   orphaned when the replica that owns it has stopped its heartbeat (every replica writes
+   one every :attr:`Reaper.heartbeat_s`; three missed beats mean it died); on SQLite there
+   is one relay, so a run owned by an earlier process is orphaned at once;
 2. every sandbox a provider lists as this cluster's whose run is final, unknown to the
    store, or past its deadline + grace → terminated.
 
-A terminate that fails is counted, logged (provider, sandbox id, error class) and tried
-again on the next sweep; ``/readyz`` reads degraded until it succeeds.
+On PostgreSQL one replica sweeps at a time (an advisory lock); terminate is idempotent,
+so an overlap would be harmless anyway. A terminate that fails is counted, logged
+(provider, sandbox id, error class) and tried again with backoff (the next sweep, then
+after 1, 3 and at most 3 skipped sweeps); ``/readyz`` reads degraded until it succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -24,10 +27,9 @@ from dataclasses import dataclass, field
 from relay.models import RunState
 from relay.providers.base import Provider
 from relay.service import RunService
-from relay.store import FINAL, Store
+from relay.store import ACTIVE, FINAL, Store
 
 log = logging.getLogger("relay.reaper")
-ACTIVE = ("queued", "starting", "running")
 
 
 @dataclass
@@ -48,13 +50,18 @@ class Reaper:
         *,
         grace_s: float,
         single_replica: bool,
+        reap_interval_s: float = 60.0,
     ) -> None:
+        self.reap_interval_s = reap_interval_s
         self.store = store
         self.providers = providers
         self.service = service
         self.grace_s = grace_s
         self.single_replica = single_replica
         self.failing: dict[str, int] = {}
+        self._skip: dict[str, int] = {}
+        self._sweeps = 0
+        self.heartbeat_s = min(10.0, reap_interval_s)
         self.terminated_total = 0
         self.failures_total = 0
 
@@ -62,10 +69,13 @@ class Reaper:
         return run_id in self.service._tasks
 
     async def _terminate(self, provider: str, sandbox_id: str, report: SweepReport) -> bool:
+        if self._skip.get(sandbox_id, 0) > self._sweeps:
+            return False  # backing off after failures: try again a few sweeps later
         try:
             await self.providers[provider].terminate(sandbox_id)
         except Exception as exc:
-            self.failing[sandbox_id] = self.failing.get(sandbox_id, 0) + 1
+            attempts = self.failing[sandbox_id] = self.failing.get(sandbox_id, 0) + 1
+            self._skip[sandbox_id] = self._sweeps + min(2 ** (attempts - 1), 4)
             self.failures_total += 1
             report.failures.append((provider, sandbox_id))
             log.warning(
@@ -78,17 +88,30 @@ class Reaper:
             )
             return False
         self.failing.pop(sandbox_id, None)
+        self._skip.pop(sandbox_id, None)
         self.terminated_total += 1
         report.terminated.append((provider, sandbox_id))
         return True
 
     async def sweep(self, *, dry_run: bool = False) -> SweepReport:
+        async with self.store.sweep_lock() as got:
+            if not got:
+                return SweepReport()
+            return await self._sweep(dry_run)
+
+    async def _sweep(self, dry_run: bool) -> SweepReport:
+        self._sweeps += 1
         report = SweepReport()
         now = time.time()
+        live = await self.store.live_replicas(3 * self.heartbeat_s + 1)
+        live.add(self.service.instance_id)
         for row in await self.store.runs_in_states(ACTIVE):
             if self._held_here(row["id"]):
                 continue
-            orphaned = self.single_replica and row["owner"] != self.service.instance_id
+            if self.single_replica:
+                orphaned = row["owner"] != self.service.instance_id
+            else:
+                orphaned = row["owner"] not in live
             if not orphaned and row["deadline"] + self.grace_s > now:
                 continue
             report.lost_runs.append(row["id"])
@@ -125,11 +148,18 @@ class Reaper:
                         await self._terminate(name, ref.sandbox_id, report)
         return report
 
-    async def run_forever(self, interval_s: float) -> None:
+    async def run_forever(self) -> None:
+        """Heartbeat every ``heartbeat_s`` and sweep every ``reap_interval_s``."""
+        next_sweep = time.monotonic() + self.reap_interval_s
         while True:
-            with contextlib.suppress(Exception):
-                await self.sweep()
-            await asyncio.sleep(interval_s)
+            try:
+                await self.store.heartbeat(self.service.instance_id)
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self.reap_interval_s
+                    await self.sweep()
+            except Exception as exc:
+                log.warning("sweep failed", extra={"error_class": type(exc).__name__})
+            await asyncio.sleep(min(self.heartbeat_s, self.reap_interval_s))
 
     @property
     def degraded(self) -> bool:
