@@ -18,10 +18,12 @@ class Received:
 
 
 class Receiver:
-    """``statuses`` are answered in turn (the last one repeats); default: always 200."""
+    """``statuses`` are answered in turn (the last one repeats); default: always 200.
+    ``delay_s`` holds each answer that long (a receiver too slow for the relay)."""
 
-    def __init__(self, statuses: list[int] | None = None) -> None:
+    def __init__(self, statuses: list[int] | None = None, delay_s: float = 0.0) -> None:
         self.statuses = list(statuses or [200])
+        self.delay_s = delay_s
         self.received: list[Received] = []
         self._lock = threading.Condition()
         receiver = self
@@ -37,10 +39,15 @@ class Receiver:
                     index = min(len(receiver.received), len(receiver.statuses)) - 1
                     status = receiver.statuses[index]
                     receiver._lock.notify_all()
-                self.send_response(status)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
+                if receiver.delay_s:
+                    time.sleep(receiver.delay_s)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+                except OSError:
+                    pass  # the relay gave up waiting (a timeout test) and hung up
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

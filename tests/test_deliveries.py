@@ -164,3 +164,28 @@ async def test_two_replicas_never_send_the_same_delivery(tmp_path: Path, store_u
     finally:
         for one in stores:
             await one.close()
+
+
+async def test_a_receiver_too_slow_to_answer_is_a_timeout_retried_later(
+    tmp_path: Path, store: Store
+) -> None:
+    settings = make_settings(
+        tmp_path,
+        webhook_allow_http=True,
+        webhook_allow_private=True,
+        webhook_secret="s",
+        webhook_timeout_s=0.2,
+        webhook_backoff_s=60,
+    )
+    with Receiver(delay_s=0.5) as receiver:
+        run_id = await running_run(store, receiver.url)
+        await store.update_run(run_id, state="succeeded", exit_code=0)
+        dispatcher = WebhookDispatcher(settings, store, secret_for=lambda name: None)
+        assert await dispatcher.dispatch_due() == 1
+        await dispatcher.drain()
+        await dispatcher.aclose()
+    (delivery,) = await deliveries_of(store, run_id)
+    assert delivery["state"] == "pending" and delivery["attempts"] == 1
+    assert '"error": "timeout"' in delivery["attempt_log"]
+    assert 30 <= delivery["next_attempt_at"] - time.time() <= 60  # backoff with jitter
+    assert delivery["lease_owner"] is None
