@@ -10,14 +10,14 @@ from starlette.requests import Request
 from relay.auth import TokenStore
 from relay.catalog import Catalog
 from relay.events import EventBus
-
-if TYPE_CHECKING:
-    from relay.live import LiveRuns
 from relay.providers.base import Provider
 from relay.reaper import Reaper
 from relay.service import RunService
 from relay.settings import Settings
 from relay.store import Store
+
+if TYPE_CHECKING:
+    from relay.live import LiveRuns  # live.py imports routes, which import this module
 
 
 @dataclass
