@@ -56,7 +56,17 @@ def vercel_rig(tmp: Path) -> Iterator[Rig]:
         yield Rig("vercel", settings, fake.ledger.alive, fake.faults)
 
 
-RIGS = {"local": local_rig, "vercel": vercel_rig}
+@contextlib.contextmanager
+def e2b_rig(tmp: Path) -> Iterator[Rig]:
+    from tests.fakes.e2b import running_fake
+
+    with running_fake() as fake:
+        settings = {"providers": "e2b", "e2b_api_url": fake.url, "e2b_sandbox_url": fake.url,
+                    "e2b_api_key": "e2b_test_key"}  # fmt: skip
+        yield Rig("e2b", settings, fake.ledger.alive, fake.faults)
+
+
+RIGS = {"local": local_rig, "vercel": vercel_rig, "e2b": e2b_rig}
 FAKE_RIGS = [name for name in RIGS if name != "local"]
 
 
