@@ -27,6 +27,7 @@ import hmac
 import logging
 import random
 import secrets
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -80,6 +81,7 @@ class WebhookDispatcher:
         events: EventBus | None = None,
         resolver: Resolver = system_resolver,
         owner: str | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -92,6 +94,7 @@ class WebhookDispatcher:
         self._sending: set[asyncio.Task[None]] = set()
         self._client = httpx.AsyncClient(
             timeout=settings.webhook_timeout_s,
+            verify=verify,
             follow_redirects=False,
             trust_env=False,
             # One connection per attempt: a pooled TLS connection to one address could

@@ -4,12 +4,14 @@ receiver hears nothing), including names that resolve to loopback."""
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 
 from relay.callback_urls import check_callback_url, refuse_unsafe_callback
 from relay.deliveries import Deliveries
@@ -247,3 +249,44 @@ async def test_the_connection_goes_to_the_checked_address() -> None:
     assert target.url == "https://[2606:2800:220:1::1]:8443/path?q=1"
     assert target.host_header == "hooks.example.com:8443"
     assert target.tls_hostname == "hooks.example.com"
+
+
+class TlsReceiver(Receiver):
+    """The loopback receiver behind TLS, with a certificate for ``name`` from ``ca``."""
+
+    def __init__(self, ca: trustme.CA, name: str) -> None:
+        super().__init__()
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ca.issue_cert(name).configure_cert(context)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+
+
+@pytest.mark.parametrize(("certified", "delivered"), [("hooks.test", True), ("other.test", False)])
+async def test_https_to_the_pinned_address_still_checks_the_urls_name(
+    tmp_path: Path, store: Store, certified: str, delivered: bool
+) -> None:
+    """Connecting to the checked IP must not weaken TLS: the certificate must name the
+    URL's host (a certificate for another name fails the attempt)."""
+    ca = trustme.CA()
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+    settings = make_settings(tmp_path, webhook_allow_private=True, webhook_secret="global")
+    with TlsReceiver(ca, certified) as receiver:
+        await finished_run(store, "run_1", f"https://hooks.test:{receiver.port}/hook")
+        dispatcher = WebhookDispatcher(
+            settings,
+            store,
+            secret_for=lambda name: None,
+            resolver=resolving_to("127.0.0.1"),
+            verify=client_context,
+        )
+        await dispatcher.dispatch_due()
+        await dispatcher.drain()
+        await dispatcher.aclose()
+        assert len(receiver.received) == (1 if delivered else 0)
+    (delivery,) = (await Deliveries(store).for_runs(["run_1"]))["run_1"]
+    if delivered:
+        assert delivery["state"] == "delivered"
+        assert receiver.received[0].headers["Host"] == f"hooks.test:{receiver.port}"
+    else:
+        assert delivery["state"] == "pending" and '"error": "connection' in delivery["attempt_log"]
