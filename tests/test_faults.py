@@ -66,7 +66,17 @@ def e2b_rig(tmp: Path) -> Iterator[Rig]:
         yield Rig("e2b", settings, fake.ledger.alive, fake.faults)
 
 
-RIGS = {"local": local_rig, "vercel": vercel_rig, "e2b": e2b_rig}
+@contextlib.contextmanager
+def modal_rig(tmp: Path) -> Iterator[Rig]:
+    from tests.fakes.modal import running_fake
+
+    with running_fake() as fake:
+        settings = {"providers": "modal", "modal_server_url": fake.url,
+                    "modal_token_id": "ak-test", "modal_token_secret": "as-test"}  # fmt: skip
+        yield Rig("modal", settings, fake.ledger.alive, fake.faults)
+
+
+RIGS = {"local": local_rig, "vercel": vercel_rig, "e2b": e2b_rig, "modal": modal_rig}
 FAKE_RIGS = [name for name in RIGS if name != "local"]
 
 
