@@ -25,6 +25,8 @@ FIELDS = (
     "path",
     "status",
     "duration_ms",
+    "delivery_id",
+    "attempt",
 )
 
 

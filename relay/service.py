@@ -24,10 +24,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relay.auth import Principal
+from relay.callback_urls import parse_callback_url, refuse_unsafe_callback
 from relay.catalog import Catalog, JobSpec
 from relay.costs import CostModel
 from relay.errors import (
     BudgetExceeded,
+    CallbackRefused,
     Forbidden,
     IdempotencyConflict,
     NotFound,
@@ -152,7 +154,10 @@ class RunService:
     def plan(self, principal: Principal, request: RunRequest, run_id: str) -> Plan:
         """Check scopes, job, params and limits; raise a RelayError or return the plan."""
         if request.callback_url is not None:
-            raise ValidationFailed("callback_url is not supported by this relay version")
+            parse_callback_url(request.callback_url, allow_http=self.settings.webhook_allow_http)
+            secret = self.settings.webhook_secret
+            if principal.webhook_secret is None and secret is None:
+                raise CallbackRefused("no webhook secret to sign callbacks for this token")
         if (request.job is None) == (request.command is None):
             raise ValidationFailed("send exactly one of `job` or `command`")
         job: JobSpec | None = None
@@ -242,6 +247,8 @@ class RunService:
                 return self._same_request(existing, digest), False
         run_id = new_run_id()
         plan = self.plan(principal, request, run_id)
+        if request.callback_url is not None:
+            await refuse_unsafe_callback(request.callback_url, self.settings)
         now = self.clock()
         cpu, memory_mb = plan.spec.resources.cpu, plan.spec.resources.memory_mb
         row = {
@@ -262,6 +269,7 @@ class RunService:
             "stdout": "",
             "stderr": "",
             "timings": "{}",
+            "callback_url": request.callback_url,
         }
         admission = Admission(
             token_concurrent=principal.max_concurrent,
