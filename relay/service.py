@@ -419,7 +419,9 @@ class RunService:
             await shielded(self._finish(run_id, final, sink, timings))
 
     async def _set_state(self, run_id: str, state: RunState, **values: Any) -> None:
-        await self.store.update_run(run_id, state=state.value, **values)
+        # A cancel (DELETE, shutdown) must not land inside a database write: the write
+        # finishes, then the cancellation is delivered.
+        await shielded(self.store.update_run(run_id, state=state.value, **values))
         self.events.publish(RunEvent(run_id, "state", state=state.value))
 
     async def _finish(
