@@ -2,14 +2,20 @@
 
 Handlers pass ids as ``extra=``; only the keys in ``FIELDS`` are written, so an
 accidental ``extra`` with a body or a key never reaches the output.
+
+Ids that hold for a whole request or run (request id, run id, token name, provider) are
+bound once with :func:`bind` and land on every line written in that context, including
+the run's own task (``asyncio`` copies the context into a task when it is created).
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import sys
 import time
+from typing import Any
 
 FIELDS = (
     "request_id",
@@ -22,10 +28,41 @@ FIELDS = (
     "error_code",
     "error_class",
     "method",
+    "route",
     "path",
     "status",
     "duration_ms",
 )
+
+_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("relay_log_context")
+
+
+def bind(**fields: Any) -> None:
+    """Add ids to every line logged from here on in this context (None values are skipped)."""
+    current = _context.get({})
+    _context.set({**current, **{k: v for k, v in fields.items() if v is not None}})
+
+
+def fresh_context() -> contextvars.Token[dict[str, Any]]:
+    """Start an empty context (a new request); pass the result to :func:`restore`."""
+    return _context.set({})
+
+
+def restore(token: contextvars.Token[dict[str, Any]]) -> None:
+    _context.reset(token)
+
+
+def fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    """The allowed fields of a record: its own ``extra`` first, then the bound ids."""
+    bound = _context.get({})
+    values: dict[str, Any] = {}
+    for key in FIELDS:
+        value = getattr(record, key, None)
+        if value is None:
+            value = bound.get(key)
+        if value is not None:
+            values[key] = value
+    return values
 
 
 class JsonFormatter(logging.Formatter):
@@ -37,18 +74,13 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "event": record.getMessage(),
         }
-        for key in FIELDS:
-            value = getattr(record, key, None)
-            if value is not None:
-                line[key] = value
-        return json.dumps(line)
+        line.update(fields_of(record))
+        return json.dumps(line, default=str)
 
 
 class ConsoleFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        extras = " ".join(
-            f"{key}={getattr(record, key)}" for key in FIELDS if getattr(record, key, None)
-        )
+        extras = " ".join(f"{key}={value}" for key, value in fields_of(record).items())
         return (
             f"{record.levelname.lower():7} {record.name}: {record.getMessage()} {extras}".rstrip()
         )

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from relay import logs
 from relay.auth import Principal
 from relay.catalog import Catalog, JobSpec
 from relay.errors import (
@@ -244,6 +245,8 @@ class RunService:
                 raise
             return self._same_request(existing, digest), False
         self._done[run_id] = asyncio.Event()
+        # The run's task copies this context: its log lines carry these ids too.
+        logs.bind(run_id=run_id, token=principal.name, job=plan.job, provider=plan.provider)
         self._tasks[run_id] = asyncio.create_task(self._execute(run_id, plan), name=run_id)
         log.info(
             "run submitted",
