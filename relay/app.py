@@ -148,15 +148,23 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             settings, store, catalog, providers, instance_id=instance_id, events=events
         )
         reaper = Reaper(
-            store, providers, service, grace_s=settings.grace_s, single_replica=store.is_sqlite
+            store,
+            providers,
+            service,
+            grace_s=settings.grace_s,
+            single_replica=store.is_sqlite,
+            reap_interval_s=settings.reap_interval_s,
         )
         state = AppState(settings, tokens, catalog, store, providers, service, reaper, events)
         state.metrics = metrics
         metrics.attach(service, reaper, events, providers)
         app.state.relay = state
-        with contextlib.suppress(Exception):
+        await store.heartbeat(service.instance_id)
+        try:
             await reaper.sweep()
-        sweeper = asyncio.create_task(reaper.run_forever(settings.reap_interval_s))
+        except Exception as exc:
+            log.warning("startup sweep failed", extra={"error_class": type(exc).__name__})
+        sweeper = asyncio.create_task(reaper.run_forever())
         try:
             yield {}
         finally:
@@ -164,6 +172,8 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
+            with contextlib.suppress(Exception):
+                await store.forget_replica(service.instance_id)
             for provider in providers.values():
                 with contextlib.suppress(Exception):
                     await provider.aclose()

@@ -10,6 +10,7 @@ import asyncio
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -111,14 +112,38 @@ def cmd_tokens(args: argparse.Namespace) -> int:
         print(token)
         print(f"(shown once; its hash is in {settings.tokens_file})", file=sys.stderr)
         return 0
-    store = TokenStore(settings.tokens_file)
-    for principal in store.principals:
-        jobs = ",".join(sorted(principal.jobs))
-        extra = " command" if principal.command else ""
+    principals = TokenStore(settings.tokens_file).principals
+    usage = asyncio.run(_usage_today(settings, [p.name for p in principals]))
+    for principal in principals:
+        shown = [
+            f"{key}={value:g}"
+            for key in ("max_timeout_s", "max_concurrent", "runs_per_day", "usd_per_day")
+            if (value := getattr(principal, key)) is not None
+        ]
+        runs, usd = usage.get(principal.name, (0, 0.0))
         print(
-            f"{principal.name}\tjobs={jobs}{extra}\tproviders={','.join(sorted(principal.providers))}"
+            f"{principal.name}\tjobs={','.join(sorted(principal.jobs))}"
+            f"{' command' if principal.command else ''}"
+            f"\tproviders={','.join(sorted(principal.providers))}"
+            f"\t{' '.join(shown) or 'no limits'}\ttoday: {runs} runs, ${usd:.4f}"
         )
     return 0
+
+
+async def _usage_today(settings: Settings, names: list[str]) -> dict[str, tuple[int, float]]:
+    from relay.service import day_start
+    from relay.store import Store
+
+    store = await Store.open(settings.database_url)
+    try:
+        since = day_start(time.time())
+        found = {}
+        for name in names:
+            usage = await store.usage(name, since)
+            found[name] = (usage.runs, usage.usd)
+        return found
+    finally:
+        await store.close()
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:

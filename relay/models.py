@@ -226,3 +226,29 @@ class ProviderList(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "degraded", "unavailable"]
     checks: dict[str, str] = Field(default_factory=dict)
+
+
+class UsageWindow(BaseModel):
+    runs: int
+    sandbox_seconds: float
+    usd: float
+    active: int
+
+
+class TokenLimits(BaseModel):
+    jobs: list[str]
+    command: bool
+    providers: list[str]
+    max_timeout_s: float | None
+    max_concurrent: int | None
+    runs_per_day: int | None
+    usd_per_day: float | None
+
+
+class UsageReport(BaseModel):
+    """``GET /v1/usage``: the calling token's use (UTC day and month) and its limits."""
+
+    token: str
+    today: UsageWindow
+    month: UsageWindow
+    limits: TokenLimits

@@ -19,6 +19,7 @@ from relay.models import (
     RunList,
     RunRequest,
     RunState,
+    UsageReport,
 )
 
 _REF = "#/components/schemas/{model}"
@@ -62,13 +63,24 @@ _RUN_LINKS = {
 }
 """A run answer leads to the run's own URL (clients and fuzzers follow these)."""
 _RETRY = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
+_RATE_LIMIT = {
+    name: {"schema": {"type": "integer"}, "description": text}
+    for name, text in (
+        ("RateLimit-Limit", "the limit that was reached"),
+        ("RateLimit-Remaining", "what is left of it (0)"),
+        ("RateLimit-Reset", "seconds until it resets"),
+    )
+}
 
 
 @cache
 def document() -> dict[str, Any]:
     """The whole document; cached, since it depends on code only."""
     _, schemas = models_json_schema(
-        [(m, "serialization") for m in (Run, RunList, ErrorBody, JobList, ProviderList, Health)]
+        [
+            (m, "serialization")
+            for m in (Run, RunList, ErrorBody, JobList, ProviderList, Health, UsageReport)
+        ]
         + [(RunRequest, "validation")],
         ref_template=_REF,
     )
@@ -113,8 +125,13 @@ def document() -> dict[str, Any]:
                 },
                 "responses": {
                     "200": _json("Run", "the finished run", _LOCATION, _RUN_LINKS),
+                    "429": _json(
+                        "ErrorBody",
+                        "error codes: rate_limited, budget_exceeded",
+                        {**_RETRY, **_RATE_LIMIT},
+                    ),
                     "202": _json("Run", "accepted; poll Location", _LOCATION, _RUN_LINKS),
-                    **_errors(400, 403, 409, 413, 415, 422, 429, 502, 503, 504),
+                    **_errors(400, 403, 409, 413, 415, 422, 502, 503, 504),
                     **common,
                 },
             },
@@ -165,6 +182,14 @@ def document() -> dict[str, Any]:
                 "operationId": "listJobs",
                 "security": _AUTH,
                 "responses": {"200": _json("JobList", "jobs"), **common},
+            }
+        },
+        "/v1/usage": {
+            "get": {
+                "summary": "This token's runs, sandbox seconds and spend today and this month",
+                "operationId": "getUsage",
+                "security": _AUTH,
+                "responses": {"200": _json("UsageReport", "usage and limits"), **common},
             }
         },
         "/v1/providers": {

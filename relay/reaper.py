@@ -3,19 +3,22 @@
 Each sweep (at startup and every ``RELAY_REAP_INTERVAL_S``):
 
 1. runs that are not final, not held by this process, and either past their deadline +
-   grace or orphaned (on SQLite there is one relay, so a run owned by an earlier process
-   is orphaned) → their sandbox is terminated and the run reads ``lost``;
+   grace or orphaned → their sandbox is terminated and the run reads ``lost``. A run is
+   orphaned when the replica that owns it has stopped its heartbeat (every replica writes
+   one every :attr:`Reaper.heartbeat_s`; three missed beats mean it died); on SQLite there
+   is one relay, so a run owned by an earlier process is orphaned at once;
 2. every sandbox a provider lists as this cluster's whose run is final, unknown to the
    store, or past its deadline + grace → terminated.
 
-A terminate that fails is counted, logged (provider, sandbox id, error class) and tried
-again on the next sweep; ``/readyz`` reads degraded until it succeeds.
+On PostgreSQL one replica sweeps at a time (an advisory lock); terminate is idempotent,
+so an overlap would be harmless anyway. A terminate that fails is counted, logged
+(provider, sandbox id, error class) and tried again on the next sweep; ``/readyz`` reads
+degraded until it succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -24,10 +27,9 @@ from dataclasses import dataclass, field
 from relay.models import RunState
 from relay.providers.base import Provider
 from relay.service import RunService
-from relay.store import FINAL, Store
+from relay.store import ACTIVE, FINAL, Store
 
 log = logging.getLogger("relay.reaper")
-ACTIVE = ("queued", "starting", "running")
 
 
 @dataclass
@@ -48,13 +50,16 @@ class Reaper:
         *,
         grace_s: float,
         single_replica: bool,
+        reap_interval_s: float = 60.0,
     ) -> None:
+        self.reap_interval_s = reap_interval_s
         self.store = store
         self.providers = providers
         self.service = service
         self.grace_s = grace_s
         self.single_replica = single_replica
         self.failing: dict[str, int] = {}
+        self.heartbeat_s = min(10.0, reap_interval_s)
         self.terminated_total = 0
         self.failures_total = 0
 
@@ -83,12 +88,23 @@ class Reaper:
         return True
 
     async def sweep(self, *, dry_run: bool = False) -> SweepReport:
+        async with self.store.sweep_lock() as got:
+            if not got:
+                return SweepReport()
+            return await self._sweep(dry_run)
+
+    async def _sweep(self, dry_run: bool) -> SweepReport:
         report = SweepReport()
         now = time.time()
+        live = await self.store.live_replicas(3 * self.heartbeat_s + 1)
+        live.add(self.service.instance_id)
         for row in await self.store.runs_in_states(ACTIVE):
             if self._held_here(row["id"]):
                 continue
-            orphaned = self.single_replica and row["owner"] != self.service.instance_id
+            if self.single_replica:
+                orphaned = row["owner"] != self.service.instance_id
+            else:
+                orphaned = row["owner"] not in live
             if not orphaned and row["deadline"] + self.grace_s > now:
                 continue
             report.lost_runs.append(row["id"])
@@ -125,11 +141,18 @@ class Reaper:
                         await self._terminate(name, ref.sandbox_id, report)
         return report
 
-    async def run_forever(self, interval_s: float) -> None:
+    async def run_forever(self) -> None:
+        """Heartbeat every ``heartbeat_s`` and sweep every ``reap_interval_s``."""
+        next_sweep = time.monotonic() + self.reap_interval_s
         while True:
-            with contextlib.suppress(Exception):
-                await self.sweep()
-            await asyncio.sleep(interval_s)
+            try:
+                await self.store.heartbeat(self.service.instance_id)
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self.reap_interval_s
+                    await self.sweep()
+            except Exception as exc:
+                log.warning("sweep failed", extra={"error_class": type(exc).__name__})
+            await asyncio.sleep(min(self.heartbeat_s, self.reap_interval_s))
 
     @property
     def degraded(self) -> bool:

@@ -37,8 +37,12 @@ from relay.models import (
     RunRequest,
     RunState,
     Timings,
+    TokenLimits,
+    UsageReport,
+    UsageWindow,
 )
 from relay.state import AppState
+from relay.store import Usage
 
 
 def _iso(stamp: float | None) -> str | None:
@@ -241,6 +245,39 @@ async def list_providers(request: Request) -> Response:
     return _json(ProviderList(providers=infos))
 
 
+def usage_window(usage: Usage) -> UsageWindow:
+    return UsageWindow(
+        runs=usage.runs,
+        sandbox_seconds=round(usage.sandbox_s, 3),
+        usd=round(usage.usd, 6),
+        active=usage.active,
+    )
+
+
+def token_limits(principal: Principal) -> TokenLimits:
+    return TokenLimits(
+        jobs=sorted(principal.jobs),
+        command=principal.command,
+        providers=sorted(principal.providers),
+        max_timeout_s=principal.max_timeout_s,
+        max_concurrent=principal.max_concurrent,
+        runs_per_day=principal.runs_per_day,
+        usd_per_day=principal.usd_per_day,
+    )
+
+
+async def usage(request: Request) -> Response:
+    principal = authenticate(request)
+    today, month = await _state(request).service.usage(principal)
+    report = UsageReport(
+        token=principal.name,
+        today=usage_window(today),
+        month=usage_window(month),
+        limits=token_limits(principal),
+    )
+    return _json(report)
+
+
 async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
@@ -277,6 +314,7 @@ routes = [
     Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
     Route("/v1/runs/{run_id}", cancel_run, methods=["DELETE"]),
     Route("/v1/jobs", list_jobs, methods=["GET"]),
+    Route("/v1/usage", usage, methods=["GET"]),
     Route("/v1/providers", list_providers, methods=["GET"]),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),

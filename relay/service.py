@@ -18,19 +18,23 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from relay import logs
 from relay.auth import Principal
 from relay.catalog import Catalog, JobSpec
+from relay.costs import CostModel
 from relay.errors import (
+    BudgetExceeded,
     Forbidden,
     IdempotencyConflict,
     NotFound,
     ProviderNotEnabled,
     ProviderTimeout,
+    RateLimited,
     RelayError,
     RunNotCancelable,
     ShuttingDown,
@@ -48,7 +52,7 @@ from relay.providers.base import (
     shielded,
 )
 from relay.settings import Settings
-from relay.store import DuplicateKey, Store
+from relay.store import Admission, DuplicateKey, LimitReached, Store, Usage
 
 log = logging.getLogger("relay.service")
 
@@ -98,8 +102,11 @@ class RunService:
         *,
         instance_id: str | None = None,
         events: EventBus | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        self.clock = clock
+        self.costs = CostModel(settings.cost_rates)
         self.events = events or EventBus()
         self.store = store
         self.catalog = catalog
@@ -218,7 +225,8 @@ class RunService:
                 return self._same_request(existing, digest), False
         run_id = new_run_id()
         plan = self.plan(principal, request, run_id)
-        now = time.time()
+        now = self.clock()
+        cpu, memory_mb = plan.spec.resources.cpu, plan.spec.resources.memory_mb
         row = {
             "id": run_id,
             "token": principal.name,
@@ -228,22 +236,33 @@ class RunService:
             "idempotency_key": idempotency_key,
             "request_hash": digest,
             "timeout_s": plan.timeout_s,
-            "cpu": plan.spec.resources.cpu,
-            "memory_mb": plan.spec.resources.memory_mb,
+            "cpu": cpu,
+            "memory_mb": memory_mb,
             "created_at": now,
             "deadline": now + self.settings.create_timeout_s + plan.timeout_s,
+            "reserved_usd": self.costs.cost(plan.provider, cpu, memory_mb, plan.timeout_s),
             "owner": self.instance_id,
             "stdout": "",
             "stderr": "",
             "timings": "{}",
         }
+        admission = Admission(
+            token_concurrent=principal.max_concurrent,
+            global_concurrent=self.settings.max_concurrent,
+            runs_per_day=principal.runs_per_day,
+            usd_per_day=principal.usd_per_day,
+            day_start=day_start(now),
+            now=now,
+        )
         try:
-            await self.store.insert_run(row)
+            await self.store.admit_run(row, admission)
         except DuplicateKey:
             existing = await self.store.find_by_key(principal.name, idempotency_key or "")
             if existing is None:  # pragma: no cover - the unique index makes this impossible
                 raise
             return self._same_request(existing, digest), False
+        except LimitReached as limit:
+            raise _refusal(limit) from None
         self._done[run_id] = asyncio.Event()
         # The run's task copies this context: its log lines carry these ids too.
         logs.bind(run_id=run_id, token=principal.name, job=plan.job, provider=plan.provider)
@@ -278,10 +297,12 @@ class RunService:
         final: dict[str, Any] = {}
         started_mono = time.monotonic()
         exec_started: float | None = None
+        sandbox_started: float | None = None
         provider = self.providers[plan.provider]
         try:
             await self._set_state(run_id, RunState.starting)
             async with contextlib.AsyncExitStack() as stack:
+                sandbox_started = time.monotonic()
                 try:
                     async with asyncio.timeout(self.settings.create_timeout_s + 5):
                         sandbox = await stack.enter_async_context(provider.sandbox(plan.spec))
@@ -361,6 +382,17 @@ class RunService:
                 timings["exec_ms"] = _ms_since(exec_started)
             if sink.first_output_at is not None:
                 timings["first_output_ms"] = int((sink.first_output_at - started_mono) * 1000)
+            if sandbox_started is not None:
+                # Billed from the create call to the end of terminate: what the provider saw.
+                seconds = round(time.monotonic() - sandbox_started, 3)
+                resources = plan.spec.resources
+                final = {
+                    **final,
+                    "sandbox_s": seconds,
+                    "cost_usd": self.costs.cost(
+                        plan.provider, resources.cpu, resources.memory_mb, seconds
+                    ),
+                }
             await shielded(self._finish(run_id, final, sink, timings))
 
     async def _set_state(self, run_id: str, state: RunState, **values: Any) -> None:
@@ -373,6 +405,13 @@ class RunService:
         now = time.time()
         row = await self.store.get_run(run_id)
         started = row["started_at"] if row else None
+        if row and row["cancel_requested"] and final.get("state") != RunState.succeeded.value:
+            # Canceled through another replica, which terminated the sandbox under us.
+            final = {
+                "state": RunState.canceled.value,
+                "sandbox_s": final.get("sandbox_s", 0.0),
+                "cost_usd": final.get("cost_usd", 0.0),
+            }
         await self.store.update_run(
             run_id,
             **final,
@@ -463,6 +502,44 @@ class RunService:
     @property
     def active_runs(self) -> int:
         return len(self._tasks)
+
+    async def usage(self, principal: Principal) -> tuple[Usage, Usage]:
+        """The token's usage today and this month (UTC)."""
+        now = self.clock()
+        today = await self.store.usage(principal.name, day_start(now))
+        month = await self.store.usage(principal.name, month_start(now))
+        return today, month
+
+
+def day_start(now: float) -> float:
+    """Midnight UTC of the day ``now`` is in: daily limits reset there."""
+    return float(int(now // 86_400) * 86_400)
+
+
+def month_start(now: float) -> float:
+    moment = datetime.fromtimestamp(now, UTC)
+    return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
+def _refusal(limit: LimitReached) -> RateLimited:
+    """429 with Retry-After and the RateLimit-* headers that say when to come back."""
+    headers = {
+        "RateLimit-Limit": f"{limit.limit:g}",
+        "RateLimit-Remaining": "0",
+        "RateLimit-Reset": str(max(1, round(limit.retry_after))),
+    }
+    if limit.kind == "usd_per_day":
+        return BudgetExceeded(
+            f"this token's daily budget of ${limit.limit:g} is used up (counting the worst "
+            "case of its running runs and of this one)",
+            retry_after=limit.retry_after,
+            headers=headers,
+        )
+    what = {
+        "concurrency": f"{limit.limit:g} runs at once",
+        "runs_per_day": f"{limit.limit:g} runs a day",
+    }[limit.kind]
+    return RateLimited(f"limit reached: {what}", retry_after=limit.retry_after, headers=headers)
 
 
 def _ms_since(start: float) -> int:

@@ -47,6 +47,8 @@ class Settings(BaseSettings):
     max_timeout_s: float = Field(3600.0, gt=0)
     default_timeout_s: float = Field(60.0, gt=0)
     max_concurrent: int = Field(32, ge=1)
+    cost_rates: dict[str, dict[str, float]] = {}
+    """Per-provider overrides of the list prices, ``{"e2b": {"vcpu_s": …, "gib_s": …}}``."""
 
     # Lifecycle
     drain_s: float = Field(20.0, ge=0)

@@ -8,18 +8,24 @@ final state.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from relay.errors import ConfigError, InvalidRequest
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
+ACTIVE = ("queued", "starting", "running")
 FINAL = ("succeeded", "failed", "timed_out", "canceled", "error", "lost")
 
 metadata = sa.MetaData()
@@ -49,6 +55,8 @@ runs = sa.Table(
     sa.Column("deadline", sa.Float, nullable=False),
     sa.Column("duration_ms", sa.Integer),
     sa.Column("cost_usd", sa.Float, nullable=False, default=0.0),
+    sa.Column("reserved_usd", sa.Float, nullable=False, default=0.0, server_default="0"),
+    sa.Column("sandbox_s", sa.Float, nullable=False, default=0.0, server_default="0"),
     sa.Column("timings", sa.Text, nullable=False, default="{}"),
     sa.Column("error_code", sa.String(64)),
     sa.Column("error_message", sa.String(500)),
@@ -68,8 +76,83 @@ meta = sa.Table(
 )
 
 
+replicas = sa.Table(
+    "replicas",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("seen_at", sa.Float, nullable=False),
+)
+"""Each running relay's heartbeat: a replica not seen for a while has died."""
+
+
+def _create_tables(*tables: sa.Table) -> Callable[[Connection], None]:
+    def step(conn: Connection) -> None:
+        metadata.create_all(conn, tables=list(tables))
+
+    return step
+
+
+def _add_columns(table: sa.Table, *names: str) -> Callable[[Connection], None]:
+    def step(conn: Connection) -> None:
+        present = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
+        for name in names:
+            if name not in present:
+                column = table.c[name]
+                kind = column.type.compile(dialect=conn.dialect)
+                default = f" DEFAULT {column.server_default.arg}" if column.server_default else ""  # type: ignore[attr-defined]
+                null = "" if column.nullable else " NOT NULL"
+                conn.execute(
+                    sa.text(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}{default}{null}")
+                )
+
+    return step
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    1: _create_tables(runs, meta),
+    2: _create_tables(replicas),
+    3: _add_columns(runs, "reserved_usd", "sandbox_s"),
+}
+"""Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
+never drops or rewrites a run. A relay refuses a database newer than it knows."""
+_LOCK_MIGRATE = 7_241_001
+_LOCK_SWEEP = 7_241_002
+_LOCK_ADMIT = 7_241_003
+
+
 class DuplicateKey(Exception):
     """A run with this token and Idempotency-Key exists already."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The limits a new run is admitted under; ``None`` means no limit."""
+
+    token_concurrent: int | None
+    global_concurrent: int | None
+    runs_per_day: int | None
+    usd_per_day: float | None
+    day_start: float
+    now: float
+
+
+class LimitReached(Exception):
+    """A limit refused the run: which one, its value, and when to try again (seconds)."""
+
+    def __init__(self, kind: str, limit: float, retry_after: float) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.limit = limit
+        self.retry_after = max(1.0, retry_after)
+
+
+@dataclass(frozen=True)
+class Usage:
+    runs: int
+    sandbox_s: float
+    usd: float
+    active: int
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -99,6 +182,7 @@ class Store:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.is_sqlite = engine.dialect.name == "sqlite"
+        self._admission_lock = asyncio.Lock()
 
     @classmethod
     async def open(cls, url: str) -> Store:
@@ -114,21 +198,84 @@ class Store:
         return store
 
     async def migrate(self) -> None:
-        """Create the schema, or check that the database's schema is one we understand."""
+        """Bring the schema to :data:`SCHEMA_VERSION`, one recorded step at a time."""
+        for attempt in range(5):
+            try:
+                await self._migrate_once()
+                return
+            except OperationalError:
+                # SQLite has no lock to take first: two processes creating the same table
+                # at once lose one race; the next attempt sees the other's work.
+                if not self.is_sqlite or attempt == 4:
+                    raise
+                await asyncio.sleep(0.1 * (attempt + 1))
+
+    async def _migrate_once(self) -> None:
         async with self.engine.begin() as conn:
-            await conn.run_sync(metadata.create_all)
+            if not self.is_sqlite:
+                # Replicas starting together: one migrates, the others wait and then see it.
+                await conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({_LOCK_MIGRATE})"))
+            await conn.run_sync(_create_tables(meta))
             row = (
                 await conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version"))
             ).first()
-            if row is None:
-                await conn.execute(
-                    meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION))
-                )
-            elif int(row[0]) > SCHEMA_VERSION:
+            has_runs = await conn.run_sync(lambda sync: sa.inspect(sync).has_table("runs"))
+            current = int(row[0]) if row else (1 if has_runs else 0)
+            if current > SCHEMA_VERSION:
                 raise ConfigError(
-                    f"the database has schema version {row[0]}, newer than this relay's "
+                    f"the database has schema version {current}, newer than this relay's "
                     f"{SCHEMA_VERSION}: upgrade the relay before starting it"
                 )
+            for version in range(current + 1, SCHEMA_VERSION + 1):
+                await conn.run_sync(MIGRATIONS[version])
+            if row is None:
+                await conn.execute(meta.insert().values(key="schema_version", value="0"))
+            await conn.execute(
+                meta.update()
+                .where(meta.c.key == "schema_version")
+                .values(value=str(SCHEMA_VERSION))
+            )
+
+    async def schema_version(self) -> int:
+        async with self.engine.connect() as conn:
+            value = await conn.scalar(sa.select(meta.c.value).where(meta.c.key == "schema_version"))
+        return int(value or 0)
+
+    @contextlib.asynccontextmanager
+    async def sweep_lock(self) -> AsyncIterator[bool]:
+        """Held by one replica at a time on PostgreSQL (SQLite has one relay): yields
+        whether this caller got it."""
+        if self.is_sqlite:
+            yield True
+            return
+        async with self.engine.connect() as conn:
+            got = bool(await conn.scalar(sa.text(f"SELECT pg_try_advisory_lock({_LOCK_SWEEP})")))
+            try:
+                yield got
+            finally:
+                if got:
+                    await conn.execute(sa.text(f"SELECT pg_advisory_unlock({_LOCK_SWEEP})"))
+                    await conn.commit()
+
+    async def heartbeat(self, replica_id: str) -> None:
+        now = time.time()
+        async with self.engine.begin() as conn:
+            updated = await conn.execute(
+                replicas.update().where(replicas.c.id == replica_id).values(seen_at=now)
+            )
+            if not updated.rowcount:
+                await conn.execute(
+                    replicas.insert().values(id=replica_id, started_at=now, seen_at=now)
+                )
+
+    async def live_replicas(self, within_s: float) -> set[str]:
+        query = sa.select(replicas.c.id).where(replicas.c.seen_at >= time.time() - within_s)
+        async with self.engine.connect() as conn:
+            return set((await conn.scalars(query)).all())
+
+    async def forget_replica(self, replica_id: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(replicas.delete().where(replicas.c.id == replica_id))
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -143,6 +290,87 @@ class Store:
                 await conn.execute(runs.insert().values(**row))
         except IntegrityError as exc:
             raise DuplicateKey from exc
+
+    async def admit_run(self, row: Mapping[str, Any], admission: Admission) -> None:
+        """Insert ``row`` only if every limit allows it, atomically across replicas.
+
+        Raises :class:`DuplicateKey` for a known Idempotency-Key (checked first, so a retry
+        is never refused by a limit its first attempt took) or :class:`LimitReached`.
+        """
+        if self.is_sqlite:
+            async with self._admission_lock:  # SQLite serves one relay process
+                await self._admit(row, admission)
+        else:
+            await self._admit(row, admission)
+
+    async def _admit(self, row: Mapping[str, Any], admission: Admission) -> None:
+        token = row["token"]
+        try:
+            async with self.engine.begin() as conn:
+                if not self.is_sqlite:
+                    await conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({_LOCK_ADMIT})"))
+                if row.get("idempotency_key") is not None:
+                    known = await conn.scalar(
+                        sa.select(runs.c.id).where(
+                            runs.c.token == token, runs.c.idempotency_key == row["idempotency_key"]
+                        )
+                    )
+                    if known is not None:
+                        raise DuplicateKey
+                await self._check_limits(conn, token, row, admission)
+                await conn.execute(runs.insert().values(**row))
+        except IntegrityError as exc:
+            raise DuplicateKey from exc
+
+    async def _check_limits(
+        self, conn: AsyncConnection, token: str, row: Mapping[str, Any], admission: Admission
+    ) -> None:
+        active = runs.c.state.in_(ACTIVE)
+        soonest = sa.func.min(runs.c.deadline)
+        if admission.global_concurrent is not None:
+            count, first_end = (
+                await conn.execute(sa.select(sa.func.count(), soonest).where(active))
+            ).one()
+            if count >= admission.global_concurrent:
+                raise LimitReached(
+                    "concurrency", admission.global_concurrent, (first_end or 0) - admission.now
+                )
+        if admission.token_concurrent is not None:
+            count, first_end = (
+                await conn.execute(
+                    sa.select(sa.func.count(), soonest).where(active, runs.c.token == token)
+                )
+            ).one()
+            if count >= admission.token_concurrent:
+                raise LimitReached(
+                    "concurrency", admission.token_concurrent, (first_end or 0) - admission.now
+                )
+        next_day = admission.day_start + 86_400 - admission.now
+        today = sa.and_(runs.c.token == token, runs.c.created_at >= admission.day_start)
+        if admission.runs_per_day is not None:
+            count = await conn.scalar(sa.select(sa.func.count()).where(today))
+            if (count or 0) >= admission.runs_per_day:
+                raise LimitReached("runs_per_day", admission.runs_per_day, next_day)
+        if admission.usd_per_day is not None:
+            spent = sa.func.coalesce(
+                sa.func.sum(sa.case((active, runs.c.reserved_usd), else_=runs.c.cost_usd)), 0.0
+            )
+            used = float(await conn.scalar(sa.select(spent).where(today)) or 0.0)
+            if used + float(row.get("reserved_usd", 0.0)) > admission.usd_per_day + 1e-12:
+                raise LimitReached("usd_per_day", admission.usd_per_day, next_day)
+
+    async def usage(self, token: str, since: float) -> Usage:
+        """Runs, sandbox seconds and USD of a token's runs created since ``since``."""
+        active = runs.c.state.in_(ACTIVE)
+        query = sa.select(
+            sa.func.count(),
+            sa.func.coalesce(sa.func.sum(runs.c.sandbox_s), 0.0),
+            sa.func.coalesce(sa.func.sum(runs.c.cost_usd), 0.0),
+            sa.func.coalesce(sa.func.sum(sa.case((active, 1), else_=0)), 0),
+        ).where(runs.c.token == token, runs.c.created_at >= since)
+        async with self.engine.connect() as conn:
+            count, seconds, usd, running = (await conn.execute(query)).one()
+        return Usage(int(count), float(seconds), float(usd), int(running))
 
     async def get_run(self, run_id: str) -> dict[str, Any] | None:
         async with self.engine.connect() as conn:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import secrets
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from relay.settings import Settings
+from tests.postgres import postgres_url
+
+__all__ = ["database_url", "make_settings", "new_database", "postgres_url"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,3 +38,23 @@ def make_settings(tmp_path: Path, **values: object) -> Settings:
     }
     defaults.update(values)
     return Settings(_env_file=None, **defaults)  # type: ignore[call-arg]
+
+
+async def new_database(server_url: str) -> str:
+    """A new, empty database on the test PostgreSQL server; its SQLAlchemy URL."""
+    name = "t_" + secrets.token_hex(6)
+    admin = await asyncpg.connect(server_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return server_url.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """Each store test runs on a real SQLite file and on a real PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}"
+    else:
+        yield await new_database(request.getfixturevalue("postgres_url"))

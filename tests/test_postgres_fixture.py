@@ -11,9 +11,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from tests.postgres import postgres_url, start_postgres, temp_base
-
-__all__ = ["postgres_url"]  # the fixture, re-exported so pytest finds it here
+from tests.postgres import start_postgres, temp_base
 
 pytestmark = pytest.mark.postgres
 

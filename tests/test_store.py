@@ -1,23 +1,24 @@
-"""The store on a real SQLite file: idempotency in the database, final states kept."""
+"""The store on a real SQLite file and a real PostgreSQL: idempotency decided in the
+database, final states kept, versioned migrations that never lose a run."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from relay.errors import ConfigError
-from relay.store import DuplicateKey, Store, meta
+from relay.store import SCHEMA_VERSION, DuplicateKey, Store, meta, metadata, runs
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}")
+async def store(database_url: str) -> AsyncIterator[Store]:
+    opened = await Store.open(database_url)
     yield opened
     await opened.close()
 
@@ -25,33 +26,28 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 def row(run_id: str, key: str | None = None, **values: Any) -> dict[str, Any]:
     now = time.time()
     return {
-        "id": run_id,
-        "token": "t",
-        "job": "echo",
-        "provider": "local",
-        "state": "queued",
-        "idempotency_key": key,
-        "request_hash": "h",
-        "timeout_s": 5.0,
-        "created_at": now,
-        "deadline": now + 5,
-        "owner": "me",
-        "stdout": "",
-        "stderr": "",
-        "timings": "{}",
-    } | values
+        "id": run_id, "token": "t", "job": "echo", "provider": "local", "state": "queued",
+        "idempotency_key": key, "request_hash": "h", "timeout_s": 5.0, "created_at": now,
+        "deadline": now + 5, "owner": "me", "stdout": "", "stderr": "", "timings": "{}",
+    } | values  # fmt: skip
 
 
-async def test_wal_mode_and_survives_reopen(tmp_path: Path) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}"
-    first = await Store.open(url)
-    await first.insert_run(row("run_a"))
-    async with first.engine.connect() as conn:
-        assert (await conn.execute(sa.text("PRAGMA journal_mode"))).scalar() == "wal"
+async def test_survives_reopen(database_url: str) -> None:
+    first = await Store.open(database_url)
+    await first.insert_run(row("run_a", stdout="x" * 100_000))
     await first.close()
-    second = await Store.open(url)
-    assert (await second.get_run("run_a"))["state"] == "queued"  # type: ignore[index]
+    second = await Store.open(database_url)
+    again = await second.get_run("run_a")
+    assert again is not None and again["state"] == "queued" and len(again["stdout"]) == 100_000
+    assert await second.schema_version() == SCHEMA_VERSION
     await second.close()
+
+
+async def test_sqlite_uses_wal(tmp_path: Any) -> None:
+    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}")
+    async with store.engine.connect() as conn:
+        assert (await conn.execute(sa.text("PRAGMA journal_mode"))).scalar() == "wal"
+    await store.close()
 
 
 async def test_one_run_per_token_and_key_under_a_race(store: Store) -> None:
@@ -62,6 +58,8 @@ async def test_one_run_per_token_and_key_under_a_race(store: Store) -> None:
     assert sum(r is None for r in results) == 1
     assert all(isinstance(r, DuplicateKey) for r in results if r is not None)
     await store.insert_run(row("run_other_token", key="same", token="u"))
+    await store.insert_run(row("run_no_key_1"))
+    await store.insert_run(row("run_no_key_2"))
 
 
 async def test_a_final_state_is_never_overwritten(store: Store) -> None:
@@ -71,11 +69,69 @@ async def test_a_final_state_is_never_overwritten(store: Store) -> None:
     assert (await store.get_run("run_f"))["state"] == "succeeded"  # type: ignore[index]
 
 
-async def test_a_newer_schema_refuses_to_start(tmp_path: Path) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}"
-    store = await Store.open(url)
+async def test_listing_pages_in_order(store: Store) -> None:
+    for i in range(5):
+        await store.insert_run(row(f"run_{i}", created_at=1000.0 + (i // 2)))
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page, cursor = await store.list_runs("t", state=None, job=None, limit=2, cursor=cursor)
+        seen += [r["id"] for r in page]
+        if cursor is None:
+            break
+    assert seen == ["run_4", "run_3", "run_2", "run_1", "run_0"]
+
+
+async def test_heartbeats_tell_live_replicas(store: Store) -> None:
+    await store.heartbeat("a")
+    await store.heartbeat("a")
+    assert await store.live_replicas(10) == {"a"}
+    await store.forget_replica("a")
+    assert await store.live_replicas(10) == set()
+
+
+async def test_sweep_lock_is_exclusive(database_url: str) -> None:
+    first, second = await Store.open(database_url), await Store.open(database_url)
+    try:
+        async with first.sweep_lock() as got_first, second.sweep_lock() as got_second:
+            assert got_first
+            assert got_second == first.is_sqlite  # SQLite has a single relay
+        async with second.sweep_lock() as again:
+            assert again
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_newer_schema_refuses_to_start(database_url: str) -> None:
+    store = await Store.open(database_url)
     async with store.engine.begin() as conn:
-        await conn.execute(meta.update().values(value="999"))
+        await conn.execute(meta.update().values(value=str(SCHEMA_VERSION + 1)))
     await store.close()
     with pytest.raises(ConfigError, match="newer"):
-        await Store.open(url)
+        await Store.open(database_url)
+
+
+async def test_upgrading_from_version_1_keeps_every_run(database_url: str) -> None:
+    engine = create_async_engine(database_url)
+    async with engine.begin() as conn:  # the schema as version 1 of the relay made it
+        await conn.run_sync(lambda sync: metadata.create_all(sync, tables=[runs, meta]))
+        await conn.execute(meta.insert().values(key="schema_version", value="1"))
+        await conn.execute(runs.insert().values(**row("run_old", state="succeeded")))
+    await engine.dispose()
+    store = await Store.open(database_url)
+    try:
+        assert await store.schema_version() == SCHEMA_VERSION
+        assert (await store.get_run("run_old"))["state"] == "succeeded"  # type: ignore[index]
+        await store.heartbeat("new-replica")
+    finally:
+        await store.close()
+
+
+async def test_replicas_migrating_at_once(database_url: str) -> None:
+    stores = await asyncio.gather(*(Store.open(database_url) for _ in range(3)))
+    try:
+        assert {await s.schema_version() for s in stores} == {SCHEMA_VERSION}
+    finally:
+        for s in stores:
+            await s.close()

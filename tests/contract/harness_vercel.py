@@ -1,0 +1,51 @@
+"""Contract harness for the Vercel provider: the real SDK against the protocol fake."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from relay.providers.vercel import VercelProvider
+from relay.settings import Settings
+from tests.contract.harness import Harness
+from tests.fakes.vercel import FakeVercel, running_fake
+
+TOKEN = "vercel-test-token"
+TEAM = "team_relaytest"
+PROJECT = "prj_relaytest"
+
+
+def settings_for(fake: FakeVercel, **overrides: object) -> Settings:
+    """Settings pointing the provider at ``fake`` (no .env file, explicit credentials)."""
+    values: dict[str, object] = {
+        "providers": ["vercel"],
+        "vercel_token": TOKEN,
+        "vercel_team_id": TEAM,
+        "vercel_project_id": PROJECT,
+        "vercel_base_url": fake.url,
+        "cluster": "test",
+        "create_timeout_s": 10.0,
+        **overrides,
+    }
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+@asynccontextmanager
+async def open_harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    with running_fake() as fake:
+        provider = VercelProvider(settings_for(fake))
+
+        async def alive() -> set[str]:
+            return fake.ledger.alive()
+
+        async def lifetime_of(sandbox_id: str) -> float | None:
+            return fake.ledger.lifetime_of(sandbox_id)
+
+        async def tags_of(sandbox_id: str) -> dict[str, str]:
+            return fake.ledger.tags_of(sandbox_id)
+
+        try:
+            yield Harness(provider, alive, lifetime_of, tags_of)
+        finally:
+            await provider.aclose()

@@ -1,0 +1,23 @@
+"""A protocol-level fake of the Vercel Sandbox API, for the real ``vercel-sandbox`` SDK.
+
+It speaks the REST and NDJSON calls that ``vercel.sandbox`` 0.10.0 makes (create, get,
+list, stop, destroy, run-and-stream, logs, wait, stdin, kill, file write/mkdir/read),
+runs commands as real local processes in a private directory per sandbox, enforces each
+sandbox's time limit itself, keeps a ledger and injects faults::
+
+    from tests.fakes.vercel import running_fake
+    with running_fake() as fake:
+        settings = Settings(vercel_base_url=fake.url, vercel_token="t", ...)
+        fake.ledger.alive()          # sandboxes whose session runs now
+        fake.faults.create_status = 429
+
+Any bearer token is accepted except ``bad-key`` (answers 401). With bubblewrap, a
+``deny-all`` network policy is enforced (private network namespace); custom allow-lists
+are recorded, not enforced.
+"""
+
+from tests.fakes.vercel.app import BAD_KEY, BODY_MARKER
+from tests.fakes.vercel.ledger import Faults, Ledger
+from tests.fakes.vercel.server import FakeVercel, running_fake
+
+__all__ = ["BAD_KEY", "BODY_MARKER", "FakeVercel", "Faults", "Ledger", "running_fake"]

@@ -1,0 +1,124 @@
+"""Two relay processes on one PostgreSQL: what must hold across replicas, holds."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import new_database
+from tests.relay_server import RelayProcess
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def pair(tmp_path: Path, postgres_url: str) -> Iterator[tuple[RelayProcess, RelayProcess]]:
+    import asyncio
+
+    url = asyncio.run(new_database(postgres_url))
+    shared = {"database_url": url, "local_root": tmp_path / "sandboxes", "reap_interval_s": 1, "drain_s": 1,
+              "local_isolation": "bwrap"}  # fmt: skip
+    first = RelayProcess(tmp_path / "a", **shared)
+    first.add_token("ops", command=True)
+    first.add_token("capped", command=True, limits={"max_concurrent": 2})
+    second = RelayProcess(tmp_path / "b", tokens_file=first.tokens_file, **shared)
+    second.tokens = first.tokens
+    first.start()
+    second.start()
+    yield first, second
+    first.stop()
+    second.stop()
+
+
+def sleeping(marker: int) -> list[str]:
+    return ["sleep", str(marker)]
+
+
+def alive(marker: int) -> bool:
+    return any(p.info["cmdline"] == sleeping(marker) for p in psutil.process_iter(["cmdline"]))
+
+
+def test_one_key_sent_to_both_replicas_is_one_run(pair: tuple[RelayProcess, RelayProcess]) -> None:
+    first, second = pair
+    token = first.tokens["ops"]
+    body = {"command": ["sh", "-c", "sleep 1; echo once"]}
+
+    def send(i: int) -> str:
+        server = first if i % 2 else second
+        answer = server.post(token, body, **{"Idempotency-Key": "shared-key"})
+        assert answer.status_code in (200, 202), answer.text
+        run_id: str = answer.json()["id"]
+        return run_id
+
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        ids = set(pool.map(send, range(10)))
+    assert len(ids) == 1
+    assert len(first.get(token, "/v1/runs").json()["runs"]) == 1
+    assert second.wait_final(token, ids.pop())["stdout"] == "once\n"
+
+
+def test_a_run_is_read_and_canceled_through_the_other(
+    pair: tuple[RelayProcess, RelayProcess],
+) -> None:
+    first, second = pair
+    token = first.tokens["ops"]
+    run = first.post(token, {"command": sleeping(361), "wait": False}).json()
+    for _ in range(100):
+        if second.get(token, f"/v1/runs/{run['id']}").json()["state"] == "running" and alive(361):
+            break
+        time.sleep(0.1)
+    canceled = second.delete(token, f"/v1/runs/{run['id']}")
+    assert canceled.status_code == 200 and canceled.json()["state"] == "canceled"
+    time.sleep(0.5)
+    assert not alive(361)
+    assert first.wait_final(token, run["id"])["state"] == "canceled"
+
+
+def test_a_dead_replicas_runs_are_reaped_by_the_other(
+    pair: tuple[RelayProcess, RelayProcess],
+) -> None:
+    first, second = pair
+    token = first.tokens["ops"]
+    runs = [
+        first.post(token, {"command": sleeping(362 + i), "wait": False}).json() for i in range(3)
+    ]
+    for _ in range(100):
+        if all(alive(362 + i) for i in range(3)):
+            break
+        time.sleep(0.1)
+    first.kill()
+    deadline = time.monotonic() + 20
+    states: set[str] = set()
+    while time.monotonic() < deadline:
+        states = {second.get(token, f"/v1/runs/{r['id']}").json()["state"] for r in runs}
+        if states == {"lost"}:
+            break
+        time.sleep(0.25)
+    assert states == {"lost"}
+    assert not any(alive(362 + i) for i in range(3))
+    sandboxes = first.root.parent / "sandboxes"
+    assert not any(sandboxes.iterdir()), "the dead replica's sandbox folders were not reaped"
+
+
+def test_limits_hold_across_replicas(pair: tuple[RelayProcess, RelayProcess]) -> None:
+    first, second = pair
+    token = first.tokens["capped"]
+
+    def send(i: int) -> int:
+        server = first if i % 2 else second
+        return server.post(token, {"command": sleeping(370), "wait": False}).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(send, range(8)))
+    assert sorted(statuses) == [202, 202] + [429] * 6
+    for run in (
+        first.get(token, "/v1/runs", state="running").json()["runs"]
+        + first.get(token, "/v1/runs", state="queued").json()["runs"]
+        + first.get(token, "/v1/runs", state="starting").json()["runs"]
+    ):
+        second.delete(token, f"/v1/runs/{run['id']}")
