@@ -15,7 +15,10 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
+
+from pydantic import BaseModel, SecretStr
 
 FIELDS = (
     "request_id",
@@ -86,11 +89,57 @@ class ConsoleFormatter(logging.Formatter):
         )
 
 
-def configure(level: str, fmt: str) -> None:
+OWN_LOGGERS = ("relay", "uvicorn")
+"""Loggers whose debug and info lines are written; every other library (provider SDKs and
+their HTTP stacks, which log headers and bodies at debug) is heard from warning up."""
+REDACTED = "[redacted]"
+_MIN_SECRET_CHARS = 6
+
+
+class _Guard(logging.Filter):
+    """Drops other libraries' chatter and blanks any known secret value in a line."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        super().__init__()
+        self.secrets = sorted({s for s in secrets if len(s) >= _MIN_SECRET_CHARS}, key=len)[::-1]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        own = record.name.split(".")[0] in OWN_LOGGERS
+        return own or record.levelno >= logging.WARNING
+
+
+class _Redacting(logging.Formatter):
+    def __init__(self, inner: logging.Formatter, secrets: list[str]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.secrets = secrets
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = self.inner.format(record)
+        for secret in self.secrets:
+            if secret in line:
+                line = line.replace(secret, REDACTED)
+        return line
+
+
+def secret_values(settings: BaseModel) -> list[str]:
+    """Every ``SecretStr`` setting's value, so no log line can carry it."""
+    values = []
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if isinstance(value, SecretStr):
+            values.append(value.get_secret_value())
+    return values
+
+
+def configure(level: str, fmt: str, secrets: Iterable[str] = ()) -> None:
+    """Log to stderr as JSON (or console text); ``secrets`` never appear in a line."""
+    guard = _Guard(secrets)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
+    inner = JsonFormatter() if fmt == "json" else ConsoleFormatter()
+    handler.setFormatter(_Redacting(inner, guard.secrets))
+    handler.addFilter(guard)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("uvicorn.access", "httpx", "httpcore", "hpack", "grpclib"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # relay.access instead

@@ -7,7 +7,8 @@ import concurrent.futures
 import io
 import json
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -35,6 +36,17 @@ def lines(relay: RelayProcess) -> list[dict[str, Any]]:
     return parsed
 
 
+def wait_for(relay: RelayProcess, test: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """All lines, once one passes ``test`` (a request's line follows its answer)."""
+    deadline = time.monotonic() + 5
+    while True:
+        found = lines(relay)
+        if any(test(line) for line in found):
+            return found
+        assert time.monotonic() < deadline, "the line never came"
+        time.sleep(0.02)
+
+
 def test_a_run_logs_its_ids_on_every_line(relay: RelayProcess) -> None:
     token = relay.tokens["logger"]
     answer = relay.post(
@@ -43,7 +55,8 @@ def test_a_run_logs_its_ids_on_every_line(relay: RelayProcess) -> None:
     assert answer.status_code == 200 and answer.headers["x-request-id"] == "trace-41"
     run_id = answer.json()["id"]
     relay.get(token, f"/v1/runs/{run_id}")
-    mine = [line for line in lines(relay) if line.get("run_id") == run_id]
+    found = wait_for(relay, lambda line: line.get("route") == "/v1/runs/{run_id}")
+    mine = [line for line in found if line.get("run_id") == run_id]
     events = [line["event"] for line in mine]
     assert events[:3] == ["run submitted", "run finished", "request"], events
     for line in mine[:3]:
@@ -74,7 +87,8 @@ def test_request_ids_stay_with_their_own_requests(relay: RelayProcess) -> None:
         pairs = dict(pool.map(submit, range(6)))
     assert set(pairs) == {f"parallel-{n}" for n in range(6)}
     by_run: dict[str, set[str]] = {}
-    for line in lines(relay):
+    last = pairs["parallel-5"]
+    for line in wait_for(relay, lambda line: line.get("run_id") == last and "route" in line):
         if line.get("run_id") in pairs.values():
             by_run.setdefault(line["run_id"], set()).add(line["request_id"])
     assert by_run == {run_id: {request_id} for request_id, run_id in pairs.items()}
@@ -86,7 +100,8 @@ def test_a_generated_request_id_is_returned_and_logged(relay: RelayProcess) -> N
     assert answer.status_code == 401
     request_id = answer.headers["x-request-id"]
     assert request_id.startswith("req_") and answer.json()["error"]["request_id"] == request_id
-    [line] = [line for line in lines(relay) if line.get("request_id") == request_id]
+    found = wait_for(relay, lambda line: line.get("request_id") == request_id)
+    [line] = [line for line in found if line.get("request_id") == request_id]
     assert (line["route"], line["status"], line["method"]) == ("/v1/jobs", 401, "GET")
     assert "token" not in line and too_long not in relay.log()
 
@@ -109,3 +124,24 @@ def test_console_format_carries_the_same_ids() -> None:
     first, second = stream.getvalue().splitlines()
     assert first == "warning relay.test-console: something request_id=req_1 run_id=run_9 token=ops"
     assert second == "warning relay.test-console: after"
+
+
+def test_other_libraries_chatter_is_dropped_and_known_secrets_blanked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        logs.configure("debug", "json", secrets=["sk-provider-key-1", "tiny"])
+        logging.getLogger("httpcore2.http11").debug("headers [(b'Authorization', b'sk-…')]")
+        logging.getLogger("some_sdk").warning("the SDK warns")
+        logging.getLogger("relay.providers.x").info("oops sk-provider-key-1 was here")
+        logging.getLogger("relay.service").debug("a relay debug line")
+    finally:
+        root.handlers[:], root.level = saved
+    written = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [line["event"] for line in written] == [
+        "the SDK warns",
+        "oops [redacted] was here",
+        "a relay debug line",
+    ]
