@@ -155,9 +155,8 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             single_replica=store.is_sqlite,
             reap_interval_s=settings.reap_interval_s,
         )
+        metrics.attach(service, reaper, events, providers)  # webhooks: metrics.webhook_delivered
         state = AppState(settings, tokens, catalog, store, providers, service, reaper, events)
-        state.metrics = metrics
-        metrics.attach(service, reaper, events, providers)
         app.state.relay = state
         await store.heartbeat(service.instance_id)
         try:

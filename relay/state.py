@@ -9,7 +9,6 @@ from starlette.requests import Request
 from relay.auth import TokenStore
 from relay.catalog import Catalog
 from relay.events import EventBus
-from relay.metrics import Metrics
 from relay.providers.base import Provider
 from relay.reaper import Reaper
 from relay.service import RunService
@@ -29,7 +28,6 @@ class AppState:
     service: RunService
     reaper: Reaper | None = None
     events: EventBus | None = None
-    metrics: Metrics | None = None
 
     def base_url(self, request: Request) -> str:
         if self.settings.public_url:
