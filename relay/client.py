@@ -48,6 +48,71 @@ class RelayClientError(Exception):
         self.retry_after = retry_after
 
 
+def _http_error(error: urllib.error.HTTPError) -> RelayClientError:
+    """What an error answer may show: the relay's own code and message, nothing else."""
+    if error.code in (401, 403, 407):
+        # Never echo what came back with an auth failure (a proxy's page may quote a key).
+        return RelayClientError(
+            f"the relay (or a proxy before it) refused the request: HTTP {error.code}",
+            error.code,
+        )
+    try:
+        payload = json.loads(error.read() or b"{}")
+    except ValueError:
+        payload = {}
+    detail = payload.get("error") if isinstance(payload, dict) else None
+    if not isinstance(detail, dict):
+        return RelayClientError(f"HTTP {error.code}", error.code)
+    message = str(detail.get("message") or f"HTTP {error.code}")[:MAX_MESSAGE_CHARS]
+    try:
+        retry_after: float | None = float(error.headers.get("Retry-After", ""))
+    except ValueError:
+        retry_after = None
+    run_id = detail.get("run_id")
+    return RelayClientError(
+        message,
+        error.code,
+        str(detail.get("code") or ""),
+        run_id=run_id if isinstance(run_id, str) else None,
+        retry_after=retry_after,
+    )
+
+
+class Spinner:
+    """A spinner and the time waited, on stderr, only when stderr is a terminal."""
+
+    FRAMES = "|/-\\"
+
+    def __init__(self, label: str, stream: Any = None) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+
+    def _spin(self) -> None:
+        started = time.monotonic()
+        frame = 0
+        while not self._stop.wait(0.1):
+            elapsed = time.monotonic() - started
+            spin = self.FRAMES[frame % len(self.FRAMES)]
+            self.stream.write(f"\r{spin} {self.label} {elapsed:5.1f}s")
+            self.stream.flush()
+            frame += 1
+        self.stream.write("\r\033[K")
+        self.stream.flush()
+
+    def __enter__(self) -> Spinner:
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self._stop.set()
+            self._thread.join()
+
+
 class Client:
     """Submit and poll runs. ``token=None`` sends no Authorization (the network adds it)."""
 
@@ -133,71 +198,6 @@ class Client:
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
         return self.wait(self.submit(request))
-
-
-def _http_error(error: urllib.error.HTTPError) -> RelayClientError:
-    """What an error answer may show: the relay's own code and message, nothing else."""
-    if error.code in (401, 403, 407):
-        # Never echo what came back with an auth failure (a proxy's page may quote a key).
-        return RelayClientError(
-            f"the relay (or a proxy before it) refused the request: HTTP {error.code}",
-            error.code,
-        )
-    try:
-        payload = json.loads(error.read() or b"{}")
-    except ValueError:
-        payload = {}
-    detail = payload.get("error") if isinstance(payload, dict) else None
-    if not isinstance(detail, dict):
-        return RelayClientError(f"HTTP {error.code}", error.code)
-    message = str(detail.get("message") or f"HTTP {error.code}")[:MAX_MESSAGE_CHARS]
-    try:
-        retry_after: float | None = float(error.headers.get("Retry-After", ""))
-    except ValueError:
-        retry_after = None
-    run_id = detail.get("run_id")
-    return RelayClientError(
-        message,
-        error.code,
-        str(detail.get("code") or ""),
-        run_id=run_id if isinstance(run_id, str) else None,
-        retry_after=retry_after,
-    )
-
-
-class Spinner:
-    """A spinner and the time waited, on stderr, only when stderr is a terminal."""
-
-    FRAMES = "|/-\\"
-
-    def __init__(self, label: str, stream: Any = None) -> None:
-        self.label = label
-        self.stream = stream or sys.stderr
-        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._spin, daemon=True)
-
-    def _spin(self) -> None:
-        started = time.monotonic()
-        frame = 0
-        while not self._stop.wait(0.1):
-            elapsed = time.monotonic() - started
-            spin = self.FRAMES[frame % len(self.FRAMES)]
-            self.stream.write(f"\r{spin} {self.label} {elapsed:5.1f}s")
-            self.stream.flush()
-            frame += 1
-        self.stream.write("\r\033[K")
-        self.stream.flush()
-
-    def __enter__(self) -> Spinner:
-        if self.enabled:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled:
-            self._stop.set()
-            self._thread.join()
 
 
 def parse_params(pairs: list[str]) -> dict[str, Any]:
