@@ -138,6 +138,7 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
     catalog = Catalog.load(settings.jobs_dir)
     metrics_token = settings.metrics_token
     metrics = Metrics(metrics_token.get_secret_value() if metrics_token else None)
+    logs.redact_settings(settings)  # a key that still reaches a log line reads [redacted]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:

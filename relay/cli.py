@@ -63,10 +63,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from relay.app import create_app
-    from relay.logs import configure, secret_values
+    from relay.logs import configure
 
     settings = _settings()
-    configure(settings.log_level, settings.log_format, secret_values(settings))
+    configure(settings.log_level, settings.log_format)
     token = _dev_setup(settings) if args.dev else None
     app = create_app(settings)
 

@@ -78,13 +78,13 @@ class JsonFormatter(logging.Formatter):
             "event": record.getMessage(),
         }
         line.update(fields_of(record))
-        return json.dumps(line, default=str)
+        return _blank(json.dumps(line, default=str))
 
 
 class ConsoleFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         extras = " ".join(f"{key}={value}" for key, value in fields_of(record).items())
-        return (
+        return _blank(
             f"{record.levelname.lower():7} {record.name}: {record.getMessage()} {extras}".rstrip()
         )
 
@@ -96,49 +96,41 @@ REDACTED = "[redacted]"
 _MIN_SECRET_CHARS = 6
 
 
-class _Guard(logging.Filter):
-    """Drops other libraries' chatter and blanks any known secret value in a line."""
+_secrets: list[str] = []
 
-    def __init__(self, secrets: Iterable[str]) -> None:
-        super().__init__()
-        self.secrets = sorted({s for s in secrets if len(s) >= _MIN_SECRET_CHARS}, key=len)[::-1]
+
+def redact(values: Iterable[str]) -> None:
+    """Blank these values (the settings' secrets) in every line written from now on."""
+    known = {*_secrets, *(value for value in values if len(value) >= _MIN_SECRET_CHARS)}
+    _secrets[:] = sorted(known, key=len, reverse=True)
+
+
+def redact_settings(settings: BaseModel) -> None:
+    """:func:`redact` every ``SecretStr`` setting's value."""
+    values = (getattr(settings, name) for name in type(settings).model_fields)
+    redact(value.get_secret_value() for value in values if isinstance(value, SecretStr))
+
+
+def _blank(line: str) -> str:
+    for secret in _secrets:
+        if secret in line:
+            line = line.replace(secret, REDACTED)
+    return line
+
+
+class OwnLinesFilter(logging.Filter):
+    """Drops other libraries' debug and info lines."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         own = record.name.split(".")[0] in OWN_LOGGERS
         return own or record.levelno >= logging.WARNING
 
 
-class _Redacting(logging.Formatter):
-    def __init__(self, inner: logging.Formatter, secrets: list[str]) -> None:
-        super().__init__()
-        self.inner = inner
-        self.secrets = secrets
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = self.inner.format(record)
-        for secret in self.secrets:
-            if secret in line:
-                line = line.replace(secret, REDACTED)
-        return line
-
-
-def secret_values(settings: BaseModel) -> list[str]:
-    """Every ``SecretStr`` setting's value, so no log line can carry it."""
-    values = []
-    for name in type(settings).model_fields:
-        value = getattr(settings, name)
-        if isinstance(value, SecretStr):
-            values.append(value.get_secret_value())
-    return values
-
-
-def configure(level: str, fmt: str, secrets: Iterable[str] = ()) -> None:
-    """Log to stderr as JSON (or console text); ``secrets`` never appear in a line."""
-    guard = _Guard(secrets)
+def configure(level: str, fmt: str) -> None:
+    """Log to stderr as JSON (or console text)."""
     handler = logging.StreamHandler(sys.stderr)
-    inner = JsonFormatter() if fmt == "json" else ConsoleFormatter()
-    handler.setFormatter(_Redacting(inner, guard.secrets))
-    handler.addFilter(guard)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
+    handler.addFilter(OwnLinesFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -132,7 +132,8 @@ def test_other_libraries_chatter_is_dropped_and_known_secrets_blanked(
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
     try:
-        logs.configure("debug", "json", secrets=["sk-provider-key-1", "tiny"])
+        logs.configure("debug", "json")
+        logs.redact(["sk-provider-key-1", "tiny"])
         logging.getLogger("httpcore2.http11").debug("headers [(b'Authorization', b'sk-…')]")
         logging.getLogger("some_sdk").warning("the SDK warns")
         logging.getLogger("relay.providers.x").info("oops sk-provider-key-1 was here")
