@@ -46,6 +46,22 @@ def _dev_setup(settings: Settings) -> str | None:
     return None
 
 
+def _dev_isolation(settings: Settings) -> Settings:
+    """``serve --dev`` on a machine without bubblewrap: say so loudly and run unisolated,
+    so the first try works; a real deployment keeps ``auto``, which refuses instead."""
+    from relay.providers.local import bwrap_works
+
+    if settings.local_isolation != "auto" or "local" not in settings.providers or bwrap_works():
+        return settings
+    print(
+        "warning: bubblewrap is not available here, so this dev relay runs jobs WITHOUT "
+        "isolation (RELAY_LOCAL_ISOLATION=none): no network wall, no filesystem wall. "
+        "Install bubblewrap (apt-get install bubblewrap) for real sandboxes.",
+        file=sys.stderr,
+    )
+    return settings.model_copy(update={"local_isolation": "none"})
+
+
 def _print_howto(settings: Settings, token: str | None) -> None:
     url = f"http://{settings.host}:{settings.port}"
     shown = token or "<your token>"
@@ -67,7 +83,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings()
     configure(settings.log_level, settings.log_format)
-    token = _dev_setup(settings) if args.dev else None
+    token = None
+    if args.dev:
+        token = _dev_setup(settings)
+        settings = _dev_isolation(settings)
     app = create_app(settings)
 
     class Server(uvicorn.Server):

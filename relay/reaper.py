@@ -12,8 +12,8 @@ Each sweep (at startup and every ``RELAY_REAP_INTERVAL_S``):
 
 On PostgreSQL one replica sweeps at a time (an advisory lock); terminate is idempotent,
 so an overlap would be harmless anyway. A terminate that fails is counted, logged
-(provider, sandbox id, error class) and tried again on the next sweep; ``/readyz`` reads
-degraded until it succeeds.
+(provider, sandbox id, error class) and tried again with backoff (the next sweep, then
+after 1, 3 and at most 3 skipped sweeps); ``/readyz`` reads degraded until it succeeds.
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ class Reaper:
         self.grace_s = grace_s
         self.single_replica = single_replica
         self.failing: dict[str, int] = {}
+        self._skip: dict[str, int] = {}
+        self._sweeps = 0
         self.heartbeat_s = min(10.0, reap_interval_s)
         self.terminated_total = 0
         self.failures_total = 0
@@ -67,10 +69,13 @@ class Reaper:
         return run_id in self.service._tasks
 
     async def _terminate(self, provider: str, sandbox_id: str, report: SweepReport) -> bool:
+        if self._skip.get(sandbox_id, 0) > self._sweeps:
+            return False  # backing off after failures: try again a few sweeps later
         try:
             await self.providers[provider].terminate(sandbox_id)
         except Exception as exc:
-            self.failing[sandbox_id] = self.failing.get(sandbox_id, 0) + 1
+            attempts = self.failing[sandbox_id] = self.failing.get(sandbox_id, 0) + 1
+            self._skip[sandbox_id] = self._sweeps + min(2 ** (attempts - 1), 4)
             self.failures_total += 1
             report.failures.append((provider, sandbox_id))
             log.warning(
@@ -83,6 +88,7 @@ class Reaper:
             )
             return False
         self.failing.pop(sandbox_id, None)
+        self._skip.pop(sandbox_id, None)
         self.terminated_total += 1
         report.terminated.append((provider, sandbox_id))
         return True
@@ -94,6 +100,7 @@ class Reaper:
             return await self._sweep(dry_run)
 
     async def _sweep(self, dry_run: bool) -> SweepReport:
+        self._sweeps += 1
         report = SweepReport()
         now = time.time()
         live = await self.store.live_replicas(3 * self.heartbeat_s + 1)

@@ -99,3 +99,63 @@ def test_parse_params() -> None:
     }
     with pytest.raises(ValueError):
         parse_params(["novalue"])
+
+
+def test_serve_dev_prints_a_curl_that_works(tmp_path: Path) -> None:
+    import re
+    import shlex
+    import signal
+    import time
+
+    import httpx
+
+    from tests.relay_server import REPO, free_port
+
+    port = free_port()
+    env = {"PATH": os.environ["PATH"], "RELAY_PORT": str(port), "RELAY_JOBS_DIR": str(REPO / "jobs"),
+           "RELAY_LOCAL_ROOT": str(tmp_path / "sbx")}  # fmt: skip
+    out = tmp_path / "out.txt"
+    with out.open("w") as handle:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "relay", "serve", "--dev"], cwd=tmp_path, env=env,
+            stdout=handle, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with __import__("contextlib").suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                    break
+            time.sleep(0.1)
+        printed = out.read_text()
+        line = next(x for x in printed.splitlines() if x.strip().startswith("curl"))
+        line += " " + next(x for x in printed.splitlines() if "-d '" in x).strip()
+        words = shlex.split(line.replace("\\", ""))
+        header = words[words.index("-H") + 1]
+        body = words[words.index("-d") + 1]
+        assert re.fullmatch(r"Authorization: Bearer rly_\S+", header)
+        answer = httpx.post(
+            words[2], content=body, timeout=30,
+            headers={"Authorization": header.split(": ", 1)[1], "Content-Type": "application/json"},
+        )  # fmt: skip
+        run = answer.json()
+        assert run["state"] == "succeeded" and run["stdout"] == "hello from the relay\n"
+        assert (tmp_path / ".relay-dev-token").read_text().strip() in header
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+
+
+def test_dev_mode_without_bubblewrap_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import relay.providers.local
+    from relay.cli import _dev_isolation
+    from relay.settings import Settings
+
+    monkeypatch.setattr(relay.providers.local, "bwrap_works", lambda: False)
+    settings = _dev_isolation(Settings(_env_file=None))  # type: ignore[call-arg]
+    assert settings.local_isolation == "none"
+    assert "WITHOUT isolation" in capsys.readouterr().err
+    explicit = Settings(_env_file=None, local_isolation="bwrap")  # type: ignore[call-arg]
+    assert _dev_isolation(explicit).local_isolation == "bwrap"

@@ -78,7 +78,7 @@ async def test_runs_per_day_at_its_edge_and_after_midnight(rig: Rig) -> None:
     principal = token("daily", runs_per_day=3)
     for _ in range(3):
         run, _ = await rig.service.submit(principal, RunRequest(command=["true"]), None)
-        await rig.service.wait(run["id"], 10)
+        assert (await rig.service.wait(run["id"], 60))["state"] == "succeeded"
     with pytest.raises(RateLimited) as refused:
         await rig.service.submit(principal, RunRequest(command=["true"]), None)
     assert refused.value.code == "rate_limited" and refused.value.status == 429

@@ -1,0 +1,406 @@
+"""E2B provider: one Firecracker sandbox per run, through the ``e2b`` SDK (``AsyncSandbox``).
+
+Mapping (see docs/providers/e2b.md):
+
+* image -> template (``spec.image`` or ``RELAY_E2B_TEMPLATE``); size is fixed by the
+  template, so only the default size is accepted;
+* ``spec.lifetime_s`` -> the sandbox ``timeout`` (E2B kills it then, relay or not);
+* ``spec.tags`` -> sandbox ``metadata`` (``list_owned`` filters on the cluster tag);
+* egress ``()`` -> ``allow_internet_access=False``; a host list -> ``network.allowOut``
+  with ``denyOut 0.0.0.0/0``; ``("*",)`` -> open.
+
+Commands run as ``root`` (E2B's default user cannot create ``/workspace``; the VM is the
+isolation boundary). The SDK's own command timeout does not fire on Python 3.11, so the
+relay's cancellation is the deadline: on cancel we SIGKILL the command, and leaving the
+sandbox context kills the sandbox.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import posixpath
+import re
+import secrets
+import shlex
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
+from typing import Any, ClassVar, NoReturn
+
+import anyio
+import httpx
+from e2b import (
+    AsyncSandbox,
+    AuthenticationException,
+    CommandExitException,
+    RateLimitException,
+    SandboxException,
+    SandboxQuery,
+    TimeoutException,
+)
+from e2b.exceptions import (
+    NotFoundException,
+    SandboxNotRunningException,
+    SandboxUnreachableException,
+    ServiceBusyException,
+)
+
+from relay.errors import (
+    ConfigError,
+    EgressUnsupported,
+    ProviderAuth,
+    ProviderError,
+    ProviderRateLimited,
+    ProviderTimeout,
+    ProviderUnavailable,
+    SandboxLost,
+    SizeUnsupported,
+    ValidationFailed,
+)
+from relay.providers.base import (
+    DEFAULT_WORKDIR,
+    TAG_CLUSTER,
+    TAG_RUN,
+    ExecResult,
+    OutputSink,
+    Resources,
+    SandboxRef,
+    SandboxSpec,
+    shielded,
+)
+from relay.settings import Settings
+
+log = logging.getLogger("relay.providers.e2b")
+
+ALL_TRAFFIC = "0.0.0.0/0"
+MAX_LIFETIME_S = 86_400  # E2B Pro; Hobby accounts stop at 3600 and E2B refuses more
+TERMINATE_TIMEOUT_S = 15.0
+KILL_COMMAND_TIMEOUT_S = 2.0
+RATE_LIMIT_RETRY_AFTER_S = 5.0  # the SDK hides Retry-After (it already retried on it)
+COMMAND_TIMEOUT_SLACK_S = 5.0  # the SDK's timeout must never beat the relay's deadline
+MAX_RECONNECTS = 3  # a command stream that breaks is followed again this many times
+USER = "root"
+_DOMAIN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$", re.I)
+
+
+class E2BProvider:
+    """Runs sandboxes on E2B; every SDK call gets the relay's credentials explicitly."""
+
+    name: ClassVar[str] = "e2b"
+
+    def __init__(self, settings: Settings) -> None:
+        if settings.e2b_api_key is None:
+            raise ConfigError("RELAY_E2B_API_KEY is required when the e2b provider is enabled")
+        self._settings = settings
+        domain = settings.e2b_domain or "e2b.app"
+        # Everything explicit, so no E2B_* variable of the relay's process steers the SDK.
+        self._opts: dict[str, Any] = {
+            "api_key": settings.e2b_api_key.get_secret_value(),
+            "domain": domain,
+            "api_url": settings.e2b_api_url or f"https://api.{domain}",
+            "debug": False,
+            "request_timeout": settings.create_timeout_s,
+        }
+        if settings.e2b_sandbox_url:
+            self._opts["sandbox_url"] = settings.e2b_sandbox_url
+
+    def check(self, spec: SandboxSpec) -> None:
+        """Refuse what E2B cannot enforce; never widen a network policy."""
+        hosts = spec.egress.hosts
+        if not spec.egress.open:
+            for host in hosts:
+                if host == "*":
+                    raise EgressUnsupported("'*' cannot be combined with other hosts")
+                if not (_is_network(host) or _DOMAIN.match(host)):
+                    raise EgressUnsupported(
+                        "E2B can only allow IP addresses, CIDR ranges and domain names"
+                    )
+        if spec.resources != Resources():
+            raise SizeUnsupported(
+                "E2B sandbox sizes are fixed by the template; build a template with "
+                "this size and name it as the job's image instead"
+            )
+        if spec.lifetime_s > MAX_LIFETIME_S:
+            raise ValidationFailed("E2B sandboxes live at most 24 hours")
+        if spec.pip:
+            raise ValidationFailed(
+                "the e2b provider does not install pip packages; use a template that has them"
+            )
+
+    @asynccontextmanager
+    async def sandbox(self, spec: SandboxSpec) -> AsyncIterator[E2BSandbox]:
+        self.check(spec)
+        sdk = await self._create(spec)
+        box = E2BSandbox(sdk)
+        try:
+            yield box
+        except BaseException:
+            # Logged inside; the original exception is the one the caller sees.
+            with suppress(ProviderError):
+                await shielded(self._kill(sdk.sandbox_id))
+            raise
+        await shielded(self._kill(sdk.sandbox_id))
+
+    async def _create(self, spec: SandboxSpec) -> AsyncSandbox:
+        network: dict[str, Any] | None = None
+        internet: bool | None = None
+        if spec.egress.none:
+            internet = False
+        elif spec.egress.open:
+            internet = True
+        else:
+            network = {"allow_out": list(spec.egress.hosts), "deny_out": [ALL_TRAFFIC]}
+        template = spec.image or self._settings.e2b_template
+        try:
+            with anyio.fail_after(self._settings.create_timeout_s):
+                return await AsyncSandbox.create(
+                    template=template,
+                    timeout=spec.lifetime_s,
+                    metadata=spec.tags,
+                    envs=dict(spec.env) or None,
+                    allow_internet_access=internet,
+                    network=network,  # type: ignore[arg-type]
+                    **self._opts,
+                )
+        except BaseException as exc:
+            # A create that failed or timed out may still have allocated a sandbox
+            # (it is tagged): sweep this run's sandboxes now rather than leave them
+            # billing until the reaper's next pass.
+            if not isinstance(exc, AuthenticationException):
+                await shielded(self._sweep(spec))
+            if isinstance(exc, TimeoutError):
+                raise ProviderTimeout("E2B did not create the sandbox in time") from exc
+            if getattr(exc, "status_code", None) == 404:
+                raise ProviderError(f"E2B has no template named {template!r}") from exc
+            if isinstance(exc, Exception):
+                raise _mapped(exc, "create the sandbox") from exc
+            raise
+
+    async def _sweep(self, spec: SandboxSpec) -> None:
+        with anyio.move_on_after(TERMINATE_TIMEOUT_S):
+            try:
+                for ref in await self._list({TAG_CLUSTER: spec.cluster, TAG_RUN: spec.run_id}):
+                    await self.terminate(ref.sandbox_id)
+            except Exception as exc:
+                log.warning(
+                    "e2b: sweep after a failed create of run %s failed (%s)",
+                    spec.run_id,
+                    type(exc).__name__,
+                )
+
+    async def _kill(self, sandbox_id: str) -> None:
+        try:
+            await self.terminate(sandbox_id)
+        except ProviderError as exc:
+            log.error(
+                "e2b: terminate of sandbox %s failed (%s); the reaper will retry",
+                sandbox_id,
+                type(exc.__cause__ or exc).__name__,
+            )
+            raise
+
+    async def list_owned(self) -> list[SandboxRef]:
+        """Sandboxes (running or paused) whose metadata names this relay's cluster."""
+        try:
+            return await self._list({TAG_CLUSTER: self._settings.cluster})
+        except Exception as exc:
+            raise _mapped(exc, "list sandboxes") from exc
+
+    async def _list(self, metadata: dict[str, str]) -> list[SandboxRef]:
+        pages = AsyncSandbox.list(query=SandboxQuery(metadata=metadata), **self._opts)
+        refs: list[SandboxRef] = []
+        while pages.has_next:
+            for info in await pages.next_items():
+                refs.append(
+                    SandboxRef(
+                        sandbox_id=info.sandbox_id,
+                        run_id=(info.metadata or {}).get(TAG_RUN),
+                        created_at=info.started_at,
+                    )
+                )
+        return refs
+
+    async def terminate(self, sandbox_id: str) -> None:
+        """Kill a sandbox; one that is already gone (404) is success."""
+        try:
+            with anyio.fail_after(TERMINATE_TIMEOUT_S):
+                await AsyncSandbox.kill(sandbox_id, **self._opts)
+        except TimeoutError as exc:
+            raise ProviderTimeout("E2B did not answer the kill in time") from exc
+        except Exception as exc:
+            raise _mapped(exc, "kill the sandbox") from exc
+
+    async def aclose(self) -> None:
+        """Nothing to release: the SDK's connection pools are process-wide and idle out."""
+
+
+class E2BSandbox:
+    """A live E2B sandbox, valid inside :meth:`E2BProvider.sandbox`."""
+
+    def __init__(self, sdk: AsyncSandbox) -> None:
+        self._sdk = sdk
+        self.id: str = sdk.sandbox_id
+        self._dirs: set[str] = set()
+
+    async def upload(self, files: Mapping[str, bytes]) -> None:
+        entries: list[Any] = [
+            {"path": _absolute(path), "data": data} for path, data in files.items()
+        ]
+        if not entries:
+            return
+        try:
+            await self._sdk.files.write_files(entries, user=USER)
+        except Exception as exc:
+            raise _mapped(exc, "upload files") from exc
+        # envd creates parent directories as it writes: no make_dir needed for them.
+        for entry in entries:
+            parent = posixpath.dirname(entry["path"])
+            while parent not in ("/", ""):
+                self._dirs.add(parent)
+                parent = posixpath.dirname(parent)
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None,
+        env: Mapping[str, str],
+        workdir: str | None,
+        timeout_s: float,
+        output: OutputSink,
+    ) -> ExecResult:
+        workdir = _absolute(workdir or DEFAULT_WORKDIR)
+        source = "/dev/null"
+        try:
+            if workdir not in self._dirs:
+                await self._sdk.files.make_dir(workdir, user=USER)
+                self._dirs.add(workdir)
+            if stdin is not None:
+                source = f"/tmp/relay-stdin-{secrets.token_hex(8)}"  # noqa: S108 (in the VM)
+                await self._sdk.files.write_files([{"path": source, "data": stdin}], user=USER)
+        except Exception as exc:
+            raise _mapped(exc, "prepare the command") from exc
+        # The SDK only takes a shell line (bash -l -c): quote every argument; `exec`
+        # makes the job the process envd tracks, so SendSignal reaches it.
+        command = f"exec {shlex.join(argv)} < {shlex.quote(source)}"
+        follow: dict[str, Any] = {
+            "on_stdout": lambda text: output.write("stdout", text.encode()),
+            "on_stderr": lambda text: output.write("stderr", text.encode()),
+            "retain_output": False,
+        }
+        deadline = anyio.current_time() + timeout_s + COMMAND_TIMEOUT_SLACK_S
+        handle = None
+        try:
+            handle = await self._sdk.commands.run(
+                command,
+                background=True,
+                envs=dict(env),
+                user=USER,
+                cwd=workdir,
+                timeout=timeout_s + COMMAND_TIMEOUT_SLACK_S,
+                **follow,
+            )
+            for reconnects in range(MAX_RECONNECTS + 1):
+                try:
+                    result = await handle.wait()
+                    return ExecResult(result.exit_code)
+                except CommandExitException as exc:
+                    return ExecResult(exc.exit_code)
+                except Exception as exc:
+                    if reconnects == MAX_RECONNECTS or not _stream_broke(exc):
+                        raise
+                handle = await self._reconnect(handle, deadline, follow)
+            raise AssertionError("unreachable")
+        except Exception as exc:
+            await shielded(self._stop(handle))
+            await self._raise_for(exc)
+        except BaseException:
+            # Cancelled (the relay's deadline): the SDK leaves the process running.
+            await shielded(self._stop(handle))
+            raise
+
+    async def _reconnect(self, handle: Any, deadline: float, follow: dict[str, Any]) -> Any:
+        """Follow the command again after its stream broke (output in the gap is lost)."""
+        log.info("e2b: command stream of sandbox %s broke; reconnecting", self.id)
+        with suppress(Exception):
+            await handle.disconnect()
+        remaining = max(1.0, deadline - anyio.current_time())
+        try:
+            return await self._sdk.commands.connect(handle.pid, timeout=remaining, **follow)
+        except NotFoundException as exc:
+            raise ProviderUnavailable(
+                "E2B's command stream broke and the command's exit status was lost"
+            ) from exc
+
+    async def _stop(self, handle: Any) -> None:
+        """SIGKILL the command and drop its stream, quickly (callers shield this)."""
+        if handle is None:
+            return
+        with anyio.move_on_after(KILL_COMMAND_TIMEOUT_S), suppress(Exception):
+            await handle.kill()
+        with anyio.move_on_after(KILL_COMMAND_TIMEOUT_S), suppress(Exception):
+            await handle.disconnect()
+
+    async def _raise_for(self, exc: Exception) -> NoReturn:
+        if isinstance(exc, ProviderError):
+            raise exc
+        if isinstance(exc, SandboxException | AuthenticationException | OSError):
+            raise _mapped(exc, "run the command") from exc
+        # "Command ended without an end event": the stream broke. Tell a dead
+        # sandbox (lost) from a broken connection (unavailable).
+        running: bool | None = None
+        with anyio.move_on_after(KILL_COMMAND_TIMEOUT_S), suppress(Exception):
+            running = await self._sdk.is_running()
+        if running is False:
+            raise SandboxLost("the E2B sandbox disappeared during the run") from exc
+        raise ProviderUnavailable("E2B's command stream ended before the command did") from exc
+
+
+def _stream_broke(exc: Exception) -> bool:
+    """A command stream that broke while the sandbox may well be alive: follow it again.
+
+    The SDK reports a stream that ended without an end event as a bare ``Exception``, and
+    a dropped connection as connectrpc's ``ConnectError`` or, when its health probe can't
+    tell, ``SandboxUnreachableException``. A sandbox known to be gone is
+    ``SandboxNotRunningException``: not worth a reconnect.
+    """
+    if isinstance(exc, SandboxUnreachableException):
+        return True
+    return not isinstance(exc, SandboxException | AuthenticationException)
+
+
+def _is_network(host: str) -> bool:
+    try:
+        ipaddress.ip_network(host, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def _absolute(path: str) -> str:
+    return posixpath.normpath(posixpath.join(DEFAULT_WORKDIR, path))
+
+
+def _mapped(exc: BaseException, action: str) -> ProviderError:
+    """One place that turns SDK exceptions into the relay's tree (messages are ours)."""
+    what = f"E2B could not {action}"
+    if isinstance(exc, AuthenticationException):
+        return ProviderAuth("E2B refused the relay's API key")
+    if isinstance(exc, RateLimitException):
+        return ProviderRateLimited(f"{what}: rate limited", retry_after=RATE_LIMIT_RETRY_AFTER_S)
+    if isinstance(exc, SandboxNotRunningException):
+        return SandboxLost("the E2B sandbox disappeared during the run")
+    if isinstance(exc, SandboxUnreachableException | ServiceBusyException):
+        return ProviderUnavailable(f"{what}: E2B is unavailable")
+    if isinstance(exc, TimeoutException | httpx.TimeoutException | TimeoutError):
+        return ProviderTimeout(f"{what}: timed out")
+    if isinstance(exc, httpx.TransportError | OSError):
+        return ProviderUnavailable(f"{what}: E2B could not be reached")
+    if isinstance(exc, NotFoundException):
+        return ProviderError(f"{what}: not found")
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int) and status >= 500:
+        return ProviderUnavailable(f"{what}: E2B answered {status}")
+    if isinstance(status, int):
+        return ProviderError(f"{what}: E2B answered {status}")
+    return ProviderError(what)
