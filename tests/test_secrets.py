@@ -82,14 +82,17 @@ def relay(
     server = RelayProcess(
         tmp_path_factory.mktemp("secrets"),
         local_isolation="bwrap",
-        providers="local,vercel",
+        providers="local,vercel,e2b,modal",
         e2b_api_key=SECRETS["e2b key"],
+        e2b_api_url=api.url,
+        e2b_sandbox_url=api.url,
         vercel_token=SECRETS["vercel token"],
         vercel_team_id="team_scan",
         vercel_project_id="prj_scan",
         vercel_base_url=api.url,
         modal_token_id=SECRETS["modal token id"],
         modal_token_secret=SECRETS["modal token secret"],
+        modal_server_url=api.url,
         metrics_token=SECRETS["metrics token"],
         create_timeout_s=5,
         max_wait_s=5,
@@ -137,14 +140,14 @@ def test_no_secret_anywhere(relay: RelayProcess, api: HostileProviderApi) -> Non
     )
     post(ops, {"job": "echo", "params": {"message": "a"}}, **{"Idempotency-Key": "k1"})
     post(ops, {"job": "echo", "params": {"message": "b"}}, **{"Idempotency-Key": "k1"})
-    for status in PROVIDER_STATUSES:
-        api.status = status
-        answer = relay.post(
-            ops,
-            {"command": ["echo", "hi"], "provider": "vercel", "env": {"K": SECRETS["env value"]}},
-        )
-        assert answer.status_code >= 500, (status, answer.text)
-        answers.append(answer)
+    for provider in ("vercel", "e2b", "modal"):
+        for status in PROVIDER_STATUSES if provider != "modal" else (401,):
+            api.status = status
+            body = {"command": ["echo", "hi"], "provider": provider, "env": {"K": "v"}}
+            body["env"] = {"K": SECRETS["env value"]}
+            answer = relay.post(ops, body)
+            assert answer.status_code >= 500, (provider, status, answer.text)
+            answers.append(answer)
     run_ids = [a.json()["id"] for a in answers if a.status_code in (200, 202)]
     assert len(run_ids) >= 5
     for run_id in run_ids:
