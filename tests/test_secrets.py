@@ -2,9 +2,9 @@
 
 A real relay runs with known values for every kind of secret: provider keys (E2B, Modal,
 Vercel), caller tokens, the metrics token, and env / stdin / file values sent to jobs. It
-runs jobs that succeed, fail, time out and are refused, and a Vercel provider whose API
-(a loopback server) refuses every call at several statuses while quoting the key it was
-sent. Then every answer (status line, headers, body), every log line and the metrics
+runs jobs that succeed, fail, time out and are refused, and Vercel, E2B and Modal
+providers whose API (a loopback server) refuses every call, at several statuses, while
+quoting the key it was sent. Then every answer (status line, headers, body), every log line and the metrics
 text are searched for each value.
 """
 
