@@ -31,6 +31,7 @@ _JOB_KEYS = {
     "command",
     "provider",
     "image",
+    "images",
     "timeout_s",
     "size",
     "egress",
@@ -128,6 +129,8 @@ class JobSpec:
     description: str = ""
     provider: str = "auto"
     image: str | None = None
+    images: Mapping[str, str] = field(default_factory=dict)
+    """Per-provider images (an E2B template, a registry image), overriding ``image``."""
     timeout_s: float = 60.0
     size: Size = Size.small
     egress: tuple[str, ...] = ()
@@ -269,6 +272,9 @@ def load_job(directory: Path) -> JobSpec:
     egress = data.get("egress", [])
     if not isinstance(egress, list) or ("*" in egress and egress != ["*"]):
         raise _fail(path, 'egress: a list of hosts, [] for none or ["*"] for all')
+    images = data.get("images", {})
+    if not isinstance(images, dict) or not all(isinstance(v, str) for v in images.values()):
+        raise _fail(path, "images: must be a table of provider name = image")
     env = data.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise _fail(path, "env: must be a table of strings")
@@ -286,6 +292,7 @@ def load_job(directory: Path) -> JobSpec:
         description=str(data.get("description", "")),
         provider=str(data.get("provider", "auto")),
         image=data.get("image"),
+        images=images,
         timeout_s=float(timeout),
         size=size,
         egress=tuple(egress),

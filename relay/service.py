@@ -83,6 +83,18 @@ def request_hash(request: RunRequest) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def _image_for(
+    provider: str, asked: str | None, job: JobSpec | None, default: str | None
+) -> str | None:
+    """The request's image, else the job's image for this provider ("" = the provider's
+    own default), else the job's image."""
+    if asked:
+        return asked
+    if job is not None and provider in job.images:
+        return job.images[provider] or None
+    return default
+
+
 def _narrower_egress(job: tuple[str, ...], asked: list[str]) -> tuple[str, ...]:
     """The asked egress if it is within the job's; a caller can narrow, never widen."""
     if job == ("*",) or set(asked) <= set(job):
@@ -191,7 +203,7 @@ class RunService:
             cluster=self.settings.cluster,
             timeout_s=timeout_s,
             grace_s=self.settings.grace_s,
-            image=request.image or image,
+            image=_image_for(provider, request.image, job, image),
             resources=Resources(cpu=cpu, memory_mb=memory_mb),
             egress=Egress(tuple(egress)),
             env=env,

@@ -1,11 +1,12 @@
 """Seeded random schedules of submits, cancels, faults and relay crashes.
 
-Each schedule drives the real RunService and Reaper on a real SQLite file, against the
-in-memory provider world (``tests/fakes/memory.py``). A crash abandons a relay process the
-way ``kill -9`` does: its provider client and its store writes stop dead, its sandboxes stay
-alive at the provider, and a new relay process starts on the same database. At the end,
-every sandbox must be terminated and every run final. Used by ``tests/test_chaos.py`` and
-by the leak report in ``bench/``.
+Each schedule drives the real RunService and Reaper on a real SQLite file against a
+backend: the in-memory provider world (``tests/fakes/memory.py``, fast: hundreds of
+schedules), or a real provider SDK against its protocol-level fake (``tests/fakes/*``).
+A crash abandons a relay process the way ``kill -9`` does: its provider client and store
+writes stop dead, its sandboxes stay alive at the provider, and a new relay process starts
+on the same database. At the end every sandbox must be terminated and every run final.
+Used by ``tests/test_chaos.py`` and by the leak report (``bench/leaks.py``).
 """
 
 from __future__ import annotations
@@ -14,16 +15,20 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from relay.auth import Principal
 from relay.catalog import Catalog
 from relay.errors import RelayError
 from relay.models import FINAL_STATES, RunRequest, RunState
+from relay.providers.base import ExecResult, Provider, SandboxRef, SandboxSpec
+from relay.providers.registry import load_provider
 from relay.reaper import Reaper
 from relay.service import RunService
+from relay.settings import Settings
 from relay.store import Store
 from tests.conftest import make_settings
 from tests.fakes.memory import MemoryProvider, MemoryWorld
@@ -31,8 +36,12 @@ from tests.fakes.memory import MemoryProvider, MemoryWorld
 PRINCIPAL = Principal(name="chaos", command=True)
 
 
+class ProcessDied(BaseException):
+    """Raised where a crashed relay process would have done its next thing: nothing."""
+
+
 class DeadStore:
-    """A crashed process's store: reads work (nobody cares), writes go nowhere."""
+    """A crashed process's store: reads work (nobody cares), writes never happen."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -44,16 +53,173 @@ class DeadStore:
 
             async def write(*args: Any, **kwargs: Any) -> Any:
                 if self.dead:
-                    await asyncio.sleep(3600)  # a dead process never gets there
+                    raise ProcessDied
                 return await attribute(*args, **kwargs)
 
             return write
         return attribute
 
 
+class CrashableProvider:
+    """A real provider client that can die like its process: after ``crash()`` nothing it
+    was doing finishes, so whatever it created stays alive at the provider."""
+
+    def __init__(self, inner: Provider) -> None:
+        self.inner = inner
+        self.name: ClassVar[str]  # type: ignore[misc]
+        self.dead = False
+
+    def crash(self) -> None:
+        self.dead = True
+
+    async def _hang_if_dead(self) -> None:
+        if self.dead:
+            raise ProcessDied
+
+    def check(self, spec: SandboxSpec) -> None:
+        self.inner.check(spec)
+
+    @contextlib.asynccontextmanager
+    async def sandbox(self, spec: SandboxSpec) -> AsyncIterator[Any]:
+        manager = self.inner.sandbox(spec)
+        box = await manager.__aenter__()
+        try:
+            yield _CrashableSandbox(self, box)
+        except BaseException as exc:
+            if not self.dead and not await manager.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
+            raise
+        else:
+            if not self.dead:
+                await manager.__aexit__(None, None, None)
+
+    async def list_owned(self) -> list[SandboxRef]:
+        await self._hang_if_dead()
+        return await self.inner.list_owned()
+
+    async def terminate(self, sandbox_id: str) -> None:
+        await self._hang_if_dead()
+        await self.inner.terminate(sandbox_id)
+
+    async def aclose(self) -> None:
+        # Called by the test harness only, to free this process's sockets at the end.
+        await self.inner.aclose()
+
+
+class _CrashableSandbox:
+    def __init__(self, owner: CrashableProvider, box: Any) -> None:
+        self.owner, self.box, self.id = owner, box, box.id
+
+    async def upload(self, files: Mapping[str, bytes]) -> None:
+        await self.owner._hang_if_dead()
+        await self.box.upload(files)
+
+    async def exec(self, argv: Sequence[str], **kwargs: Any) -> ExecResult:
+        await self.owner._hang_if_dead()
+        result: ExecResult = await self.box.exec(argv, **kwargs)
+        await self.owner._hang_if_dead()
+        return result
+
+
+class Backend(Protocol):
+    """A provider as the schedules see it: clients, ground truth, faults."""
+
+    name: str
+    timeout_s: tuple[float, float]
+
+    def new_client(self, settings: Settings) -> Any: ...
+    def alive(self) -> set[str]: ...
+    def inject(self, rng: random.Random) -> None: ...
+    def heal(self) -> None: ...
+    def command(self, rng: random.Random) -> list[str]: ...
+    def ended(self) -> dict[str, tuple[str, str | None, float | None]]: ...
+
+
+@dataclass
+class MemoryBackend:
+    world: MemoryWorld = field(default_factory=MemoryWorld)
+    name: str = "memory"
+    timeout_s: tuple[float, float] = (0.01, 0.08)
+
+    def new_client(self, settings: Settings) -> MemoryProvider:
+        return MemoryProvider(self.world, settings.cluster, settings.create_timeout_s)
+
+    def alive(self) -> set[str]:
+        return self.world.alive()
+
+    def inject(self, rng: random.Random) -> None:
+        fault = rng.choice(
+            [
+                "create_failures",
+                "create_hangs",
+                "allocate_then_fail",
+                "terminate_failures",
+                "vanish_next",
+                "cut_stream_next",
+            ]
+        )
+        setattr(self.world.faults, fault, rng.randint(1, 3))
+
+    def heal(self) -> None:
+        self.world.faults = type(self.world.faults)()
+
+    def command(self, rng: random.Random) -> list[str]:
+        return ["run", f"{rng.uniform(0, 0.05):.3f}", str(rng.choice([0, 0, 1]))]
+
+    def ended(self) -> dict[str, tuple[str, str | None, float | None]]:
+        return {b.id: (b.run_id, b.ended_by, b.ended_at) for b in self.world.boxes.values()}
+
+
+@dataclass
+class FakeBackend:
+    """A real SDK against its fake (``running_fake()`` from tests/fakes/<name>)."""
+
+    name: str
+    fake: Any
+    settings: dict[str, Any]
+    timeout_s: tuple[float, float] = (0.5, 2.0)
+
+    def new_client(self, settings: Settings) -> CrashableProvider:
+        return CrashableProvider(load_provider(self.name, settings))
+
+    def alive(self) -> set[str]:
+        alive: set[str] = self.fake.ledger.alive()
+        return alive
+
+    def inject(self, rng: random.Random) -> None:
+        faults = self.fake.faults
+        choice = rng.choice(
+            [
+                "create_status",
+                "create_hang",
+                "create_allocates_then_fails",
+                "cut_stream",
+                "terminate_failures",
+                "vanish_after_s",
+            ]
+        )
+        value = {
+            "create_status": rng.choice([500, 503, 429]),
+            "terminate_failures": 3,
+            "vanish_after_s": 0.3,
+        }.get(choice, True)
+        setattr(faults, choice, value)
+
+    def heal(self) -> None:
+        self.fake.reset()
+
+    def command(self, rng: random.Random) -> list[str]:
+        return ["sh", "-c", f"sleep {rng.uniform(0, 1):.2f}; exit {rng.choice([0, 0, 1])}"]
+
+    def ended(self) -> dict[str, tuple[str, str | None, float | None]]:
+        # The fakes' ledgers know what was created and what is alive, not who ended it.
+        return {str(i): ("", None, None) for i, _ in enumerate(self.fake.ledger.created)}
+
+
 @dataclass
 class Report:
     seed: int
+    backend: str = "memory"
     created: int = 0
     ended_by_run: int = 0
     ended_by_reaper: int = 0
@@ -62,6 +228,7 @@ class Report:
     not_final: list[str] = field(default_factory=list)
     worst_past_deadline_s: float = 0.0
     restarts: int = 0
+    runs: int = 0
 
     @property
     def ok(self) -> bool:
@@ -71,57 +238,67 @@ class Report:
 class Relay:
     """One relay 'process': a service, a reaper and a provider client."""
 
-    def __init__(self, store: Store, world: MemoryWorld, tmp: Path) -> None:
+    def __init__(self, store: Store, backend: Backend, tmp: Path, extra: Mapping[str, Any]) -> None:
         self.settings = make_settings(
             tmp,
-            providers=["memory"],
-            create_timeout_s=0.1,
+            providers=[backend.name],
+            create_timeout_s=0.1 if backend.name == "memory" else 3,
             grace_s=5,
             drain_s=0,
             max_concurrent=1000,
+            **extra,
         )
         self.store = DeadStore(store)
-        self.provider = MemoryProvider(world, self.settings.cluster, 0.1)
-        self.service = RunService(
-            self.settings,
-            self.store,  # type: ignore[arg-type]
-            Catalog({}),
-            {"memory": self.provider},  # type: ignore[dict-item]
-        )
+        self.provider = backend.new_client(self.settings)
+        providers = {backend.name: self.provider}
+        self.service = RunService(self.settings, self.store, Catalog({}), providers)  # type: ignore[arg-type]
         self.reaper = Reaper(
             self.store,  # type: ignore[arg-type]
-            {"memory": self.provider},  # type: ignore[dict-item]
+            providers,
             self.service,
             grace_s=self.settings.grace_s,
             single_replica=True,
         )
 
-    def crash(self) -> None:
+    async def crash(self) -> None:
         self.provider.crash()
         self.store.dead = True
-        for task in list(self.service._tasks.values()):
+        tasks = list(self.service._tasks.values())
+        for task in tasks:
             task.cancel()
+        # Each task stops at its next store write or provider call; collect them so no
+        # exception goes unretrieved.
+        if tasks:
+            await asyncio.wait(tasks, timeout=30)
+        for task in tasks:
+            if task.done() and not task.cancelled():
+                task.exception()
 
 
-async def run_schedule(seed: int, tmp: Path, steps: int = 30) -> Report:
+async def run_schedule(
+    seed: int, tmp: Path, backend: Backend | None = None, steps: int = 30
+) -> Report:
     """Play one seeded schedule; return what happened to every sandbox."""
+    backend = backend or MemoryBackend()
+    extra = getattr(backend, "settings", {})
     rng = random.Random(seed)
     tmp.mkdir(parents=True, exist_ok=True)
     store = await Store.open(f"sqlite+aiosqlite:///{tmp / 'chaos.db'}")
-    world = MemoryWorld()
-    report = Report(seed)
-    relay = Relay(store, world, tmp)
+    report = Report(seed, backend.name)
+    relay = Relay(store, backend, tmp, extra)
+    relays = [relay]
     await relay.reaper.sweep()
     submitted: list[str] = []
     try:
         for _ in range(steps):
             action = rng.choices(
-                ["submit", "cancel", "fault", "crash", "sleep", "sweep"], [10, 2, 3, 1, 4, 2]
+                ["submit", "cancel", "fault", "heal", "crash", "sleep", "sweep"],
+                [10, 2, 3, 2, 1, 4, 2],
             )[0]
             if action == "submit":
                 request = RunRequest(
-                    command=["run", f"{rng.uniform(0, 0.05):.3f}", str(rng.choice([0, 0, 1]))],
-                    timeout_s=rng.uniform(0.01, 0.08),
+                    command=backend.command(rng),
+                    timeout_s=rng.uniform(*backend.timeout_s),
                     wait=False,
                 )
                 with contextlib.suppress(RelayError):
@@ -131,31 +308,35 @@ async def run_schedule(seed: int, tmp: Path, steps: int = 30) -> Report:
                 with contextlib.suppress(RelayError):
                     await relay.service.cancel(PRINCIPAL, rng.choice(submitted))
             elif action == "fault":
-                fault = rng.choice(
-                    ["create_failures", "create_hangs", "allocate_then_fail",
-                     "terminate_failures", "vanish_next", "cut_stream_next"]
-                )  # fmt: skip
-                setattr(world.faults, fault, rng.randint(1, 3))
+                backend.inject(rng)
+            elif action == "heal":
+                backend.heal()
             elif action == "crash":
-                relay.crash()
+                await relay.crash()
                 report.restarts += 1
-                relay = Relay(store, world, tmp)
+                relay = Relay(store, backend, tmp, extra)
+                relays.append(relay)
                 await relay.reaper.sweep()
             elif action == "sweep":
                 await relay.reaper.sweep()
             else:
-                await asyncio.sleep(rng.uniform(0, 0.02))
-        # Let the live relay finish its runs, then sweep until terminates stop failing.
+                await asyncio.sleep(rng.uniform(0, 0.02 if backend.name == "memory" else 0.3))
+        # Heal the provider, let the live relay finish its runs, sweep until all is gone.
+        backend.heal()
         tasks = set(relay.service._tasks.values())
         if tasks:
-            await asyncio.wait(tasks, timeout=10)
+            await asyncio.wait(tasks, timeout=30)
         for _ in range(10):
             await relay.reaper.sweep()
-            if not world.alive():
+            if not backend.alive():
                 break
+            await asyncio.sleep(0 if backend.name == "memory" else 0.2)
     finally:
+        for old in relays:
+            with contextlib.suppress(Exception):
+                await old.provider.aclose()
         await store.close()
-    return _account(report, world, await _final_rows(tmp, submitted))
+    return _account(report, backend, await _final_rows(tmp, submitted))
 
 
 async def _final_rows(tmp: Path, ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -166,33 +347,60 @@ async def _final_rows(tmp: Path, ids: list[str]) -> dict[str, dict[str, Any]]:
         await store.close()
 
 
-def _account(report: Report, world: MemoryWorld, rows: dict[str, dict[str, Any]]) -> Report:
-    report.created = len(world.boxes)
-    report.leaked = sorted(world.alive())
+def _account(report: Report, backend: Backend, rows: dict[str, dict[str, Any]]) -> Report:
+    report.runs = len(rows)
+    report.leaked = sorted(backend.alive())
     report.not_final = sorted(
         i for i, r in rows.items() if RunState(r["state"]) not in FINAL_STATES
     )
-    for box in world.boxes.values():
-        if box.ended_by == "run":
+    ended = backend.ended()
+    report.created = len(ended)
+    for run_id, by, at in ended.values():
+        if by == "run":
             report.ended_by_run += 1
-        elif box.ended_by == "reaper":
+        elif by == "reaper":
             report.ended_by_reaper += 1
-        elif box.ended_by == "vanished":
+        elif by == "vanished":
             report.vanished += 1
-        row = rows.get(box.run_id)
-        if row is not None and box.ended_at is not None:
-            past = box.ended_at - (row["deadline"])
-            report.worst_past_deadline_s = max(report.worst_past_deadline_s, past)
+        row = rows.get(run_id)
+        if row is not None and at is not None:
+            report.worst_past_deadline_s = max(report.worst_past_deadline_s, at - row["deadline"])
     return report
 
 
 async def run_many(seeds: range, tmp: Path, parallel: int = 8) -> list[Report]:
-    """Play schedules ``parallel`` at a time, each on its own database."""
+    """Play in-memory schedules ``parallel`` at a time, each on its own database."""
     reports: list[Report] = []
     for start in range(seeds.start, seeds.stop, parallel):
         batch = range(start, min(start + parallel, seeds.stop))
         reports += await asyncio.gather(*(run_schedule(s, tmp / f"s{s}") for s in batch))
     return reports
+
+
+FAKE_SETTINGS: dict[str, Callable[[str], dict[str, Any]]] = {
+    "e2b": lambda url: {"e2b_api_url": url, "e2b_sandbox_url": url, "e2b_api_key": "k"},
+    "modal": lambda url: {
+        "modal_server_url": url,
+        "modal_token_id": "ak-1",
+        "modal_token_secret": "as-1",
+    },
+    "vercel": lambda url: {
+        "vercel_base_url": url,
+        "vercel_token": "t",
+        "vercel_team_id": "team_1",
+        "vercel_project_id": "prj_1",
+    },
+}
+
+
+@contextlib.contextmanager
+def fake_backend(name: str) -> Iterator[FakeBackend]:
+    """Serve the named provider's fake and wrap it as a schedule backend."""
+    import importlib
+
+    module = importlib.import_module(f"tests.fakes.{name}")
+    with module.running_fake() as fake:
+        yield FakeBackend(name, fake, FAKE_SETTINGS[name](fake.url))
 
 
 if __name__ == "__main__":  # pragma: no cover - a manual entry point
@@ -201,5 +409,11 @@ if __name__ == "__main__":  # pragma: no cover - a manual entry point
 
     began = time.monotonic()
     seed = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    name = sys.argv[2] if len(sys.argv) > 2 else "memory"
     with tempfile.TemporaryDirectory() as folder:
-        print(asyncio.run(run_schedule(seed, Path(folder))), time.monotonic() - began)
+        if name == "memory":
+            result = asyncio.run(run_schedule(seed, Path(folder)))
+        else:
+            with fake_backend(name) as chosen:
+                result = asyncio.run(run_schedule(seed, Path(folder), chosen, steps=12))
+        print(result, f"{time.monotonic() - began:.1f}s")

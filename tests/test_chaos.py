@@ -1,18 +1,26 @@
-"""At least 200 seeded schedules of submits, cancels, faults and crashes: nothing leaks.
+"""Seeded random schedules of submits, cancels, faults and crashes: nothing leaks.
 
-A failure names the seeds; replay one with ``python -m tests.chaos SEED``.
+200 schedules on the in-memory provider world, and a few on each real SDK against its
+protocol-level fake. A failure names the seeds; replay one with
+``python -m tests.chaos SEED [memory|e2b|modal|vercel]``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from pathlib import Path
 
 import pytest
 
-from tests.chaos import run_many
+from tests.chaos import fake_backend, run_many, run_schedule
 
 SCHEDULES = 200
+FAKES = [n for n in ("e2b", "modal", "vercel") if importlib.util.find_spec(f"tests.fakes.{n}")]
+
+
+def _failures(reports: list) -> str:  # type: ignore[type-arg]
+    return ", ".join(f"{r.seed} (leaked {r.leaked}, open {r.not_final})" for r in reports)
 
 
 async def test_no_schedule_leaks_a_sandbox_or_leaves_a_run_open(
@@ -21,12 +29,24 @@ async def test_no_schedule_leaks_a_sandbox_or_leaves_a_run_open(
     caplog.set_level(logging.CRITICAL)  # injected faults log on purpose
     reports = await run_many(range(SCHEDULES), tmp_path)
     failed = [r for r in reports if not r.ok]
-    assert not failed, "seeds that leaked or left runs open: " + ", ".join(
-        f"{r.seed} (leaked {r.leaked}, open {r.not_final})" for r in failed
-    )
+    assert not failed, "seeds that leaked or left runs open: " + _failures(failed)
     assert len(reports) == SCHEDULES
     # The schedules really exercised the paths they claim to.
     assert sum(r.restarts for r in reports) >= 20
     assert sum(r.ended_by_reaper for r in reports) >= 50
     assert sum(r.ended_by_run for r in reports) >= 200
     assert sum(r.vanished for r in reports) >= 10
+
+
+@pytest.mark.parametrize("name", FAKES)
+async def test_schedules_against_each_provider_fake(
+    name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.CRITICAL)
+    with fake_backend(name) as backend:
+        reports = [
+            await run_schedule(seed, tmp_path / f"s{seed}", backend, steps=12) for seed in range(3)
+        ]
+    failed = [r for r in reports if not r.ok]
+    assert not failed, f"{name} seeds that leaked or left runs open: " + _failures(failed)
+    assert sum(r.runs for r in reports) >= 5 and sum(r.created for r in reports) >= 3
