@@ -185,7 +185,10 @@ class Client:
     def wait(
         self, run: dict[str, Any], *, poll_s: float = 1.0, max_wait_s: float | None = None
     ) -> dict[str, Any]:
-        """Poll until the run is final (or ``max_wait_s`` has passed: RelayClientError)."""
+        """Poll until the run is final (or ``max_wait_s`` has passed: RelayClientError).
+
+        A poll the network or a busy relay failed is simply tried again: reading is safe.
+        """
         end = None if max_wait_s is None else time.monotonic() + max_wait_s
         while run.get("state") not in FINAL:
             if end is not None and time.monotonic() >= end:
@@ -193,7 +196,11 @@ class Client:
                     f"run {run.get('id')} is still {run.get('state')} after {max_wait_s:g} s"
                 )
             time.sleep(poll_s)
-            run = self.get(run["id"])
+            try:
+                run = self.get(run["id"])
+            except RelayClientError as error:
+                if error.status is not None and error.status not in RETRYABLE:
+                    raise
         return run
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -143,6 +143,40 @@ def test_waits_past_the_relays_hold_and_polls(relay: RelayProcess, client_file: 
     assert (waited.returncode, waited.stdout) == (0, "later\n")
 
 
+def forward(relay: RelayProcess, handler: BaseHTTPRequestHandler, body: bytes) -> tuple[int, bytes]:
+    """Pass one request on to the relay; its status and body."""
+    request = urllib.request.Request(  # noqa: S310 - loopback
+        relay.url + handler.path,
+        data=body if handler.command == "POST" else None,
+        method=handler.command,
+        headers={k: v for k, v in handler.headers.items() if k.lower() != "host"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as upstream:  # noqa: S310
+            return upstream.status, upstream.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_a_failed_poll_is_polled_again(relay: RelayProcess, client_file: Path) -> None:
+    failed_polls: list[str] = []
+
+    def flaky(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        if handler.command == "GET" and not failed_polls:
+            failed_polls.append(handler.path)
+            answer(handler, 503, b"busy")
+            return
+        status, payload = forward(relay, handler, body)
+        answer(handler, status, payload, **{"Content-Type": "application/json"})
+
+    with Recorder(flaky) as proxy:
+        done = run_client(
+            client_file, "sleep", "-p", "seconds:=2", url=proxy.url, token=relay.tokens["routine"]
+        )
+    assert (done.returncode, done.stdout) == (0, "sleeping\nwoke\n"), done.stderr
+    assert len(failed_polls) == 1
+
+
 def test_a_lost_answer_is_retried_with_the_same_key_and_runs_once(
     relay: RelayProcess, client_file: Path
 ) -> None:
@@ -150,17 +184,7 @@ def test_a_lost_answer_is_retried_with_the_same_key_and_runs_once(
     forwarded: list[int] = []
 
     def lossy(handler: BaseHTTPRequestHandler, body: bytes) -> None:
-        request = urllib.request.Request(  # noqa: S310 - loopback
-            relay.url + handler.path,
-            data=body if handler.command == "POST" else None,
-            method=handler.command,
-            headers={k: v for k, v in handler.headers.items() if k.lower() != "host"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as upstream:  # noqa: S310
-                status, payload = upstream.status, upstream.read()
-        except urllib.error.HTTPError as error:
-            status, payload = error.code, error.read()
+        status, payload = forward(relay, handler, body)
         if handler.command == "POST" and not forwarded:
             forwarded.append(status)
             answer(handler, 502, b"<html>bad gateway</html>", **{"Retry-After": "0"})
