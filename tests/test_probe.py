@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from relay.probe import run_probe
 
 CANARY = "probe-canary-c4f2"
 LINE = re.compile(
@@ -101,3 +104,15 @@ def test_a_refusing_provider_fails_at_create_without_echoing_it(
     assert match and match["verdict"] == "failed at create", line
     assert done.stderr.splitlines()[-1].startswith("error: provider_auth: ")
     assert CANARY not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("provider", ["e2b", "modal", "vercel"])
+async def test_cloud_probe_through_the_real_sdk_leaves_nothing_alive(provider: str) -> None:
+    """Each cloud provider, through its real SDK, against its protocol fake."""
+    harness = importlib.import_module(f"tests.contract.harness_{provider}")
+    with harness.running_fake() as fake:
+        result = await run_probe(provider, harness.settings_for(fake))
+        assert result.ok, result.error
+        assert set(result.timings_ms) == {"create", "exec", "terminate"}
+        assert LINE.match(result.line()), result.line()
+        assert fake.ledger.alive() == set()
