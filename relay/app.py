@@ -26,6 +26,7 @@ from relay.auth import TokenStore
 from relay.catalog import Catalog
 from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError
 from relay.events import EventBus
+from relay.live import LiveRuns
 from relay.metrics import Metrics
 from relay.models import ErrorBody, ErrorDetail
 from relay.providers.registry import load_providers
@@ -35,6 +36,7 @@ from relay.service import RunService
 from relay.settings import Settings
 from relay.state import AppState
 from relay.store import Store
+from relay.webhooks import WebhookDispatcher
 
 log = logging.getLogger("relay.app")
 
@@ -156,8 +158,9 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             single_replica=store.is_sqlite,
             reap_interval_s=settings.reap_interval_s,
         )
-        metrics.attach(service, reaper, events, providers)  # webhooks: metrics.webhook_delivered
+        metrics.attach(service, reaper, events, providers)
         state = AppState(settings, tokens, catalog, store, providers, service, reaper, events)
+        state.live = LiveRuns(events)
         app.state.relay = state
         await store.heartbeat(service.instance_id)
         try:
@@ -165,10 +168,23 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
         except Exception as exc:
             log.warning("startup sweep failed", extra={"error_class": type(exc).__name__})
         sweeper = asyncio.create_task(reaper.run_forever())
+        webhooks = WebhookDispatcher(
+            settings,
+            store,
+            secret_for=tokens.webhook_secret,
+            events=events,
+            on_attempt=metrics.webhook_delivered,
+        )
+        dispatcher = asyncio.create_task(webhooks.run_forever())
         try:
             yield {}
         finally:
             await service.shutdown()
+            dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await dispatcher
+            await webhooks.aclose()
+            state.live.close()
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper

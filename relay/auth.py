@@ -151,6 +151,14 @@ class TokenStore:
             raise Unauthorized("unknown token")
         return found
 
+    def webhook_secret(self, name: str) -> str | None:
+        """The named token's own webhook secret (re-reading a changed file), if any."""
+        self._refresh()
+        for entry in self._entries:
+            if entry.principal.name == name:
+                return entry.principal.webhook_secret
+        return None
+
     @property
     def principals(self) -> list[Principal]:
         return [entry.principal for entry in self._entries]
@@ -169,6 +177,7 @@ def new_token(
     command: bool = False,
     providers: list[str] | None = None,
     limits: dict[str, float | int | None] | None = None,
+    webhook_secret: str | None = None,
 ) -> str:
     """Append a new token to the file (mode 0600) and return it; it is shown only once."""
     if not NAME_PATTERN.match(name):
@@ -189,6 +198,8 @@ def new_token(
     for key, value in (limits or {}).items():
         if value is not None:
             lines.append(f"{key} = {_toml_value(value)}")
+    if webhook_secret is not None:
+        lines.append(f"webhook_secret = {_toml_value(webhook_secret)}")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "a", encoding="utf-8") as handle:
         if not existing and path.stat().st_size == 0:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import shlex
 import sys
 import time
@@ -127,9 +128,12 @@ def cmd_tokens(args: argparse.Namespace) -> int:
             command=args.command,
             providers=args.provider or None,
             limits=limits,
+            webhook_secret=secrets.token_hex(32) if args.webhook_secret else None,
         )
         print(token)
         print(f"(shown once; its hash is in {settings.tokens_file})", file=sys.stderr)
+        if args.webhook_secret:
+            print(f"(its webhook_secret is in {settings.tokens_file})", file=sys.stderr)
         return 0
     principals = TokenStore(settings.tokens_file).principals
     usage = asyncio.run(_usage_today(settings, [p.name for p in principals]))
@@ -251,6 +255,9 @@ def parser() -> argparse.ArgumentParser:
     new.add_argument("--max-concurrent", type=int)
     new.add_argument("--runs-per-day", type=int)
     new.add_argument("--usd-per-day", type=float)
+    new.add_argument(
+        "--webhook-secret", action="store_true", help="give it a secret to sign its callbacks"
+    )
     tsub.add_parser("list", help="list tokens (names and scopes, never the token)")
     tokens.set_defaults(func=cmd_tokens)
     jobs = sub.add_parser("jobs", help="list and validate the job catalog")

@@ -9,11 +9,15 @@
 Exits with the job's exit code; 124 when the job timed out; 2 (printing ``error: …``)
 when the relay or the network failed. A retried submit reuses one Idempotency-Key, so
 it never starts a second sandbox. On an auth error the response body is never printed.
+
+A webhook receiver checks each callback with ``verify_signature(secret, header, body)``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import json
 import os
 import sys
@@ -205,6 +209,39 @@ class Client:
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
         return self.wait(self.submit(request))
+
+
+def verify_signature(
+    secret: str | bytes,
+    header: str | None,
+    body: bytes,
+    tolerance_s: float = 300.0,
+    *,
+    now: float | None = None,
+) -> bool:
+    """True when ``header`` (``Relay-Signature: t=…,v1=…``) signs exactly ``body`` with
+    ``secret`` and its time is within ``tolerance_s`` of now; pass the raw request body.
+
+    Receivers should also ignore a ``Relay-Delivery-Id`` they have already handled:
+    a delivery is retried until it is answered with a 2xx.
+    """
+    if not header:
+        return False
+    stamp: int | None = None
+    signatures: list[str] = []
+    for part in header.split(","):
+        key, _, value = part.strip().partition("=")
+        if key == "t" and value.isdigit():
+            stamp = int(value)
+        elif key == "v1":
+            signatures.append(value)
+    if stamp is None or not signatures:
+        return False
+    if abs((time.time() if now is None else now) - stamp) > tolerance_s:
+        return False
+    key_bytes = secret.encode() if isinstance(secret, str) else secret
+    expected = hmac.new(key_bytes, f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return any(hmac.compare_digest(expected, candidate) for candidate in signatures)
 
 
 def parse_params(pairs: list[str]) -> dict[str, Any]:

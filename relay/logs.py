@@ -35,6 +35,8 @@ FIELDS = (
     "path",
     "status",
     "duration_ms",
+    "delivery_id",
+    "attempt",
 )
 
 _context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("relay_log_context")

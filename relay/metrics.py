@@ -25,9 +25,9 @@ The series (names are stable API; dashboards depend on them):
 ==========================================  =========  ===============================
 
 Run metrics come from the run service's ``finished`` event; the in-flight and reaper
-numbers are read from the service and the reaper when scraped. Webhook code counts a
-delivery attempt with ``metrics.webhook_delivered(outcome)``: the app's :class:`Metrics` is
-``app.state.metrics`` (and ``metrics`` in ``create_app``'s lifespan).
+numbers are read from the service and the reaper when scraped. The webhook dispatcher
+reports each delivery attempt through ``on_attempt=metrics.webhook_delivered``. The app's
+:class:`Metrics` is ``app.state.metrics``.
 """
 
 from __future__ import annotations

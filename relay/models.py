@@ -109,7 +109,11 @@ class RunRequest(BaseModel):
     timeout_s: float | None = Field(None, gt=0, le=86_400)
     egress: list[EgressHost] | None = Field(None, max_length=64)
     wait: bool = True
-    callback_url: str | None = Field(None, max_length=2048)
+    callback_url: str | None = Field(
+        None,
+        max_length=2048,
+        description="https URL; the final run is POSTed there, signed (Relay-Signature).",
+    )
 
     @field_validator("stdin")
     @classmethod
@@ -150,6 +154,27 @@ class ErrorInfo(BaseModel):
     message: str
 
 
+class DeliveryAttempt(BaseModel):
+    """One POST of a webhook: the receiver's status code, or why there was none."""
+
+    attempt: int
+    at: str
+    status_code: int | None = None
+    error: str | None = Field(
+        None, description="timeout, connection: …, dns: …, refused: … (never the answer body)"
+    )
+    duration_ms: int | None = None
+
+
+class Delivery(BaseModel):
+    """The signed POST of a finished run to its ``callback_url``."""
+
+    id: str = Field(description="Sent as `Relay-Delivery-Id`; the same on every attempt.")
+    state: Literal["pending", "delivered", "failed"]
+    attempts: list[DeliveryAttempt] = Field(default_factory=list)
+    next_attempt_at: str | None = Field(None, description="When a pending delivery is retried.")
+
+
 class Run(BaseModel):
     """A run as every answer, poll and callback shows it."""
 
@@ -171,6 +196,9 @@ class Run(BaseModel):
     cost_usd: float = 0.0
     timings: Timings = Field(default_factory=Timings)
     error: ErrorInfo | None = None
+    deliveries: list[Delivery] = Field(
+        default_factory=list, description="Webhook deliveries (runs with a `callback_url`)."
+    )
 
 
 class RunList(BaseModel):

@@ -73,6 +73,21 @@ _RATE_LIMIT = {
 }
 
 
+_RUN_EVENT: dict[str, Any] = {
+    "title": "RunEvent",
+    "description": "One line of GET /v1/runs/{run_id}/events.",
+    "type": "object",
+    "required": ["event"],
+    "properties": {
+        "event": {"type": "string", "enum": ["state", "output", "ping", "run"]},
+        "state": {"type": "string", "description": "for `state`: the run's new state"},
+        "stream": {"type": "string", "enum": ["stdout", "stderr"]},
+        "text": {"type": "string", "description": "for `output`: the next chunk, in order"},
+        "run": {**_ref("Run"), "description": "for `run`: the final run; the last line"},
+    },
+}
+
+
 @cache
 def document() -> dict[str, Any]:
     """The whole document; cached, since it depends on code only."""
@@ -176,6 +191,30 @@ def document() -> dict[str, Any]:
                 },
             },
         },
+        "/v1/runs/{run_id}/events": {
+            "get": {
+                "summary": "The run's state changes and output as they happen, then the run",
+                "description": (
+                    "Newline-delimited JSON, one object per line, from the start of the run "
+                    "whenever you connect: `{event: state, state}`, `{event: output, stream, "
+                    "text}` (in order), `{event: ping}` (every 15 s of silence), and last "
+                    "`{event: run, run}` with the final run; then the stream closes."
+                ),
+                "operationId": "runEvents",
+                "security": _AUTH,
+                "parameters": [_RUN_ID],
+                "responses": {
+                    "200": {
+                        "description": "an NDJSON stream ending with the final run",
+                        "content": {
+                            "application/x-ndjson": {"schema": _ref("RunEvent")},
+                        },
+                    },
+                    **_errors(404),
+                    **common,
+                },
+            }
+        },
         "/v1/jobs": {
             "get": {
                 "summary": "Jobs this token may run",
@@ -242,6 +281,7 @@ def document() -> dict[str, Any]:
             }
         },
     }
+    schemas["$defs"]["RunEvent"] = _RUN_EVENT
     return {
         "openapi": "3.1.0",
         "info": {"title": "relay", "version": __version__},

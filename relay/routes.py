@@ -8,13 +8,14 @@ from typing import Any
 
 from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from relay.auth import Principal
 from relay.errors import (
     InvalidJson,
     InvalidRequest,
+    NotFound,
     ProviderError,
     ProviderRateLimited,
     Unauthorized,
@@ -25,6 +26,8 @@ from relay.errors import (
 from relay.metrics import metrics_endpoint
 from relay.models import (
     MAX_IDEMPOTENCY_KEY_CHARS,
+    Delivery,
+    DeliveryAttempt,
     ErrorInfo,
     Health,
     JobInfo,
@@ -53,8 +56,22 @@ def _iso(stamp: float | None) -> str | None:
     )
 
 
-def run_model(row: dict[str, Any]) -> Run:
-    """A stored row as the API shows it (the same shape everywhere)."""
+def delivery_model(row: dict[str, Any]) -> Delivery:
+    attempts = [
+        DeliveryAttempt(**(entry | {"at": _iso(entry["at"]) or ""}))
+        for entry in json.loads(row.get("attempt_log") or "[]")
+    ]
+    pending = row["state"] == "pending"
+    return Delivery(
+        id=row["id"],
+        state=row["state"],
+        attempts=attempts,
+        next_attempt_at=_iso(row["next_attempt_at"]) if pending else None,
+    )
+
+
+def run_model(row: dict[str, Any], deliveries: list[dict[str, Any]] | None = None) -> Run:
+    """A stored row (and its delivery rows) as the API shows it (the same shape everywhere)."""
     error = None
     if row.get("error_code"):
         error = ErrorInfo(code=row["error_code"], message=row.get("error_message") or "")
@@ -77,6 +94,7 @@ def run_model(row: dict[str, Any]) -> Run:
         cost_usd=row.get("cost_usd") or 0.0,
         timings=Timings(**json.loads(row.get("timings") or "{}")),
         error=error,
+        deliveries=[delivery_model(delivery) for delivery in deliveries or []],
     )
 
 
@@ -140,8 +158,18 @@ def _idempotency_key(request: Request) -> str | None:
     return key
 
 
-def _run_answer(request: Request, row: dict[str, Any]) -> Response:
-    run = run_model(row)
+async def _deliveries(request: Request, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Delivery rows of the runs that have a callback_url (one query for a page)."""
+    from relay.deliveries import Deliveries
+
+    ids = [row["id"] for row in rows if row.get("callback_url")]
+    return await Deliveries(_state(request).store).for_runs(ids) if ids else {}
+
+
+def _run_answer(
+    request: Request, row: dict[str, Any], deliveries: list[dict[str, Any]] | None = None
+) -> Response:
+    run = run_model(row, deliveries)
     state = _state(request)
     location = f"{state.base_url(request)}/v1/runs/{run.id}"
     if not run.state.final:
@@ -166,19 +194,38 @@ async def create_run(request: Request) -> Response:
     row, _created = await state.service.submit(principal, body, key)
     if body.wait and not RunState(row["state"]).final:
         row = await state.service.wait(row["id"], state.settings.max_wait_s)
-    return _run_answer(request, row)
+    found = await _deliveries(request, [row])
+    return _run_answer(request, row, found.get(row["id"]))
 
 
 async def get_run(request: Request) -> Response:
     principal = authenticate(request)
     row = await _state(request).service.get(principal, request.path_params["run_id"])
-    return _json(run_model(row))
+    found = await _deliveries(request, [row])
+    return _json(run_model(row, found.get(row["id"])))
+
+
+async def run_events(request: Request) -> Response:
+    """The run's state changes and output as NDJSON lines, ending with the final run."""
+    from relay.live import follow_run
+
+    principal = authenticate(request)
+    state = _state(request)
+    row = await state.service.get(principal, request.path_params["run_id"])
+    if state.live is None:  # pragma: no cover - the app always builds one
+        raise NotFound("live output is not available on this relay")
+    return StreamingResponse(
+        follow_run(state.live, state.service, state.store, row),
+        media_type="application/x-ndjson",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
 
 
 async def cancel_run(request: Request) -> Response:
     principal = authenticate(request)
     row = await _state(request).service.cancel(principal, request.path_params["run_id"])
-    return _json(run_model(row))
+    found = await _deliveries(request, [row])
+    return _json(run_model(row, found.get(row["id"])))
 
 
 async def list_runs(request: Request) -> Response:
@@ -203,7 +250,9 @@ async def list_runs(request: Request) -> Response:
         limit=limit,
         cursor=query.get("cursor"),
     )
-    return _json(RunList(runs=[run_model(row) for row in rows], next_cursor=cursor))
+    found = await _deliveries(request, rows)
+    runs = [run_model(row, found.get(row["id"])) for row in rows]
+    return _json(RunList(runs=runs, next_cursor=cursor))
 
 
 async def list_jobs(request: Request) -> Response:
@@ -312,6 +361,7 @@ routes = [
     Route("/v1/runs", create_run, methods=["POST"]),
     Route("/v1/runs", list_runs, methods=["GET"]),
     Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
+    Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),
     Route("/v1/runs/{run_id}", cancel_run, methods=["DELETE"]),
     Route("/v1/jobs", list_jobs, methods=["GET"]),
     Route("/v1/usage", usage, methods=["GET"]),

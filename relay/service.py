@@ -25,10 +25,12 @@ from typing import Any
 
 from relay import logs
 from relay.auth import Principal
+from relay.callback_urls import parse_callback_url, refuse_unsafe_callback
 from relay.catalog import Catalog, JobSpec
 from relay.costs import CostModel
 from relay.errors import (
     BudgetExceeded,
+    CallbackRefused,
     Forbidden,
     IdempotencyConflict,
     NotFound,
@@ -147,7 +149,10 @@ class RunService:
     def plan(self, principal: Principal, request: RunRequest, run_id: str) -> Plan:
         """Check scopes, job, params and limits; raise a RelayError or return the plan."""
         if request.callback_url is not None:
-            raise ValidationFailed("callback_url is not supported by this relay version")
+            parse_callback_url(request.callback_url, allow_http=self.settings.webhook_allow_http)
+            secret = self.settings.webhook_secret
+            if principal.webhook_secret is None and secret is None:
+                raise CallbackRefused("no webhook secret to sign callbacks for this token")
         if (request.job is None) == (request.command is None):
             raise ValidationFailed("send exactly one of `job` or `command`")
         job: JobSpec | None = None
@@ -237,6 +242,8 @@ class RunService:
                 return self._same_request(existing, digest), False
         run_id = new_run_id()
         plan = self.plan(principal, request, run_id)
+        if request.callback_url is not None:
+            await refuse_unsafe_callback(request.callback_url, self.settings)
         now = self.clock()
         cpu, memory_mb = plan.spec.resources.cpu, plan.spec.resources.memory_mb
         row = {
@@ -257,6 +264,7 @@ class RunService:
             "stdout": "",
             "stderr": "",
             "timings": "{}",
+            "callback_url": request.callback_url,
         }
         admission = Admission(
             token_concurrent=principal.max_concurrent,
@@ -408,7 +416,9 @@ class RunService:
             await shielded(self._finish(run_id, final, sink, timings))
 
     async def _set_state(self, run_id: str, state: RunState, **values: Any) -> None:
-        await self.store.update_run(run_id, state=state.value, **values)
+        # A cancel (DELETE, shutdown) must not land inside a database write: the write
+        # finishes, then the cancellation is delivered.
+        await shielded(self.store.update_run(run_id, state=state.value, **values))
         self.events.publish(RunEvent(run_id, "state", state=state.value))
 
     async def _finish(

@@ -54,6 +54,17 @@ class Settings(BaseSettings):
     drain_s: float = Field(20.0, ge=0)
     reap_interval_s: float = Field(60.0, gt=0)
 
+    # Webhooks (relay/webhooks.py)
+    webhook_secret: SecretStr | None = None
+    """Signs callbacks of tokens that have no ``webhook_secret`` of their own."""
+    webhook_max_attempts: int = Field(8, ge=1, le=100)
+    webhook_backoff_s: float = Field(10.0, gt=0)
+    """Delay before the first retry; doubled for each further one (with jitter)."""
+    webhook_timeout_s: float = Field(10.0, gt=0)
+    webhook_poll_s: float = Field(2.0, gt=0)
+    webhook_allow_http: bool = False
+    webhook_allow_private: bool = False
+
     # Logs
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
@@ -14,6 +15,9 @@ from relay.reaper import Reaper
 from relay.service import RunService
 from relay.settings import Settings
 from relay.store import Store
+
+if TYPE_CHECKING:
+    from relay.live import LiveRuns  # live.py imports routes, which import this module
 
 
 @dataclass
@@ -28,6 +32,7 @@ class AppState:
     service: RunService
     reaper: Reaper | None = None
     events: EventBus | None = None
+    live: LiveRuns | None = None
 
     def base_url(self, request: Request) -> str:
         if self.settings.public_url:

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from relay.errors import ConfigError, InvalidRequest
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ACTIVE = ("queued", "starting", "running")
 FINAL = ("succeeded", "failed", "timed_out", "canceled", "error", "lost")
 
@@ -67,6 +68,25 @@ runs = sa.Table(
     sa.Index("ix_runs_token_created", "token", "created_at"),
     sa.Index("ix_runs_state", "state"),
 )
+
+deliveries = sa.Table(
+    "deliveries",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("run_id", sa.String(40), nullable=False),
+    sa.Column("token", sa.String(64), nullable=False),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("attempt_log", sa.Text, nullable=False, default="[]"),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("next_attempt_at", sa.Float, nullable=False),
+    sa.Column("lease_owner", sa.String(64)),
+    sa.Column("lease_until", sa.Float),
+    sa.UniqueConstraint("run_id", name="uq_deliveries_run"),
+    sa.Index("ix_deliveries_due", "state", "next_attempt_at"),
+)
+"""Webhook deliveries (relay/webhooks.py): one per finished run that has a callback_url."""
 
 meta = sa.Table(
     "relay_meta",
@@ -113,6 +133,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _create_tables(runs, meta),
     2: _create_tables(replicas),
     3: _add_columns(runs, "reserved_usd", "sandbox_s"),
+    4: _create_tables(deliveries),
 }
 """Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
 never drops or rewrites a run. A relay refuses a database newer than it knows."""
@@ -153,6 +174,29 @@ class Usage:
     sandbox_s: float
     usd: float
     active: int
+
+
+def delivery_for_final_run(run_id: str) -> sa.Insert:
+    """Insert a pending delivery for this run if it has a callback_url and none yet.
+
+    Executed in the transaction that writes the run's final state, so a crash right
+    after that write cannot lose the callback.
+    """
+    now = time.time()
+    exists = sa.select(deliveries.c.id).where(deliveries.c.run_id == run_id).exists()
+    source = sa.select(
+        sa.literal("dlv_" + secrets.token_hex(12)),
+        runs.c.id,
+        runs.c.token,
+        runs.c.callback_url,
+        sa.literal("pending"),
+        sa.literal(0),
+        sa.literal("[]"),
+        sa.literal(now),
+        sa.literal(now),
+    ).where(runs.c.id == run_id, runs.c.callback_url.is_not(None), ~exists)
+    columns = ["id", "run_id", "token", "url", "state", "attempts", "attempt_log"]
+    return deliveries.insert().from_select([*columns, "created_at", "next_attempt_at"], source)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -392,6 +436,8 @@ class Store:
             query = query.where(runs.c.state.not_in(FINAL))
         async with self.engine.begin() as conn:
             result = await conn.execute(query)
+            if result.rowcount and values.get("state") in FINAL:
+                await conn.execute(delivery_for_final_run(run_id))
         return bool(result.rowcount)
 
     async def list_runs(

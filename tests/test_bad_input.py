@@ -131,11 +131,18 @@ CASES: list[tuple[str, Any, int, str]] = [
     ("override the job does not allow", {**ECHO, "env": {"A": "b"}}, 403, "forbidden"),
     ("widen the job's egress", {"job": "python", "egress": ["*"]}, 403, "forbidden"),
     (
-        "callback not supported",
+        "callback without a signing secret",
         {**ECHO, "callback_url": "https://example.com/hook"},
         422,
-        "validation_error",
+        "callback_refused",
     ),
+    (
+        "callback over plain http",
+        {**ECHO, "callback_url": "http://example.com/hook"},
+        422,
+        "callback_refused",
+    ),
+    ("callback not a URL", {**ECHO, "callback_url": "hook"}, 422, "callback_refused"),
 ]
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from relay.auth import TokenStore
 from relay.client import parse_params
 from tests.relay_server import RelayProcess
 
@@ -45,6 +46,14 @@ def test_tokens_new_prints_once_and_list_never_shows_it(tmp_path: Path) -> None:
     listed = relay_cli("tokens", "list", cwd=tmp_path)
     assert "bot" in listed.stdout and "jobs=echo" in listed.stdout and token not in listed.stdout
     assert token not in (tmp_path / "tokens.toml").read_text()
+
+
+def test_tokens_new_can_give_a_webhook_secret(tmp_path: Path) -> None:
+    made = relay_cli("tokens", "new", "hooks", "--webhook-secret", cwd=tmp_path)
+    assert made.returncode == 0 and "webhook_secret" in made.stderr
+    (principal,) = TokenStore(tmp_path / "tokens.toml").principals
+    assert principal.webhook_secret is not None and len(principal.webhook_secret) == 64
+    assert principal.webhook_secret not in made.stdout + made.stderr
 
 
 def test_jobs_lists_and_a_bad_manifest_exits_2(tmp_path: Path) -> None:

@@ -8,8 +8,10 @@ provider whose terminate fails, since nothing local refuses to terminate.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -60,8 +62,13 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
         max_wait_s=5,
         drain_s=1,
         cost_rates='{"local": {"vcpu_s": 1.0, "gib_s": 0.0}}',
+        webhook_allow_http="true",
+        webhook_allow_private="true",
+        webhook_max_attempts=2,
+        webhook_backoff_s=0.1,
+        webhook_poll_s=0.1,
     )
-    server.add_token("ops", command=True)
+    server.add_token("ops", command=True, webhook_secret="whsec-metrics-test")
     server.start()
     yield server
     server.stop()
@@ -220,3 +227,38 @@ def test_metrics_token_guards_the_endpoint(tmp_path: Path) -> None:
     right = client.get("/metrics", headers={"Authorization": f"Bearer {secret}"})
     assert right.status_code == 200 and "relay_http_requests_total" in right.text
     assert secret not in right.text
+
+
+def test_webhook_deliveries_are_counted_by_outcome(relay: RelayProcess) -> None:
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200 if self.path == "/ok" else 500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    token = relay.tokens["ops"]
+    try:
+        for path in ("/ok", "/down"):
+            body = {"job": "echo", "params": {"message": "x"}, "callback_url": base + path}
+            assert relay.post(token, body).status_code == 200
+        deadline = time.monotonic() + 15
+        while True:
+            samples = scrape(relay)[1]
+            counts = {
+                outcome: value(samples, "relay_webhook_deliveries_total", outcome=outcome)
+                for outcome in ("delivered", "retrying", "failed")
+            }
+            if counts == {"delivered": 1, "retrying": 1, "failed": 1}:
+                break
+            assert time.monotonic() < deadline, counts
+            time.sleep(0.1)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,173 @@
+"""Live output of a run: ``GET /v1/runs/{id}/events``, one JSON object per line (NDJSON).
+
+::
+
+    {"event": "state", "state": "running"}
+    {"event": "output", "stream": "stdout", "text": "sleeping\\n"}
+    {"event": "ping"}                                   (every 15 s of silence)
+    {"event": "run", "run": {…the final run, as GET /v1/runs/{id}…}}
+
+The stream starts from the beginning of the run whenever the caller connects, and
+ends with the final run. On the replica that runs the job, :class:`LiveRuns` (a
+subscriber of the run EventBus) keeps each running run's events — output at most
+``RELAY_MAX_OUTPUT_BYTES`` per stream, as the run itself keeps — and forgets them when
+the run ends. A caller connected to another replica, or to a run that has ended, gets
+the state changes polled from the store and the stored output when the run ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from relay.deliveries import Deliveries
+from relay.events import EventBus, RunEvent
+from relay.models import RunState
+from relay.routes import run_model
+from relay.service import RunService
+from relay.store import Store
+
+PING_S = 15.0
+POLL_S = 0.5
+Line = dict[str, Any]
+
+
+@dataclass
+class _Buffer:
+    """One running run's events so far, and the queues of callers following it."""
+
+    events: list[Line] = field(default_factory=list)
+    followers: list[asyncio.Queue[Line | None]] = field(default_factory=list)
+    decoders: dict[str, codecs.IncrementalDecoder] = field(default_factory=dict)
+
+    def add(self, line: Line) -> None:
+        self.events.append(line)
+        for queue in self.followers:
+            queue.put_nowait(line)
+
+    def text(self, stream: str, data: bytes, final: bool = False) -> str:
+        decoder = self.decoders.setdefault(stream, codecs.getincrementaldecoder("utf-8")("replace"))
+        return decoder.decode(data, final)
+
+
+class LiveRuns:
+    """Replay buffers of the runs this replica is running, fed by the EventBus."""
+
+    def __init__(self, events: EventBus) -> None:
+        self._runs: dict[str, _Buffer] = {}
+        self._unsubscribe = events.subscribe(self._on_event)
+
+    def close(self) -> None:
+        self._unsubscribe()
+        for run_id in list(self._runs):
+            self._end(run_id)
+
+    def _on_event(self, event: RunEvent) -> None:
+        if event.kind == "finished":
+            self._end(event.run_id)
+            return
+        buffer = self._runs.setdefault(event.run_id, _Buffer())
+        if event.kind == "state":
+            buffer.add({"event": "state", "state": event.state})
+        elif event.kind == "output" and event.stream:
+            text = buffer.text(event.stream, event.data)
+            if text:
+                buffer.add({"event": "output", "stream": event.stream, "text": text})
+
+    def _end(self, run_id: str) -> None:
+        buffer = self._runs.pop(run_id, None)
+        if buffer is None:
+            return
+        for stream in list(buffer.decoders):
+            tail = buffer.text(stream, b"", final=True)
+            if tail:
+                buffer.add({"event": "output", "stream": stream, "text": tail})
+        for queue in buffer.followers:
+            queue.put_nowait(None)
+
+    def follow(self, run_id: str, *, running_here: bool) -> asyncio.Queue[Line | None] | None:
+        """A queue holding the run's events so far, then each new one, then None at the
+        end; None when this replica is not running the run."""
+        buffer = self._runs.get(run_id)
+        if buffer is None:
+            if not running_here:
+                return None
+            buffer = self._runs[run_id] = _Buffer()  # no event yet: it is about to start
+        queue: asyncio.Queue[Line | None] = asyncio.Queue()
+        for line in buffer.events:
+            queue.put_nowait(line)
+        buffer.followers.append(queue)
+        return queue
+
+    def unfollow(self, run_id: str, queue: asyncio.Queue[Line | None]) -> None:
+        buffer = self._runs.get(run_id)
+        if buffer is not None and queue in buffer.followers:
+            buffer.followers.remove(queue)
+
+
+def _encode(line: Line) -> bytes:
+    return json.dumps(line, separators=(",", ":")).encode() + b"\n"
+
+
+async def _final_lines(store: Store, run_id: str, *, with_output: bool) -> AsyncIterator[bytes]:
+    row = await store.get_run(run_id)
+    if row is None:  # pragma: no cover - runs are never deleted
+        return
+    if with_output:
+        for stream in ("stdout", "stderr"):
+            if row.get(stream):
+                yield _encode({"event": "output", "stream": stream, "text": row[stream]})
+    found = await Deliveries(store).for_runs([run_id]) if row.get("callback_url") else {}
+    run = run_model(row, found.get(run_id, [])).model_dump(mode="json")
+    yield _encode({"event": "run", "run": run})
+
+
+async def follow_run(
+    live: LiveRuns, service: RunService, store: Store, row: dict[str, Any]
+) -> AsyncIterator[bytes]:
+    """The NDJSON lines of one run, from its start to its final state."""
+    run_id = row["id"]
+    queue = None
+    if not RunState(row["state"]).final:
+        queue = live.follow(run_id, running_here=run_id in service._tasks)
+    if queue is not None:
+        try:
+            while True:
+                try:
+                    line = await asyncio.wait_for(queue.get(), PING_S)
+                except TimeoutError:
+                    yield _encode({"event": "ping"})
+                    continue
+                if line is None:
+                    break
+                yield _encode(line)
+        finally:
+            live.unfollow(run_id, queue)
+        async for chunk in _final_lines(store, run_id, with_output=False):
+            yield chunk
+        return
+    # Not running here: state changes from the store; output once the run has ended.
+    state: RunState | None = None
+    quiet = 0.0
+    while True:
+        current = await store.get_run(run_id)
+        if current is None:  # pragma: no cover - runs are never deleted
+            return
+        if current["state"] != state:
+            state = RunState(current["state"])
+            quiet = 0.0
+            if not state.final:
+                yield _encode({"event": "state", "state": state.value})
+        if state is not None and state.final:
+            break
+        await asyncio.sleep(POLL_S)
+        quiet += POLL_S
+        if quiet >= PING_S:
+            quiet = 0.0
+            yield _encode({"event": "ping"})
+    async for chunk in _final_lines(store, run_id, with_output=True):
+        yield chunk
