@@ -20,11 +20,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from relay import logs
+from relay.access import AccessLog
 from relay.auth import TokenStore
 from relay.catalog import Catalog
 from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError
 from relay.events import EventBus
 from relay.live import LiveRuns
+from relay.metrics import Metrics
 from relay.models import ErrorBody, ErrorDetail
 from relay.providers.registry import load_providers
 from relay.reaper import Reaper
@@ -62,7 +65,12 @@ async def _relay_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        return error_response(request, MethodNotAllowed())
+        # Every method the path answers to (a path may be split over several routes).
+        path = request.url.path
+        methods = sorted(
+            {m for r in request.app.routes if r.path_regex.match(path) for m in r.methods or ()}
+        )
+        return error_response(request, MethodNotAllowed(headers={"Allow": ", ".join(methods)}))
     return error_response(request, NotFound("no such route"))
 
 
@@ -91,6 +99,7 @@ class RequestContext:
         request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else ""
         request_id = request_id or "req_" + secrets.token_hex(8)
         scope.setdefault("state", {})["request_id"] = request_id
+        logs.bind(request_id=request_id)
         limit = self.max_body_bytes
         length = headers.get(b"content-length")
         too_large = False
@@ -129,6 +138,9 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
     """The relay app; raises ConfigError at once for a bad token file or job manifest."""
     tokens = TokenStore(settings.tokens_file)
     catalog = Catalog.load(settings.jobs_dir)
+    metrics_token = settings.metrics_token
+    metrics = Metrics(metrics_token.get_secret_value() if metrics_token else None)
+    logs.redact_settings(settings)  # a key that still reaches a log line reads [redacted]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -146,6 +158,7 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             single_replica=store.is_sqlite,
             reap_interval_s=settings.reap_interval_s,
         )
+        metrics.attach(service, reaper, events, providers)
         state = AppState(settings, tokens, catalog, store, providers, service, reaper, events)
         state.live = LiveRuns(events)
         app.state.relay = state
@@ -156,7 +169,11 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             log.warning("startup sweep failed", extra={"error_class": type(exc).__name__})
         sweeper = asyncio.create_task(reaper.run_forever())
         webhooks = WebhookDispatcher(
-            settings, store, secret_for=tokens.webhook_secret, events=events
+            settings,
+            store,
+            secret_for=tokens.webhook_secret,
+            events=events,
+            on_attempt=metrics.webhook_delivered,
         )
         dispatcher = asyncio.create_task(webhooks.run_forever())
         try:
@@ -188,4 +205,6 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
         },
     )
     app.add_middleware(RequestContext, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(AccessLog, metrics=metrics)  # outermost: sees every answer
+    app.state.metrics = metrics
     return app

@@ -1,4 +1,4 @@
-"""The ``relay`` command: serve | run | tokens | jobs | reap.
+"""The ``relay`` command: serve | run | tokens | jobs | probe | reap.
 
 Every subcommand prints ``error: …`` and exits 2 when something is wrong, never a trace.
 """
@@ -219,6 +219,17 @@ async def _reap(settings: Settings, dry_run: bool) -> int:
     return 1 if report.failures else 0
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from relay.probe import run_probe
+
+    result = asyncio.run(run_probe(args.provider, _settings()))
+    print(result.line(), flush=True)
+    if not result.ok:
+        print(f"error: {result.error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_reap(args: argparse.Namespace) -> int:
     return asyncio.run(_reap(_settings(), args.dry_run))
 
@@ -263,6 +274,11 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--json", action="store_true")
     run.set_defaults(func=cmd_run)
+    probe = sub.add_parser(
+        "probe", help="create a sandbox, run `echo ok`, terminate it; print the timings"
+    )
+    probe.add_argument("provider", help="a provider name: local, e2b, modal, vercel")
+    probe.set_defaults(func=cmd_probe)
     reap = sub.add_parser("reap", help="one reaper sweep: terminate what outlived its run")
     reap.add_argument("--dry-run", action="store_true")
     reap.set_defaults(func=cmd_reap)

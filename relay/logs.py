@@ -2,14 +2,23 @@
 
 Handlers pass ids as ``extra=``; only the keys in ``FIELDS`` are written, so an
 accidental ``extra`` with a body or a key never reaches the output.
+
+Ids that hold for a whole request or run (request id, run id, token name, provider) are
+bound once with :func:`bind` and land on every line written in that context, including
+the run's own task (``asyncio`` copies the context into a task when it is created).
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import sys
 import time
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, SecretStr
 
 FIELDS = (
     "request_id",
@@ -22,12 +31,43 @@ FIELDS = (
     "error_code",
     "error_class",
     "method",
+    "route",
     "path",
     "status",
     "duration_ms",
     "delivery_id",
     "attempt",
 )
+
+_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("relay_log_context")
+
+
+def bind(**fields: Any) -> None:
+    """Add ids to every line logged from here on in this context (None values are skipped)."""
+    current = _context.get({})
+    _context.set({**current, **{k: v for k, v in fields.items() if v is not None}})
+
+
+def fresh_context() -> contextvars.Token[dict[str, Any]]:
+    """Start an empty context (a new request); pass the result to :func:`restore`."""
+    return _context.set({})
+
+
+def restore(token: contextvars.Token[dict[str, Any]]) -> None:
+    _context.reset(token)
+
+
+def fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    """The allowed fields of a record: its own ``extra`` first, then the bound ids."""
+    bound = _context.get({})
+    values: dict[str, Any] = {}
+    for key in FIELDS:
+        value = getattr(record, key, None)
+        if value is None:
+            value = bound.get(key)
+        if value is not None:
+            values[key] = value
+    return values
 
 
 class JsonFormatter(logging.Formatter):
@@ -39,28 +79,61 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "event": record.getMessage(),
         }
-        for key in FIELDS:
-            value = getattr(record, key, None)
-            if value is not None:
-                line[key] = value
-        return json.dumps(line)
+        line.update(fields_of(record))
+        return _blank(json.dumps(line, default=str))
 
 
 class ConsoleFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        extras = " ".join(
-            f"{key}={getattr(record, key)}" for key in FIELDS if getattr(record, key, None)
-        )
-        return (
+        extras = " ".join(f"{key}={value}" for key, value in fields_of(record).items())
+        return _blank(
             f"{record.levelname.lower():7} {record.name}: {record.getMessage()} {extras}".rstrip()
         )
 
 
+OWN_LOGGERS = ("relay", "uvicorn")
+"""Loggers whose debug and info lines are written; every other library (provider SDKs and
+their HTTP stacks, which log headers and bodies at debug) is heard from warning up."""
+REDACTED = "[redacted]"
+_MIN_SECRET_CHARS = 6
+
+
+_secrets: list[str] = []
+
+
+def redact(values: Iterable[str]) -> None:
+    """Blank these values (the settings' secrets) in every line written from now on."""
+    known = {*_secrets, *(value for value in values if len(value) >= _MIN_SECRET_CHARS)}
+    _secrets[:] = sorted(known, key=len, reverse=True)
+
+
+def redact_settings(settings: BaseModel) -> None:
+    """:func:`redact` every ``SecretStr`` setting's value."""
+    values = (getattr(settings, name) for name in type(settings).model_fields)
+    redact(value.get_secret_value() for value in values if isinstance(value, SecretStr))
+
+
+def _blank(line: str) -> str:
+    for secret in _secrets:
+        if secret in line:
+            line = line.replace(secret, REDACTED)
+    return line
+
+
+class OwnLinesFilter(logging.Filter):
+    """Drops other libraries' debug and info lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        own = record.name.split(".")[0] in OWN_LOGGERS
+        return own or record.levelno >= logging.WARNING
+
+
 def configure(level: str, fmt: str) -> None:
+    """Log to stderr as JSON (or console text)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
+    handler.addFilter(OwnLinesFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("uvicorn.access", "httpx", "httpcore", "hpack", "grpclib"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # relay.access instead

@@ -10,6 +10,7 @@ from pydantic.json_schema import models_json_schema
 from relay import __version__
 from relay.errors import ERROR_CLASSES
 from relay.models import (
+    MAX_IDEMPOTENCY_KEY_CHARS,
     ErrorBody,
     Health,
     JobList,
@@ -17,6 +18,7 @@ from relay.models import (
     Run,
     RunList,
     RunRequest,
+    RunState,
     UsageReport,
 )
 
@@ -27,13 +29,20 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": _REF.format(model=name)}
 
 
-def _json(name: str, description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+def _json(
+    name: str,
+    description: str,
+    headers: dict[str, Any] | None = None,
+    links: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     answer: dict[str, Any] = {
         "description": description,
         "content": {"application/json": {"schema": _ref(name)}},
     }
     if headers:
         answer["headers"] = headers
+    if links:
+        answer["links"] = links
     return answer
 
 
@@ -48,6 +57,11 @@ def _errors(*statuses: int) -> dict[str, Any]:
 _AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
 _RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
 _LOCATION = {"Location": {"schema": {"type": "string"}, "description": "the run's URL"}}
+_RUN_LINKS = {
+    "GetRun": {"operationId": "getRun", "parameters": {"run_id": "$response.body#/id"}},
+    "CancelRun": {"operationId": "cancelRun", "parameters": {"run_id": "$response.body#/id"}},
+}
+"""A run answer leads to the run's own URL (clients and fuzzers follow these)."""
 _RETRY = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
 _RATE_LIMIT = {
     name: {"schema": {"type": "integer"}, "description": text}
@@ -97,21 +111,41 @@ def document() -> dict[str, Any]:
                         "name": "Idempotency-Key",
                         "in": "header",
                         "required": False,
-                        "schema": {"type": "string", "maxLength": 255},
+                        "description": "A retry with the same key returns the same run.",
+                        "schema": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_IDEMPOTENCY_KEY_CHARS,
+                            "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$",
+                        },
                     },
                 ],
                 "requestBody": {
                     "required": True,
-                    "content": {"application/json": {"schema": _ref("RunRequest")}},
+                    "content": {
+                        "application/json": {
+                            "schema": _ref("RunRequest"),
+                            "examples": {
+                                "job": {"value": {"job": "echo", "params": {"message": "hi"}}},
+                                "async": {
+                                    "value": {
+                                        "job": "echo",
+                                        "params": {"message": "later"},
+                                        "wait": False,
+                                    }
+                                },
+                            },
+                        }
+                    },
                 },
                 "responses": {
-                    "200": _json("Run", "the finished run", _LOCATION),
+                    "200": _json("Run", "the finished run", _LOCATION, _RUN_LINKS),
                     "429": _json(
                         "ErrorBody",
                         "error codes: rate_limited, budget_exceeded",
                         {**_RETRY, **_RATE_LIMIT},
                     ),
-                    "202": _json("Run", "accepted; poll Location", _LOCATION),
+                    "202": _json("Run", "accepted; poll Location", _LOCATION, _RUN_LINKS),
                     **_errors(400, 403, 409, 413, 415, 422, 502, 503, 504),
                     **common,
                 },
@@ -121,7 +155,11 @@ def document() -> dict[str, Any]:
                 "operationId": "listRuns",
                 "security": _AUTH,
                 "parameters": [
-                    {"name": "state", "in": "query", "schema": {"type": "string"}},
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "schema": {"type": "string", "enum": [s.value for s in RunState]},
+                    },
                     {"name": "job", "in": "query", "schema": {"type": "string"}},
                     {
                         "name": "limit",
@@ -220,6 +258,20 @@ def document() -> dict[str, Any]:
                 },
             }
         },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (bearer RELAY_METRICS_TOKEN when that is set)",
+                "operationId": "metrics",
+                "security": [{}, {"metrics": []}],
+                "responses": {
+                    "200": {
+                        "description": "the Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **_errors(401),
+                },
+            }
+        },
         "/openapi.json": {
             "get": {
                 "summary": "This document",
@@ -236,6 +288,9 @@ def document() -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": schemas["$defs"],
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "metrics": {"type": "http", "scheme": "bearer"},
+            },
         },
     }

@@ -23,6 +23,7 @@ from relay.errors import (
     ValidationFailed,
     error_for_code,
 )
+from relay.metrics import metrics_endpoint
 from relay.models import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     Delivery,
@@ -368,4 +369,5 @@ routes = [
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),
     Route("/openapi.json", openapi, methods=["GET"]),
+    Route("/metrics", metrics_endpoint, methods=["GET"]),
 ]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from relay import logs
 from relay.auth import Principal
 from relay.callback_urls import parse_callback_url, refuse_unsafe_callback
 from relay.catalog import Catalog, JobSpec
@@ -289,6 +290,8 @@ class RunService:
         except LimitReached as limit:
             raise _refusal(limit) from None
         self._done[run_id] = _Done()
+        # The run's task copies this context: its log lines carry these ids too.
+        logs.bind(run_id=run_id, token=principal.name, job=plan.job, provider=plan.provider)
         self._tasks[run_id] = asyncio.create_task(self._execute(run_id, plan), name=run_id)
         log.info(
             "run submitted",

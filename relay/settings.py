@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
 
+    # Metrics
+    metrics_token: SecretStr | None = None
+    """When set, ``GET /metrics`` needs ``Authorization: Bearer <it>``; else it is open."""
+
     # Local provider
     local_isolation: Literal["auto", "bwrap", "none"] = "auto"
     local_root: Path | None = None

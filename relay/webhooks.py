@@ -82,8 +82,11 @@ class WebhookDispatcher:
         resolver: Resolver = system_resolver,
         owner: str | None = None,
         verify: ssl.SSLContext | bool = True,
+        on_attempt: Callable[[str], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.on_attempt = on_attempt
+        # told each attempt's outcome: delivered, retrying or failed (for metrics)
         self.store = store
         self.deliveries = Deliveries(store)
         self.secret_for = secret_for
@@ -242,6 +245,8 @@ class WebhookDispatcher:
         await self.deliveries.record(
             delivery["id"], self.owner, attempt, state=state, next_attempt_at=next_at
         )
+        if self.on_attempt is not None:
+            self.on_attempt("retrying" if state == "pending" else state)
         log.info(
             "webhook attempt",
             extra={

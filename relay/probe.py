@@ -1,0 +1,124 @@
+"""``relay probe PROVIDER``: create a sandbox, run ``echo ok``, terminate it, and say how
+long each step took, in one dated line.
+
+It talks to the provider directly (no relay server, no store, no token), with the same
+settings and code the relay uses, so it is the first thing to run for a new provider
+or key. The sandbox is tagged like a run's (``probe_…``), so if terminating it fails, the
+reaper ends it later: it belongs to no run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from relay.errors import RelayError
+from relay.providers.base import OutputSink, Provider, SandboxSpec
+from relay.settings import Settings
+
+PROBE_TIMEOUT_S = 30.0
+"""The probe sandbox's run timeout (its provider-side lifetime adds RELAY_GRACE_S)."""
+
+
+@dataclass
+class ProbeResult:
+    """What a probe found: timings of the steps it reached, and the first failure."""
+
+    provider: str
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    timings_ms: dict[str, int] = field(default_factory=dict)
+    sandbox_id: str | None = None
+    failed_step: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failed_step is None
+
+    def line(self) -> str:
+        """``2026-11-29T09:05:12Z probe local ok create=41ms exec=5ms terminate=3ms …``"""
+        stamp = self.started_at.isoformat(timespec="seconds").replace("+00:00", "Z")
+        words = [
+            stamp,
+            "probe",
+            self.provider,
+            "ok" if self.ok else f"failed at {self.failed_step}",
+        ]
+        words += [
+            f"{step}={self.timings_ms[step]}ms"
+            for step in ("create", "exec", "terminate")
+            if step in self.timings_ms
+        ]
+        if self.sandbox_id:
+            words.append(f"sandbox={self.sandbox_id}")
+        return " ".join(words)
+
+
+def _describe(exc: BaseException) -> str:
+    """A failure, in words the relay wrote: never the provider's own message or body."""
+    if isinstance(exc, RelayError):
+        return f"{exc.code}: {exc.message}"
+    if isinstance(exc, TimeoutError):
+        return "the provider did not answer in time"
+    return f"unexpected {type(exc).__name__}"
+
+
+def _ms(since: float) -> int:
+    return int((time.monotonic() - since) * 1000)
+
+
+async def probe(name: str, provider: Provider, settings: Settings) -> ProbeResult:
+    """Create, ``echo ok``, terminate; every step is timed, the first failure recorded."""
+    result = ProbeResult(provider=name)
+    spec = SandboxSpec(
+        run_id=f"probe_{secrets.token_hex(8)}",
+        cluster=settings.cluster,
+        timeout_s=PROBE_TIMEOUT_S,
+        grace_s=settings.grace_s,
+    )
+    step = "create"
+    started = time.monotonic()
+    try:
+        provider.check(spec)
+        async with contextlib.AsyncExitStack() as stack:
+            async with asyncio.timeout(settings.create_timeout_s + 5):
+                sandbox = await stack.enter_async_context(provider.sandbox(spec))
+            result.timings_ms["create"] = _ms(started)
+            result.sandbox_id = sandbox.id
+            step, started = "exec", time.monotonic()
+            output = OutputSink(4096)
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                done = await sandbox.exec(
+                    ["echo", "ok"],
+                    stdin=None,
+                    env={},
+                    workdir=None,
+                    timeout_s=PROBE_TIMEOUT_S,
+                    output=output,
+                )
+            result.timings_ms["exec"] = _ms(started)
+            if done.exit_code != 0 or output.text("stdout").strip() != "ok":
+                result.failed_step = "exec"
+                result.error = f"`echo ok` exited {done.exit_code} without printing ok"
+            step, started = "terminate", time.monotonic()
+        result.timings_ms["terminate"] = _ms(started)
+    except Exception as exc:
+        if result.failed_step is None:
+            result.failed_step, result.error = step, _describe(exc)
+    return result
+
+
+async def run_probe(name: str, settings: Settings) -> ProbeResult:
+    """Build the provider as the relay would (``load_provider``), probe it, close it."""
+    from relay.providers.registry import load_provider
+
+    provider = load_provider(name, settings)
+    try:
+        return await probe(name, provider, settings)
+    finally:
+        with contextlib.suppress(Exception):
+            await provider.aclose()
