@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
@@ -16,6 +17,14 @@ from tests.postgres import postgres_url
 __all__ = ["database_url", "make_settings", "new_database", "postgres_url"]
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage() -> Iterator[None]:
+    """Collect after each test, so an unclosed resource fails the test that leaked it
+    rather than whichever test the garbage collector happens to run in."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)
