@@ -108,7 +108,8 @@ class WebhookDispatcher:
         self._unsubscribe = events.subscribe(self._on_event) if events else None
 
     def _on_event(self, event: RunEvent) -> None:
-        if event.kind == "finished":
+        # Only a run with a callback has a delivery to send; the rest cost nothing here.
+        if event.kind == "finished" and event.row is not None and event.row.get("callback_url"):
             self._wake.set()
 
     def wake(self) -> None:

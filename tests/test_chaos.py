@@ -39,6 +39,9 @@ async def test_no_schedule_leaks_a_sandbox_or_leaves_a_run_open(
 
 
 @pytest.mark.parametrize("name", FAKES)
+# A simulated crash abandons the Modal client mid-call, leaving one of its internal
+# coroutines unawaited: an artifact of killing a client in-process, not of the relay.
+@pytest.mark.filterwarnings("ignore:coroutine 'Resolver.load' was never awaited:RuntimeWarning")
 async def test_schedules_against_each_provider_fake(
     name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -343,9 +343,13 @@ class LocalProvider:
             for process in box.processes:
                 with contextlib.suppress(ProcessLookupError):
                     await process.wait()
-        for pid in await asyncio.to_thread(_marked_pids, sandbox_id):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        # With bubblewrap, the processes we started and waited for took their whole PID
+        # namespace with them; only a sandbox started elsewhere (another replica, a relay
+        # that died) or without bubblewrap needs the /proc scan for strays.
+        if box is None or self.isolation != "bwrap":
+            for pid in await asyncio.to_thread(_marked_pids, sandbox_id):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         home = self.root / sandbox_id
         if home.is_relative_to(self.root) and home.exists():
             await asyncio.to_thread(shutil.rmtree, home, True)
