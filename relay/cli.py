@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import secrets
 import shlex
 import sys
@@ -187,10 +186,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         argv += ["-p", pair]
     if args.json:
         argv.append("--json")
-    url = os.environ.get("RELAY_URL")
-    if url:
-        argv += ["--url", url]
-    return relay_client.main(argv)
+    return relay_client.main(argv)  # it reads RELAY_URL, RELAY_TOKEN itself
 
 
 async def _reap(settings: Settings, dry_run: bool) -> int:

@@ -10,6 +10,9 @@ from relay.routes import routes
 from relay.settings import Settings
 from tests.conftest import REPO
 
+CLIENT_VARIABLES = {"RELAY_URL", "RELAY_TOKEN"}
+"""Read by `relay run` and relay/client.py on the caller's side, not by the server."""
+
 
 def setting_names() -> set[str]:
     return {f"RELAY_{name.upper()}" for name in Settings.model_fields}
@@ -22,7 +25,16 @@ def test_every_setting_is_in_env_example_and_readme() -> None:
         assert re.search(rf"^#? ?{name}=", example, re.M), f"{name} missing from .env.example"
         assert name in readme, f"{name} missing from README.md"
     documented = set(re.findall(r"RELAY_[A-Z0-9_]+(?==)", example))
-    assert documented <= setting_names(), documented - setting_names()
+    assert documented <= setting_names() | CLIENT_VARIABLES, documented - setting_names()
+
+
+def test_every_variable_the_code_reads_is_documented() -> None:
+    example = (REPO / ".env.example").read_text()
+    named = set()
+    for path in (REPO / "relay").rglob("*.py"):
+        named |= set(re.findall(r"\bRELAY_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
+    missing = sorted(n for n in named - {"RELAY_"} if not re.search(rf"^#? ?{n}=", example, re.M))
+    assert not missing, f"named in relay/ but not in .env.example: {missing}"
 
 
 def test_readme_starts_with_the_two_commands() -> None:
