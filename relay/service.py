@@ -71,7 +71,6 @@ class Plan:
     stdin: bytes | None
     workdir: str | None
     timeout_s: float
-    size: Size
     spec: SandboxSpec
 
 
@@ -231,7 +230,6 @@ class RunService:
             stdin=stdin,
             workdir=request.workdir,
             timeout_s=timeout_s,
-            size=size,
             spec=spec,
         )
 
@@ -440,20 +438,21 @@ class RunService:
                 "sandbox_s": final.get("sandbox_s", 0.0),
                 "cost_usd": final.get("cost_usd", 0.0),
             }
-        await self.store.update_run(
-            run_id,
+        values = {
             **final,
-            stdout=sink.text("stdout"),
-            stderr=sink.text("stderr"),
-            stdout_truncated=sink.truncated("stdout"),
-            stderr_truncated=sink.truncated("stderr"),
-            ended_at=now,
-            duration_ms=int((now - started) * 1000) if started else None,
-            timings=timings,
-        )
+            "stdout": sink.text("stdout"),
+            "stderr": sink.text("stderr"),
+            "stdout_truncated": sink.truncated("stdout"),
+            "stderr_truncated": sink.truncated("stderr"),
+            "ended_at": now,
+            "duration_ms": int((now - started) * 1000) if started else None,
+            "timings": json.dumps(timings),
+        }
+        updated = await self.store.update_run(run_id, **values)
         self._tasks.pop(run_id, None)
         self._cancel_reason.pop(run_id, None)
-        finished = await self.store.get_run(run_id)
+        # The row we just wrote is known; read it back only if another writer got there first.
+        finished = {**row, **values} if updated and row else await self.store.get_run(run_id)
         if finished is not None:
             self.events.publish(RunEvent(run_id, "finished", state=finished["state"], row=finished))
         event = self._done.pop(run_id, None)

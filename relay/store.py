@@ -343,15 +343,9 @@ class Store:
         async with self.engine.connect() as conn:
             await conn.execute(sa.text("SELECT 1"))
 
-    async def insert_run(self, row: Mapping[str, Any]) -> None:
-        try:
-            async with self.engine.begin() as conn:
-                await conn.execute(runs.insert().values(**row))
-        except IntegrityError as exc:
-            raise DuplicateKey from exc
-
-    async def admit_run(self, row: Mapping[str, Any], admission: Admission) -> None:
-        """Insert ``row`` only if every limit allows it, atomically across replicas.
+    async def admit_run(self, row: Mapping[str, Any], admission: Admission | None = None) -> None:
+        """Insert ``row`` only if every limit allows it (``None``: no limits), atomically
+        across replicas.
 
         Raises :class:`DuplicateKey` for a known Idempotency-Key (checked first, so a retry
         is never refused by a limit its first attempt took) or :class:`LimitReached`.
@@ -362,7 +356,7 @@ class Store:
         else:
             await self._admit(row, admission)
 
-    async def _admit(self, row: Mapping[str, Any], admission: Admission) -> None:
+    async def _admit(self, row: Mapping[str, Any], admission: Admission | None) -> None:
         token = row["token"]
         try:
             async with self.engine.begin() as conn:
@@ -376,7 +370,8 @@ class Store:
                     )
                     if known is not None:
                         raise DuplicateKey
-                await self._check_limits(conn, token, row, admission)
+                if admission is not None:
+                    await self._check_limits(conn, token, row, admission)
                 await conn.execute(runs.insert().values(**row))
         except IntegrityError as exc:
             raise DuplicateKey from exc

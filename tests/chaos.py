@@ -49,7 +49,7 @@ class DeadStore:
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._store, name)
-        if name in ("update_run", "insert_run", "admit_run", "heartbeat") and callable(attribute):
+        if name in ("update_run", "admit_run", "heartbeat") and callable(attribute):
 
             async def write(*args: Any, **kwargs: Any) -> Any:
                 if self.dead:

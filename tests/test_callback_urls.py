@@ -143,7 +143,7 @@ async def finished_run(store: Store, run_id: str, url: str) -> None:
         "owner": "me",
         "callback_url": url,
     }
-    await store.insert_run(row)
+    await store.admit_run(row)
     await store.update_run(run_id, state="succeeded", exit_code=0, ended_at=now)
 
 

@@ -61,7 +61,7 @@ async def running_run(store: Store, url: str | None, **values: Any) -> str:
         "owner": "elsewhere",
         "callback_url": url,
     } | values
-    await store.insert_run(row)
+    await store.admit_run(row)
     return run_id
 
 

@@ -173,7 +173,7 @@ async def test_on_another_replica_the_stream_polls_the_store(tmp_path: Path) -> 
             "deadline": now + 5,
             "owner": "another-replica",
         }
-        await store.insert_run(row)
+        await store.admit_run(row)
         live = LiveRuns(EventBus())
         lines: list[dict[str, Any]] = []
 

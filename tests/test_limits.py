@@ -179,3 +179,20 @@ def test_http_refusal_headers_and_usage(tmp_path: Path) -> None:
         assert report["limits"]["runs_per_day"] == 1 and report["month"]["runs"] == 1
     finally:
         server.stop()
+
+
+async def test_timeout_is_capped_by_token_job_and_relay(rig: Rig) -> None:
+    async def timeout_of(principal: Principal, request: RunRequest) -> float:
+        run, _ = await rig.service.submit(principal, request, None)
+        await rig.service.wait(run["id"], 30)  # one at a time: the rig caps runs in flight at 3
+        return float(run["timeout_s"])
+
+    capped = token("capped", max_timeout_s=2)
+    assert await timeout_of(capped, RunRequest(command=["true"], timeout_s=2)) == 2
+    assert await timeout_of(capped, RunRequest(command=["true"], timeout_s=2.5)) == 2
+    assert await timeout_of(capped, RunRequest(command=["true"], timeout_s=1)) == 1
+    echo = RunRequest(job="echo", params={"message": "x"})
+    assert await timeout_of(token("jobs"), echo) == 10  # the echo job's own timeout_s
+    relay_cap = rig.service.settings.max_timeout_s
+    raw = RunRequest(command=["true"], timeout_s=relay_cap + 1)
+    assert await timeout_of(token("raw"), raw) == relay_cap

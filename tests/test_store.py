@@ -34,7 +34,7 @@ def row(run_id: str, key: str | None = None, **values: Any) -> dict[str, Any]:
 
 async def test_survives_reopen(database_url: str) -> None:
     first = await Store.open(database_url)
-    await first.insert_run(row("run_a", stdout="x" * 100_000))
+    await first.admit_run(row("run_a", stdout="x" * 100_000))
     await first.close()
     second = await Store.open(database_url)
     again = await second.get_run("run_a")
@@ -52,18 +52,18 @@ async def test_sqlite_uses_wal(tmp_path: Any) -> None:
 
 async def test_one_run_per_token_and_key_under_a_race(store: Store) -> None:
     results = await asyncio.gather(
-        *(store.insert_run(row(f"run_{i}", key="same")) for i in range(10)),
+        *(store.admit_run(row(f"run_{i}", key="same")) for i in range(10)),
         return_exceptions=True,
     )
     assert sum(r is None for r in results) == 1
     assert all(isinstance(r, DuplicateKey) for r in results if r is not None)
-    await store.insert_run(row("run_other_token", key="same", token="u"))
-    await store.insert_run(row("run_no_key_1"))
-    await store.insert_run(row("run_no_key_2"))
+    await store.admit_run(row("run_other_token", key="same", token="u"))
+    await store.admit_run(row("run_no_key_1"))
+    await store.admit_run(row("run_no_key_2"))
 
 
 async def test_a_final_state_is_never_overwritten(store: Store) -> None:
-    await store.insert_run(row("run_f"))
+    await store.admit_run(row("run_f"))
     assert await store.update_run("run_f", state="succeeded")
     assert not await store.update_run("run_f", state="lost")
     assert (await store.get_run("run_f"))["state"] == "succeeded"  # type: ignore[index]
@@ -71,7 +71,7 @@ async def test_a_final_state_is_never_overwritten(store: Store) -> None:
 
 async def test_listing_pages_in_order(store: Store) -> None:
     for i in range(5):
-        await store.insert_run(row(f"run_{i}", created_at=1000.0 + (i // 2)))
+        await store.admit_run(row(f"run_{i}", created_at=1000.0 + (i // 2)))
     seen: list[str] = []
     cursor = None
     while True:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -135,8 +136,6 @@ class OutputSink:
         if not data:
             return
         if self.first_output_at is None:
-            import time
-
             self.first_output_at = time.monotonic()
         self._seen[stream] += len(data)
         kept = self._kept[stream]
