@@ -3,6 +3,8 @@ the relay's life hold all the same (relay/providers/spawn.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import shutil
 import time
 from pathlib import Path
@@ -94,3 +96,44 @@ def test_killing_the_relay_kills_its_sandboxes(tmp_path: Path) -> None:
         assert _marked_pids(sandbox_id) == []
     finally:
         relay.kill()
+
+
+@pytest.mark.skipif(not spawn.PIDFDS, reason="no pidfds: spawn falls back to asyncio")
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 4])
+async def test_a_spawn_cancelled_midway_leaves_no_process_and_no_pipe(
+    tmp_path: Path, steps: int
+) -> None:
+    # A DELETE (or shutdown) can land while the child's pipes are being handed to the
+    # loop; cancelling after `steps` loop turns covers every await in spawn().
+    marker = tmp_path / "started"
+    argv = ["sh", "-c", f'touch "{marker}"; exec sleep 30']
+    task = asyncio.create_task(spawn.spawn(argv, stdin=True, env={}, cwd=None, preexec_fn=None))
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    task.cancel()
+    try:
+        child = await task
+    except asyncio.CancelledError:
+        child = None
+    if child is not None:  # finished before the cancel landed: the caller owns it
+        spawn._kill(child.pid)
+        await child.wait()
+        spawn.close(child)
+        return
+    await asyncio.sleep(0.2)  # the pidfd watch reaps the killed child
+    alive = [p for p in _pids_running("sleep 30")]
+    assert alive == []
+    gc.collect()  # an unclosed pipe would warn here, and warnings are errors
+
+
+def _pids_running(command: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if cmdline.strip() == command:
+                found.append(int(entry.name))
+    return found

@@ -59,6 +59,7 @@ class PopenChild:
         self.stderr: asyncio.StreamReader | None = None
         self._loop = loop
         self._transports: list[asyncio.BaseTransport] = []
+        self._handed: set[int] = set()  # pipes (by id) a transport owns and will close
         self._exited: asyncio.Future[int] = loop.create_future()
         self._pidfd = os.pidfd_open(popen.pid)
         loop.add_reader(self._pidfd, self._reap)
@@ -80,6 +81,7 @@ class PopenChild:
                 lambda: asyncio.streams.FlowControlMixin(loop=loop), self.popen.stdin
             )
             self._transports.append(writer)
+            self._handed.add(id(self.popen.stdin))
             self.stdin = asyncio.StreamWriter(writer, protocol, None, loop)
 
     async def _reader(self, pipe: IO[bytes] | None) -> asyncio.StreamReader | None:
@@ -93,6 +95,7 @@ class PopenChild:
 
         transport, _ = await loop.connect_read_pipe(protocol, pipe)
         self._transports.append(transport)
+        self._handed.add(id(pipe))
         return reader
 
     def _reap(self) -> None:
@@ -111,9 +114,13 @@ class PopenChild:
         return await asyncio.shield(self._exited)
 
     def close(self) -> None:
-        """Close the pipes (the child may still hold its ends)."""
+        """Close the pipes (the child may still hold its ends), also those that a
+        cancelled :meth:`connect` never handed to the loop."""
         for transport in self._transports:
             transport.close()
+        for pipe in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
+            if pipe is not None and id(pipe) not in self._handed:
+                pipe.close()
 
 
 async def spawn(
