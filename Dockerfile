@@ -75,7 +75,7 @@ ENV PATH=/opt/relay/bin:$PATH \
     RELAY_PORT=8080 \
     RELAY_TOKENS_FILE=/etc/relay/tokens.toml \
     RELAY_JOBS_DIR=/etc/relay/jobs \
-    RELAY_DATABASE_URL=sqlite+aiosqlite:////var/lib/relay/relay.db
+    RELAY_DATABASE_URL=sqlite:////var/lib/relay/relay.db
 
 # Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 10001:10001

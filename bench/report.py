@@ -46,7 +46,7 @@ def machine_line() -> str:
     wrk_version = (wrk.stdout or wrk.stderr).split(" [")[0].removeprefix("wrk ").strip()
     packages = ", ".join(
         f"{name} {version(name)}"
-        for name in ("uvicorn", "uvloop", "httptools", "starlette", "sqlalchemy", "aiosqlite")
+        for name in ("uvicorn", "uvloop", "httptools", "starlette", "sqlalchemy", "asyncpg")
     )
     return (
         f"{model}, {os.cpu_count()} cores, {memory_gib:.0f} GiB RAM; Linux {platform.release()}; "

@@ -13,15 +13,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
-from relay.store import Store, deliveries
+from relay.schema import deliveries
+from relay.store import Store
 
 
 class Deliveries:
     """Queries on the ``deliveries`` table, through the relay's one store."""
 
     def __init__(self, store: Store) -> None:
-        self.engine = store.engine
+        self.store = store
 
     async def for_runs(self, run_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         """Each run's deliveries, oldest first; runs without any are absent."""
@@ -33,15 +35,13 @@ class Deliveries:
             .order_by(deliveries.c.created_at, deliveries.c.id)
         )
         found: dict[str, list[dict[str, Any]]] = {}
-        async with self.engine.connect() as conn:
-            for row in await conn.execute(query):
-                found.setdefault(row.run_id, []).append(dict(row._mapping))
+        for row in await self.store.run(lambda conn: conn.execute(query).all()):
+            found.setdefault(row.run_id, []).append(dict(row._mapping))
         return found
 
     async def get(self, delivery_id: str) -> dict[str, Any] | None:
-        async with self.engine.connect() as conn:
-            query = sa.select(deliveries).where(deliveries.c.id == delivery_id)
-            row = (await conn.execute(query)).first()
+        query = sa.select(deliveries).where(deliveries.c.id == delivery_id)
+        row = await self.store.run(lambda conn: conn.execute(query).first())
         return dict(row._mapping) if row else None
 
     def _due(self, now: float) -> sa.ColumnElement[bool]:
@@ -59,8 +59,7 @@ class Deliveries:
             .order_by(deliveries.c.next_attempt_at)
             .limit(limit)
         )
-        async with self.engine.connect() as conn:
-            return [row.id for row in await conn.execute(query)]
+        return await self.store.run(lambda conn: list(conn.scalars(query)))
 
     async def next_due_at(self) -> float | None:
         """When the earliest pending delivery (or an expiring lease) wants attention."""
@@ -69,8 +68,8 @@ class Deliveries:
             (deliveries.c.lease_until > deliveries.c.next_attempt_at, deliveries.c.lease_until),
             else_=deliveries.c.next_attempt_at,
         )
-        async with self.engine.connect() as conn:
-            value = (await conn.execute(sa.select(sa.func.min(wake)).where(pending))).scalar()
+        query = sa.select(sa.func.min(wake)).where(pending)
+        value = await self.store.run(lambda conn: conn.scalar(query))
         return float(value) if value is not None else None
 
     async def claim(
@@ -91,14 +90,14 @@ class Deliveries:
                 attempts=deliveries.c.attempts + 1,
             )
         )
-        async with self.engine.begin() as conn:
-            result = await conn.execute(query)
-            if not result.rowcount:
+
+        def work(conn: Connection) -> dict[str, Any] | None:
+            if not conn.execute(query).rowcount:
                 return None
-            row = (
-                await conn.execute(sa.select(deliveries).where(deliveries.c.id == delivery_id))
-            ).first()
-        return dict(row._mapping) if row else None
+            row = conn.execute(sa.select(deliveries).where(deliveries.c.id == delivery_id)).first()
+            return dict(row._mapping) if row else None
+
+        return await self.store.run(work)
 
     async def record(
         self,
@@ -110,20 +109,16 @@ class Deliveries:
         next_attempt_at: float,
     ) -> bool:
         """Write an attempt's outcome and release the claim (only if we still hold it)."""
-        async with self.engine.begin() as conn:
-            row = (
-                await conn.execute(
-                    sa.select(deliveries.c.attempt_log).where(
-                        deliveries.c.id == delivery_id, deliveries.c.lease_owner == owner
-                    )
-                )
-            ).first()
+        held = sa.and_(deliveries.c.id == delivery_id, deliveries.c.lease_owner == owner)
+
+        def work(conn: Connection) -> bool:
+            row = conn.execute(sa.select(deliveries.c.attempt_log).where(held)).first()
             if row is None:
                 return False
             log = [*json.loads(row.attempt_log or "[]"), attempt]
-            result = await conn.execute(
+            result = conn.execute(
                 deliveries.update()
-                .where(deliveries.c.id == delivery_id, deliveries.c.lease_owner == owner)
+                .where(held)
                 .values(
                     state=state,
                     attempt_log=json.dumps(log),
@@ -132,4 +127,6 @@ class Deliveries:
                     lease_until=None,
                 )
             )
-        return bool(result.rowcount)
+            return bool(result.rowcount)
+
+        return await self.store.run(work)

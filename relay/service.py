@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relay import logs
+from relay.admission import Admission, DuplicateKey, LimitReached
 from relay.auth import Principal
 from relay.callback_urls import parse_callback_url, refuse_unsafe_callback
 from relay.catalog import Catalog, JobSpec
@@ -54,7 +55,7 @@ from relay.providers.base import (
     shielded,
 )
 from relay.settings import Settings
-from relay.store import Admission, DuplicateKey, LimitReached, Store, Usage
+from relay.store import Store, Usage
 
 log = logging.getLogger("relay.service")
 
@@ -72,6 +73,10 @@ class Plan:
     workdir: str | None
     timeout_s: float
     spec: SandboxSpec
+
+
+class _EndedElsewhere(Exception):
+    """The run was made final by someone else (another replica, the reaper) mid-run."""
 
 
 class _Done(asyncio.Event):
@@ -255,7 +260,8 @@ class RunService:
             "token": principal.name,
             "job": plan.job,
             "provider": plan.provider,
-            "state": RunState.queued.value,
+            # No queue: the run's task starts creating its sandbox at once.
+            "state": RunState.starting.value,
             "idempotency_key": idempotency_key,
             "request_hash": digest,
             "timeout_s": plan.timeout_s,
@@ -290,7 +296,8 @@ class RunService:
         self._done[run_id] = _Done()
         # The run's task copies this context: its log lines carry these ids too.
         logs.bind(run_id=run_id, token=principal.name, job=plan.job, provider=plan.provider)
-        self._tasks[run_id] = asyncio.create_task(self._execute(run_id, plan), name=run_id)
+        task = self._execute(run_id, plan, dict(row))
+        self._tasks[run_id] = asyncio.create_task(task, name=run_id)
         log.info(
             "run submitted",
             extra={
@@ -310,7 +317,8 @@ class RunService:
 
     # -- the run -----------------------------------------------------------------------
 
-    async def _execute(self, run_id: str, plan: Plan) -> None:
+    async def _execute(self, run_id: str, plan: Plan, row: dict[str, Any]) -> None:
+        """Run the plan; ``row`` is the run as admitted, kept up to date with what is written."""
         sink = OutputSink(
             self.settings.max_output_bytes,
             lambda stream, data: self.events.publish(
@@ -324,7 +332,7 @@ class RunService:
         sandbox_started: float | None = None
         provider = self.providers[plan.provider]
         try:
-            await self._set_state(run_id, RunState.starting)
+            self.events.publish(RunEvent(run_id, "state", state=RunState.starting.value))
             async with contextlib.AsyncExitStack() as stack:
                 sandbox_started = time.monotonic()
                 try:
@@ -336,13 +344,17 @@ class RunService:
                     ) from exc
                 timings["create_ms"] = _ms_since(started_mono)
                 started_at = time.time()
-                await self._set_state(
-                    run_id,
-                    RunState.running,
-                    sandbox_id=sandbox.id,
-                    started_at=started_at,
-                    deadline=started_at + plan.timeout_s,
-                )
+                running = {
+                    "state": RunState.running.value,
+                    "sandbox_id": sandbox.id,
+                    "started_at": started_at,
+                    "deadline": started_at + plan.timeout_s,
+                }
+                row.update(running)
+                if not await self._set_state(run_id, **running):
+                    # Ended elsewhere while the sandbox was being made (a DELETE through
+                    # another replica, which had no sandbox id to terminate): end it now.
+                    raise _EndedElsewhere
                 if plan.files:
                     await sandbox.upload(plan.files)
                 exec_started = time.monotonic()
@@ -371,14 +383,10 @@ class RunService:
                 terminate_started = time.monotonic()
             timings["terminate_ms"] = _ms_since(terminate_started)
         except asyncio.CancelledError:
-            reason = self._cancel_reason.get(run_id, "shutdown")
-            final = {"state": RunState.canceled.value}
-            if reason == "shutdown":
-                final |= {
-                    "error_code": "shutting_down",
-                    "error_message": "the relay shut down before the run ended",
-                }
+            final = _canceled(self._cancel_reason.get(run_id, "shutdown"))
             raise
+        except _EndedElsewhere:
+            log.info("run ended elsewhere; sandbox terminated", extra={"run_id": run_id})
         except RelayError as exc:
             if final:  # the job ended; only terminating failed: the reaper retries it
                 log.error(
@@ -417,27 +425,24 @@ class RunService:
                         plan.provider, resources.cpu, resources.memory_mb, seconds
                     ),
                 }
-            await shielded(self._finish(run_id, final, sink, timings))
+            await shielded(self._finish(row, final, sink, timings))
 
-    async def _set_state(self, run_id: str, state: RunState, **values: Any) -> None:
+    async def _set_state(self, run_id: str, **values: Any) -> bool:
+        """Write a state change unless the run is final already; True if written."""
         # A cancel (DELETE, shutdown) must not land inside a database write: the write
         # finishes, then the cancellation is delivered.
-        await shielded(self.store.update_run(run_id, state=state.value, **values))
-        self.events.publish(RunEvent(run_id, "state", state=state.value))
+        if not await shielded(self.store.update_run(run_id, **values)):
+            return False
+        self.events.publish(RunEvent(run_id, "state", state=values["state"]))
+        return True
 
     async def _finish(
-        self, run_id: str, final: dict[str, Any], sink: OutputSink, timings: dict[str, int]
+        self, row: dict[str, Any], final: dict[str, Any], sink: OutputSink, timings: dict[str, int]
     ) -> None:
-        now = time.time()
-        row = await self.store.get_run(run_id)
-        started = row["started_at"] if row else None
-        if row and row["cancel_requested"] and final.get("state") != RunState.succeeded.value:
-            # Canceled through another replica, which terminated the sandbox under us.
-            final = {
-                "state": RunState.canceled.value,
-                "sandbox_s": final.get("sandbox_s", 0.0),
-                "cost_usd": final.get("cost_usd", 0.0),
-            }
+        """Write the final state once. ``row`` is the run as this task wrote it: if nobody
+        else touched it (the usual case) one conditional UPDATE does, and nothing is read."""
+        run_id, now = row["id"], time.time()
+        started = row.get("started_at")
         values = {
             **final,
             "stdout": sink.text("stdout"),
@@ -448,18 +453,34 @@ class RunService:
             "duration_ms": int((now - started) * 1000) if started else None,
             "timings": json.dumps(timings),
         }
-        updated = await self.store.update_run(run_id, **values)
+        finished: dict[str, Any] | None = {**row, **values}
+        callback = row.get("callback_url") is not None
+        if not await self.store.finish_run(run_id, values, callback=callback):
+            finished = await self._finish_contended(run_id, values)
         self._tasks.pop(run_id, None)
         self._cancel_reason.pop(run_id, None)
-        # The row we just wrote is known; read it back only if another writer got there first.
-        finished = {**row, **values} if updated and row else await self.store.get_run(run_id)
         if finished is not None:
             self.events.publish(RunEvent(run_id, "finished", state=finished["state"], row=finished))
         event = self._done.pop(run_id, None)
         if event is not None:
             event.row = finished
             event.set()
-        log.info("run finished", extra={"run_id": run_id, "state": final.get("state")})
+        log.info("run finished", extra={"run_id": run_id, "state": finished and finished["state"]})
+
+    async def _finish_contended(self, run_id: str, values: dict[str, Any]) -> dict[str, Any] | None:
+        """The run was made final elsewhere (then it stays as it is), or canceled through
+        another replica, which terminated the sandbox under us: then it reads canceled,
+        unless the job had succeeded anyway."""
+        row = await self.store.get_run(run_id)
+        if row is None or RunState(row["state"]).final:
+            return row
+        if values.get("state") != RunState.succeeded.value:
+            kept = ("sandbox_s", "cost_usd", "ended_at", "duration_ms", "timings")
+            values = {key: values[key] for key in kept if key in values}
+            values |= {"state": RunState.canceled.value}
+        if await self.store.update_run(run_id, **values):
+            return {**row, **values}
+        return await self.store.get_run(run_id)
 
     # -- reading, waiting, cancelling --------------------------------------------------
 
@@ -491,12 +512,9 @@ class RunService:
         if RunState(row["state"]).final:
             raise RunNotCancelable(details={"run_id": run_id})
         await self.store.update_run(run_id, cancel_requested=True)
-        task = self._tasks.get(run_id)
-        if task is not None:
-            if run_id not in self._cancel_reason:
-                self._cancel_reason[run_id] = "canceled"
-                task.cancel()
-            await asyncio.wait({task}, timeout=self.settings.create_timeout_s)
+        if run_id in self._tasks:
+            self._stop(run_id, "canceled")
+            await self._closed({run_id})
         else:
             # Held by no task here (another replica, or a relay that died): end the sandbox
             # through the provider, then close the run.
@@ -522,12 +540,30 @@ class RunService:
         tasks = set(self._tasks.values())
         if tasks and remaining > 0:
             await asyncio.wait(tasks, timeout=remaining)
-        for run_id, task in list(self._tasks.items()):
-            if run_id not in self._cancel_reason:
-                self._cancel_reason[run_id] = "shutdown"
-                task.cancel()
-        if self._tasks:
-            await asyncio.wait(set(self._tasks.values()), timeout=self.settings.create_timeout_s)
+        for run_id in list(self._tasks):
+            self._stop(run_id, "shutdown")
+        await self._closed(set(self._tasks))
+
+    def _stop(self, run_id: str, reason: str) -> None:
+        if run_id not in self._cancel_reason:
+            self._cancel_reason[run_id] = reason
+            self._tasks[run_id].cancel()
+
+    async def _closed(self, run_ids: set[str]) -> None:
+        """Wait (up to the create timeout) for stopped runs to be written final."""
+        tasks = {self._tasks[run_id] for run_id in run_ids if run_id in self._tasks}
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.settings.create_timeout_s)
+        for run_id in run_ids:
+            task = self._tasks.get(run_id)
+            if task is not None and task.done():
+                # Cancelled before its first step: its body, and the finally that writes
+                # the final state, never ran; no sandbox was made.
+                reason = self._cancel_reason.get(run_id, "shutdown")
+                row = await self.store.get_run(run_id)
+                if row is not None:
+                    sink = OutputSink(self.settings.max_output_bytes)
+                    await shielded(self._finish(row, _canceled(reason), sink, {}))
 
     @property
     def active_runs(self) -> int:
@@ -570,6 +606,16 @@ def _refusal(limit: LimitReached) -> RateLimited:
         "runs_per_day": f"{limit.limit:g} runs a day",
     }[limit.kind]
     return RateLimited(f"limit reached: {what}", retry_after=limit.retry_after, headers=headers)
+
+
+def _canceled(reason: str) -> dict[str, Any]:
+    final: dict[str, Any] = {"state": RunState.canceled.value}
+    if reason == "shutdown":
+        final |= {
+            "error_code": "shutting_down",
+            "error_message": "the relay shut down before the run ended",
+        }
+    return final
 
 
 def _ms_since(start: float) -> int:

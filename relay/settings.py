@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     jobs_dir: Path = Path("jobs")
 
     # State
-    database_url: str = "sqlite+aiosqlite:///relay.db"
+    database_url: str = "sqlite:///relay.db"
 
     # Providers
     providers: Annotated[list[str], NoDecode] = ["local"]

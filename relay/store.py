@@ -1,9 +1,22 @@
-"""Run state in SQL: SQLAlchemy Core (async), SQLite (WAL) by default, PostgreSQL for replicas.
+"""Run state in SQL: SQLAlchemy Core, SQLite (WAL) by default, PostgreSQL for replicas.
 
 The store knows nothing of providers. Everything that must hold across replicas
-(idempotency, final states written once) is decided here by the database: a unique
-index on ``(token, idempotency_key)`` and conditional updates that never overwrite a
+(idempotency, limits, final states written once) is decided here by the database: a
+unique index on ``(token, idempotency_key)``, limit checks in the inserting transaction
+(under an advisory lock on PostgreSQL) and conditional updates that never overwrite a
 final state.
+
+How a transaction runs: each store method is one short transaction written as a plain
+function of a SQLAlchemy :class:`~sqlalchemy.engine.Connection` (:meth:`Store.run`).
+
+- **SQLite**: the relay holds one connection and calls that function on the event-loop
+  thread. A statement on a local WAL file takes tens of microseconds, less than handing
+  it to a thread: through aiosqlite each statement was several thread hops and GIL
+  hand-offs, which cost more than the rest of a run together (bench/README.md). A lock
+  held by another process (``relay reap`` from cron) is waited for with ``asyncio.sleep``,
+  never by blocking the loop for long.
+- **PostgreSQL**: the same function runs on the asyncpg engine (``run_sync``), which
+  awaits the network under it, so every replica shares one code path with SQLite.
 """
 
 from __future__ import annotations
@@ -11,165 +24,57 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import secrets
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from relay.admission import Admission, DuplicateKey, check_limits
 from relay.errors import ConfigError, InvalidRequest
-
-SCHEMA_VERSION = 4
-ACTIVE = ("queued", "starting", "running")
-FINAL = ("succeeded", "failed", "timed_out", "canceled", "error", "lost")
-
-metadata = sa.MetaData()
-
-runs = sa.Table(
-    "runs",
-    metadata,
-    sa.Column("id", sa.String(40), primary_key=True),
-    sa.Column("token", sa.String(64), nullable=False),
-    sa.Column("job", sa.String(64)),
-    sa.Column("provider", sa.String(32), nullable=False),
-    sa.Column("state", sa.String(16), nullable=False),
-    sa.Column("idempotency_key", sa.String(255)),
-    sa.Column("request_hash", sa.String(64), nullable=False),
-    sa.Column("sandbox_id", sa.String(255)),
-    sa.Column("exit_code", sa.Integer),
-    sa.Column("stdout", sa.Text, nullable=False, default=""),
-    sa.Column("stderr", sa.Text, nullable=False, default=""),
-    sa.Column("stdout_truncated", sa.Boolean, nullable=False, default=False),
-    sa.Column("stderr_truncated", sa.Boolean, nullable=False, default=False),
-    sa.Column("timeout_s", sa.Float, nullable=False),
-    sa.Column("cpu", sa.Float, nullable=False, default=1.0),
-    sa.Column("memory_mb", sa.Integer, nullable=False, default=1024),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("started_at", sa.Float),
-    sa.Column("ended_at", sa.Float),
-    sa.Column("deadline", sa.Float, nullable=False),
-    sa.Column("duration_ms", sa.Integer),
-    sa.Column("cost_usd", sa.Float, nullable=False, default=0.0),
-    sa.Column("reserved_usd", sa.Float, nullable=False, default=0.0, server_default="0"),
-    sa.Column("sandbox_s", sa.Float, nullable=False, default=0.0, server_default="0"),
-    sa.Column("timings", sa.Text, nullable=False, default="{}"),
-    sa.Column("error_code", sa.String(64)),
-    sa.Column("error_message", sa.String(500)),
-    sa.Column("owner", sa.String(64), nullable=False),
-    sa.Column("cancel_requested", sa.Boolean, nullable=False, default=False),
-    sa.Column("callback_url", sa.Text),
-    sa.UniqueConstraint("token", "idempotency_key", name="uq_runs_token_key"),
-    sa.Index("ix_runs_token_created", "token", "created_at"),
-    sa.Index("ix_runs_state", "state"),
+from relay.schema import (
+    ACTIVE,
+    FINAL,
+    SCHEMA_VERSION,
+    NewerSchema,
+    deliveries,
+    meta,
+    migrate,
+    replicas,
+    runs,
+    state_in,
 )
 
-deliveries = sa.Table(
-    "deliveries",
-    metadata,
-    sa.Column("id", sa.String(40), primary_key=True),
-    sa.Column("run_id", sa.String(40), nullable=False),
-    sa.Column("token", sa.String(64), nullable=False),
-    sa.Column("url", sa.Text, nullable=False),
-    sa.Column("state", sa.String(16), nullable=False),
-    sa.Column("attempts", sa.Integer, nullable=False, default=0),
-    sa.Column("attempt_log", sa.Text, nullable=False, default="[]"),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("next_attempt_at", sa.Float, nullable=False),
-    sa.Column("lease_owner", sa.String(64)),
-    sa.Column("lease_until", sa.Float),
-    sa.UniqueConstraint("run_id", name="uq_deliveries_run"),
-    sa.Index("ix_deliveries_due", "state", "next_attempt_at"),
-)
-"""Webhook deliveries (relay/webhooks.py): one per finished run that has a callback_url."""
+__all__ = ["ACTIVE", "FINAL", "SCHEMA_VERSION", "DuplicateKey", "Store", "Usage"]
 
-meta = sa.Table(
-    "relay_meta",
-    metadata,
-    sa.Column("key", sa.String(64), primary_key=True),
-    sa.Column("value", sa.String(255), nullable=False),
-)
+T = TypeVar("T")
 
-
-replicas = sa.Table(
-    "replicas",
-    metadata,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("started_at", sa.Float, nullable=False),
-    sa.Column("seen_at", sa.Float, nullable=False),
-)
-"""Each running relay's heartbeat: a replica not seen for a while has died."""
-
-
-def _create_tables(*tables: sa.Table) -> Callable[[Connection], None]:
-    def step(conn: Connection) -> None:
-        metadata.create_all(conn, tables=list(tables))
-
-    return step
-
-
-def _add_columns(table: sa.Table, *names: str) -> Callable[[Connection], None]:
-    def step(conn: Connection) -> None:
-        present = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
-        for name in names:
-            if name not in present:
-                column = table.c[name]
-                kind = column.type.compile(dialect=conn.dialect)
-                default = f" DEFAULT {column.server_default.arg}" if column.server_default else ""  # type: ignore[attr-defined]
-                null = "" if column.nullable else " NOT NULL"
-                conn.execute(
-                    sa.text(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}{default}{null}")
-                )
-
-    return step
-
-
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {
-    1: _create_tables(runs, meta),
-    2: _create_tables(replicas),
-    3: _add_columns(runs, "reserved_usd", "sandbox_s"),
-    4: _create_tables(deliveries),
-}
-"""Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
-never drops or rewrites a run. A relay refuses a database newer than it knows."""
-_LOCK_MIGRATE = 7_241_001
 _LOCK_SWEEP = 7_241_002
 _LOCK_ADMIT = 7_241_003
+_BUSY_WAIT_S = 10.0
+"""How long a SQLite transaction waits, in short async sleeps, for another process's lock."""
 
-
-class DuplicateKey(Exception):
-    """A run with this token and Idempotency-Key exists already."""
-
-
-@dataclass(frozen=True)
-class Admission:
-    """The limits a new run is admitted under; ``None`` means no limit."""
-
-    token_concurrent: int | None
-    global_concurrent: int | None
-    runs_per_day: int | None
-    usd_per_day: float | None
-    day_start: float
-    now: float
-
-
-class LimitReached(Exception):
-    """A limit refused the run: which one, its value, and when to try again (seconds)."""
-
-    def __init__(self, kind: str, limit: float, retry_after: float) -> None:
-        super().__init__(kind)
-        self.kind = kind
-        self.limit = limit
-        self.retry_after = max(1.0, retry_after)
+# Statements built once: SQLAlchemy then reuses their compiled form on every call.
+_RUN = sa.select(runs).where(runs.c.id == sa.bindparam("run_id"))
+_UPDATE = runs.update().where(runs.c.id == sa.bindparam("run_id"))
+_UPDATE_ACTIVE = _UPDATE.where(runs.c.state.not_in(state_in(FINAL)))
+_FINISH = _UPDATE_ACTIVE.where(runs.c.cancel_requested == sa.false())
+_INSERT = runs.insert()
+_BY_KEY = sa.select(runs).where(
+    runs.c.token == sa.bindparam("token"), runs.c.idempotency_key == sa.bindparam("key")
+)
 
 
 @dataclass(frozen=True)
 class Usage:
+    """A token's runs, sandbox seconds and USD since some moment, and how many are active."""
+
     runs: int
     sandbox_s: float
     usd: float
@@ -199,29 +104,6 @@ def delivery_for_final_run(run_id: str) -> sa.Insert:
     return deliveries.insert().from_select([*columns, "created_at", "next_attempt_at"], source)
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=10000")
-    cursor.close()
-
-
-def _engine_options(url: str) -> dict[str, Any]:
-    """Pool settings. A SQLite file gets one connection, so one thread and one writer:
-    with several, writers that collide sleep in SQLite's busy handler (1-100 ms a try)
-    and each extra connection is another aiosqlite thread. Every store method takes the
-    connection for one short transaction and never holds it while taking another.
-    The pool's reset-on-return is off for it: each transaction here is ended by its own
-    commit or rollback, so the reset would only add a rollback (a thread hop) per use."""
-    if not url.startswith("sqlite"):
-        return {"pool_pre_ping": True}
-    database = sa.engine.make_url(url).database
-    if not database or database == ":memory:":
-        return {"pool_pre_ping": False}
-    return {"pool_pre_ping": False, "pool_size": 1, "max_overflow": 0, "pool_reset_on_return": None}
-
-
 def encode_cursor(created_at: float, run_id: str) -> str:
     return base64.urlsafe_b64encode(f"{created_at!r}|{run_id}".encode()).decode().rstrip("=")
 
@@ -235,33 +117,108 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         raise InvalidRequest("cursor is not one this relay gave out") from exc
 
 
-class Store:
-    """Async access to the runs table; one instance per relay process."""
+def _first(result: sa.CursorResult[Any]) -> dict[str, Any] | None:
+    row = result.first()
+    return dict(row._mapping) if row is not None else None
 
-    def __init__(self, engine: AsyncEngine) -> None:
+
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    # The driver's own transaction handling begins a transaction only before a write and
+    # never around DDL; switch it off and let SQLAlchemy's "begin" event say BEGIN.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    # Short: the loop thread waits here; longer waits are async sleeps in Store._sqlite_run.
+    cursor.execute("PRAGMA busy_timeout=20")
+    cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    conn.connection.driver_connection.execute("BEGIN")  # type: ignore[union-attr]
+
+
+def _is_busy(exc: OperationalError) -> bool:
+    code = getattr(exc.orig, "sqlite_errorcode", None)
+    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(exc.orig)
+
+
+def _database_url(url: str) -> sa.URL:
+    """``sqlite:///…`` (``sqlite+aiosqlite`` and ``+pysqlite`` read the same) or
+    ``postgresql://…`` (``postgres://`` and ``+asyncpg`` too); anything else is refused."""
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise ConfigError("RELAY_DATABASE_URL is not a database URL") from exc
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return parsed.set(drivername="sqlite+pysqlite")
+    if backend in ("postgresql", "postgres"):
+        return parsed.set(drivername="postgresql+asyncpg")
+    raise ConfigError("RELAY_DATABASE_URL must be sqlite:///PATH or postgresql://…")
+
+
+class Store:
+    """The relay's one way into its database; one instance per relay process."""
+
+    def __init__(self, *, sqlite: Connection | None = None, engine: AsyncEngine | None) -> None:
+        self._sqlite = sqlite
         self.engine = engine
-        self.is_sqlite = engine.dialect.name == "sqlite"
-        self._admission_lock = asyncio.Lock()
+        self.is_sqlite = sqlite is not None
 
     @classmethod
-    async def open(cls, url: str) -> Store:
-        engine = create_async_engine(url, **_engine_options(url))
-        if engine.dialect.name == "sqlite":
-            sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
-        store = cls(engine)
+    async def open(cls, url: str, *, migrate: bool = True) -> Store:
+        """Connect, and (unless told not to) bring the schema up to date."""
+        parsed = _database_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            sync_engine = sa.create_engine(
+                parsed, connect_args={"check_same_thread": False}, poolclass=sa.pool.StaticPool
+            )
+            sa.event.listen(sync_engine, "connect", _sqlite_connect)
+            sa.event.listen(sync_engine, "begin", _sqlite_begin)
+            store = cls(sqlite=sync_engine.connect(), engine=None)
+        else:
+            store = cls(engine=create_async_engine(parsed, pool_pre_ping=True))
         try:
-            await store.migrate()
+            if migrate:
+                await store.migrate()
         except BaseException:
-            await engine.dispose()
+            await store.close()
             raise
         return store
 
+    async def run(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` in one transaction: committed if it returns, rolled back if it raises."""
+        if self._sqlite is not None:
+            return await self._sqlite_run(self._sqlite, work)
+        assert self.engine is not None
+        async with self.engine.begin() as conn:
+            return await conn.run_sync(work)
+
+    @staticmethod
+    async def _sqlite_run(conn: Connection, work: Callable[[Connection], T]) -> T:
+        delay, give_up = 0.005, time.monotonic() + _BUSY_WAIT_S
+        while True:
+            try:
+                with conn.begin():
+                    return work(conn)
+            except OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() > give_up:
+                    raise
+            await asyncio.sleep(delay)  # another process holds the lock: wait without the loop
+            delay = min(delay * 2, 0.1)
+
     async def migrate(self) -> None:
-        """Bring the schema to :data:`SCHEMA_VERSION`, one recorded step at a time."""
+        """Bring the schema to :data:`SCHEMA_VERSION` (relay/schema.py)."""
         for attempt in range(5):
             try:
-                await self._migrate_once()
+                await self.run(migrate)
                 return
+            except NewerSchema as exc:
+                raise ConfigError(
+                    f"the database has schema version {exc.version}, newer than this relay's "
+                    f"{SCHEMA_VERSION}: upgrade the relay before starting it"
+                ) from None
             except OperationalError:
                 # SQLite has no lock to take first: two processes creating the same table
                 # at once lose one race; the next attempt sees the other's work.
@@ -269,42 +226,26 @@ class Store:
                     raise
                 await asyncio.sleep(0.1 * (attempt + 1))
 
-    async def _migrate_once(self) -> None:
-        async with self.engine.begin() as conn:
-            if not self.is_sqlite:
-                # Replicas starting together: one migrates, the others wait and then see it.
-                await conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({_LOCK_MIGRATE})"))
-            await conn.run_sync(_create_tables(meta))
-            row = (
-                await conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version"))
-            ).first()
-            has_runs = await conn.run_sync(lambda sync: sa.inspect(sync).has_table("runs"))
-            current = int(row[0]) if row else (1 if has_runs else 0)
-            if current > SCHEMA_VERSION:
-                raise ConfigError(
-                    f"the database has schema version {current}, newer than this relay's "
-                    f"{SCHEMA_VERSION}: upgrade the relay before starting it"
-                )
-            for version in range(current + 1, SCHEMA_VERSION + 1):
-                await conn.run_sync(MIGRATIONS[version])
-            if row is None:
-                await conn.execute(meta.insert().values(key="schema_version", value="0"))
-            await conn.execute(
-                meta.update()
-                .where(meta.c.key == "schema_version")
-                .values(value=str(SCHEMA_VERSION))
-            )
-
     async def schema_version(self) -> int:
-        async with self.engine.connect() as conn:
-            value = await conn.scalar(sa.select(meta.c.value).where(meta.c.key == "schema_version"))
-        return int(value or 0)
+        query = sa.select(meta.c.value).where(meta.c.key == "schema_version")
+        return int(await self.run(lambda conn: conn.scalar(query)) or 0)
+
+    async def close(self) -> None:
+        if self._sqlite is not None:
+            engine = self._sqlite.engine
+            self._sqlite.close()
+            engine.dispose()
+        if self.engine is not None:
+            await self.engine.dispose()
+
+    async def ping(self) -> None:
+        await self.run(lambda conn: conn.execute(sa.text("SELECT 1")))
 
     @contextlib.asynccontextmanager
     async def sweep_lock(self) -> AsyncIterator[bool]:
         """Held by one replica at a time on PostgreSQL (SQLite has one relay): yields
         whether this caller got it."""
-        if self.is_sqlite:
+        if self.engine is None:
             yield True
             return
         async with self.engine.connect() as conn:
@@ -316,32 +257,27 @@ class Store:
                     await conn.execute(sa.text(f"SELECT pg_advisory_unlock({_LOCK_SWEEP})"))
                     await conn.commit()
 
+    # -- replicas ----------------------------------------------------------------------
+
     async def heartbeat(self, replica_id: str) -> None:
-        now = time.time()
-        async with self.engine.begin() as conn:
-            updated = await conn.execute(
-                replicas.update().where(replicas.c.id == replica_id).values(seen_at=now)
-            )
-            if not updated.rowcount:
-                await conn.execute(
-                    replicas.insert().values(id=replica_id, started_at=now, seen_at=now)
-                )
+        def work(conn: Connection) -> None:
+            now = time.time()
+            query = replicas.update().where(replicas.c.id == replica_id).values(seen_at=now)
+            if not conn.execute(query).rowcount:
+                conn.execute(replicas.insert().values(id=replica_id, started_at=now, seen_at=now))
+
+        await self.run(work)
 
     async def live_replicas(self, within_s: float) -> set[str]:
         query = sa.select(replicas.c.id).where(replicas.c.seen_at >= time.time() - within_s)
-        async with self.engine.connect() as conn:
-            return set((await conn.scalars(query)).all())
+        return await self.run(lambda conn: set(conn.scalars(query).all()))
 
     async def forget_replica(self, replica_id: str) -> None:
-        async with self.engine.begin() as conn:
-            await conn.execute(replicas.delete().where(replicas.c.id == replica_id))
+        await self.run(
+            lambda conn: conn.execute(replicas.delete().where(replicas.c.id == replica_id))
+        )
 
-    async def close(self) -> None:
-        await self.engine.dispose()
-
-    async def ping(self) -> None:
-        async with self.engine.connect() as conn:
-            await conn.execute(sa.text("SELECT 1"))
+    # -- runs --------------------------------------------------------------------------
 
     async def admit_run(self, row: Mapping[str, Any], admission: Admission | None = None) -> None:
         """Insert ``row`` only if every limit allows it (``None``: no limits), atomically
@@ -350,105 +286,71 @@ class Store:
         Raises :class:`DuplicateKey` for a known Idempotency-Key (checked first, so a retry
         is never refused by a limit its first attempt took) or :class:`LimitReached`.
         """
-        if self.is_sqlite:
-            async with self._admission_lock:  # SQLite serves one relay process
-                await self._admit(row, admission)
-        else:
-            await self._admit(row, admission)
 
-    async def _admit(self, row: Mapping[str, Any], admission: Admission | None) -> None:
-        token = row["token"]
+        def work(conn: Connection) -> None:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({_LOCK_ADMIT})"))
+            key = row.get("idempotency_key")
+            if (
+                key is not None
+                and conn.execute(_BY_KEY, {"token": row["token"], "key": key}).first()
+            ):
+                raise DuplicateKey
+            if admission is not None:
+                check_limits(conn, row, admission)
+            conn.execute(_INSERT, dict(row))
+
         try:
-            async with self.engine.begin() as conn:
-                if not self.is_sqlite:
-                    await conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({_LOCK_ADMIT})"))
-                if row.get("idempotency_key") is not None:
-                    known = await conn.scalar(
-                        sa.select(runs.c.id).where(
-                            runs.c.token == token, runs.c.idempotency_key == row["idempotency_key"]
-                        )
-                    )
-                    if known is not None:
-                        raise DuplicateKey
-                if admission is not None:
-                    await self._check_limits(conn, token, row, admission)
-                await conn.execute(runs.insert().values(**row))
+            await self.run(work)
         except IntegrityError as exc:
             raise DuplicateKey from exc
 
-    async def _check_limits(
-        self, conn: AsyncConnection, token: str, row: Mapping[str, Any], admission: Admission
-    ) -> None:
-        active = runs.c.state.in_(ACTIVE)
-        soonest = sa.func.min(runs.c.deadline)
-        if admission.global_concurrent is not None:
-            count, first_end = (
-                await conn.execute(sa.select(sa.func.count(), soonest).where(active))
-            ).one()
-            if count >= admission.global_concurrent:
-                raise LimitReached(
-                    "concurrency", admission.global_concurrent, (first_end or 0) - admission.now
-                )
-        if admission.token_concurrent is not None:
-            count, first_end = (
-                await conn.execute(
-                    sa.select(sa.func.count(), soonest).where(active, runs.c.token == token)
-                )
-            ).one()
-            if count >= admission.token_concurrent:
-                raise LimitReached(
-                    "concurrency", admission.token_concurrent, (first_end or 0) - admission.now
-                )
-        next_day = admission.day_start + 86_400 - admission.now
-        today = sa.and_(runs.c.token == token, runs.c.created_at >= admission.day_start)
-        if admission.runs_per_day is not None:
-            count = await conn.scalar(sa.select(sa.func.count()).where(today))
-            if (count or 0) >= admission.runs_per_day:
-                raise LimitReached("runs_per_day", admission.runs_per_day, next_day)
-        if admission.usd_per_day is not None:
-            spent = sa.func.coalesce(
-                sa.func.sum(sa.case((active, runs.c.reserved_usd), else_=runs.c.cost_usd)), 0.0
-            )
-            used = float(await conn.scalar(sa.select(spent).where(today)) or 0.0)
-            if used + float(row.get("reserved_usd", 0.0)) > admission.usd_per_day + 1e-12:
-                raise LimitReached("usd_per_day", admission.usd_per_day, next_day)
-
     async def usage(self, token: str, since: float) -> Usage:
         """Runs, sandbox seconds and USD of a token's runs created since ``since``."""
-        active = runs.c.state.in_(ACTIVE)
+        active = runs.c.state.in_(state_in(ACTIVE))
         query = sa.select(
             sa.func.count(),
             sa.func.coalesce(sa.func.sum(runs.c.sandbox_s), 0.0),
             sa.func.coalesce(sa.func.sum(runs.c.cost_usd), 0.0),
             sa.func.coalesce(sa.func.sum(sa.case((active, 1), else_=0)), 0),
         ).where(runs.c.token == token, runs.c.created_at >= since)
-        async with self.engine.connect() as conn:
-            count, seconds, usd, running = (await conn.execute(query)).one()
+        count, seconds, usd, running = await self.run(lambda conn: conn.execute(query).one())
         return Usage(int(count), float(seconds), float(usd), int(running))
 
     async def get_run(self, run_id: str) -> dict[str, Any] | None:
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(sa.select(runs).where(runs.c.id == run_id))).first()
-        return dict(row._mapping) if row else None
+        return await self.run(lambda conn: _first(conn.execute(_RUN, {"run_id": run_id})))
 
     async def find_by_key(self, token: str, key: str) -> dict[str, Any] | None:
-        query = sa.select(runs).where(runs.c.token == token, runs.c.idempotency_key == key)
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(query)).first()
-        return dict(row._mapping) if row else None
+        params = {"token": token, "key": key}
+        return await self.run(lambda conn: _first(conn.execute(_BY_KEY, params)))
 
     async def update_run(self, run_id: str, *, only_if_active: bool = True, **values: Any) -> bool:
-        """Update a run; with ``only_if_active`` a final state is never overwritten."""
-        if "timings" in values and not isinstance(values["timings"], str):
-            values["timings"] = json.dumps(values["timings"])
-        query = runs.update().where(runs.c.id == run_id).values(**values)
-        if only_if_active:
-            query = query.where(runs.c.state.not_in(FINAL))
-        async with self.engine.begin() as conn:
-            result = await conn.execute(query)
-            if result.rowcount and values.get("state") in FINAL:
-                await conn.execute(delivery_for_final_run(run_id))
-        return bool(result.rowcount)
+        """Update a run; with ``only_if_active`` a final state is never overwritten. A final
+        state writes the run's webhook delivery (if it has a callback) in the same
+        transaction."""
+        query = _UPDATE_ACTIVE if only_if_active else _UPDATE
+
+        def work(conn: Connection) -> bool:
+            changed = bool(conn.execute(query, {"run_id": run_id, **values}).rowcount)
+            if changed and values.get("state") in FINAL:
+                conn.execute(delivery_for_final_run(run_id))
+            return changed
+
+        return await self.run(work)
+
+    async def finish_run(self, run_id: str, values: Mapping[str, Any], *, callback: bool) -> bool:
+        """Write a run's final ``values`` if it is still active and nobody asked to cancel
+        it, with its webhook delivery (``callback``) in the same transaction. False: the
+        caller must look at the run (final already, or canceled through another replica)."""
+
+        def work(conn: Connection) -> bool:
+            if not conn.execute(_FINISH, {"run_id": run_id, **values}).rowcount:
+                return False
+            if callback:
+                conn.execute(delivery_for_final_run(run_id))
+            return True
+
+        return await self.run(work)
 
     async def list_runs(
         self,
@@ -473,8 +375,7 @@ class Store:
                 )
             )
         query = query.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit + 1)
-        async with self.engine.connect() as conn:
-            rows = [dict(row._mapping) for row in await conn.execute(query)]
+        rows = await self._rows(query)
         next_cursor = None
         if len(rows) > limit:
             rows = rows[:limit]
@@ -487,12 +388,13 @@ class Store:
         query = sa.select(runs).where(runs.c.state.in_(list(states)))
         if owner is not None:
             query = query.where(runs.c.owner == owner)
-        async with self.engine.connect() as conn:
-            return [dict(row._mapping) for row in await conn.execute(query)]
+        return await self._rows(query)
 
     async def runs_by_id(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         if not ids:
             return {}
-        async with self.engine.connect() as conn:
-            rows = await conn.execute(sa.select(runs).where(runs.c.id.in_(list(ids))))
-            return {row.id: dict(row._mapping) for row in rows}
+        rows = await self._rows(sa.select(runs).where(runs.c.id.in_(list(ids))))
+        return {row["id"]: row for row in rows}
+
+    async def _rows(self, query: sa.Select[Any]) -> list[dict[str, Any]]:
+        return await self.run(lambda conn: [dict(row._mapping) for row in conn.execute(query)])

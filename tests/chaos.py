@@ -283,7 +283,7 @@ async def run_schedule(
     extra = getattr(backend, "settings", {})
     rng = random.Random(seed)
     tmp.mkdir(parents=True, exist_ok=True)
-    store = await Store.open(f"sqlite+aiosqlite:///{tmp / 'chaos.db'}")
+    store = await Store.open(f"sqlite:///{tmp / 'chaos.db'}")
     report = Report(seed, backend.name)
     relay = Relay(store, backend, tmp, extra)
     relays = [relay]
@@ -340,7 +340,7 @@ async def run_schedule(
 
 
 async def _final_rows(tmp: Path, ids: list[str]) -> dict[str, dict[str, Any]]:
-    store = await Store.open(f"sqlite+aiosqlite:///{tmp / 'chaos.db'}")
+    store = await Store.open(f"sqlite:///{tmp / 'chaos.db'}")
     try:
         return await store.runs_by_id(ids)
     finally:

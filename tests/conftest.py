@@ -41,7 +41,7 @@ def make_settings(tmp_path: Path, **values: object) -> Settings:
     defaults: dict[str, object] = {
         "tokens_file": tmp_path / "tokens.toml",
         "jobs_dir": REPO / "jobs",
-        "database_url": f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}",
+        "database_url": f"sqlite:///{tmp_path / 'relay.db'}",
         "local_root": tmp_path / "sandboxes",
         "cluster": "test",
     }
@@ -64,6 +64,6 @@ async def new_database(server_url: str) -> str:
 async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
     """Each store test runs on a real SQLite file and on a real PostgreSQL database."""
     if request.param == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}"
+        yield f"sqlite:///{tmp_path / 'relay.db'}"
     else:
         yield await new_database(request.getfixturevalue("postgres_url"))

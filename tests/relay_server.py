@@ -86,7 +86,7 @@ class RelayProcess:
             "RELAY_PORT": str(self.port),
             "RELAY_TOKENS_FILE": str(self.tokens_file),
             "RELAY_JOBS_DIR": str(self.jobs_dir),
-            "RELAY_DATABASE_URL": f"sqlite+aiosqlite:///{root / 'relay.db'}",
+            "RELAY_DATABASE_URL": f"sqlite:///{root / 'relay.db'}",
             "RELAY_LOCAL_ROOT": str(root / "sandboxes"),
             "RELAY_CLUSTER": "e2e",
             "RELAY_LOG_FORMAT": "json",

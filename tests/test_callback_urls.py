@@ -123,7 +123,7 @@ def test_a_public_https_url_is_accepted(relay: RelayProcess) -> None:
 
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    opened = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}")
+    opened = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
     yield opened
     await opened.close()
 

@@ -31,7 +31,7 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "postgres":
         url: str = request.getfixturevalue("postgres_url")
         return url
-    return f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}"
+    return f"sqlite:///{tmp_path / 'relay.db'}"
 
 
 @pytest.fixture

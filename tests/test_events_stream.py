@@ -157,7 +157,7 @@ def test_another_tokens_run_is_not_found(relay: RelayProcess) -> None:
 
 async def test_on_another_replica_the_stream_polls_the_store(tmp_path: Path) -> None:
     """No task here and no buffer: state from the store, output when the run ends."""
-    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}")
+    store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
     try:
         service = RunService(make_settings(tmp_path), store, Catalog.load(REPO / "jobs"), {})
         now = time.time()

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from relay.errors import ConfigError
-from relay.store import SCHEMA_VERSION, DuplicateKey, Store, meta, metadata, runs
+from relay.schema import meta, metadata, runs
+from relay.store import SCHEMA_VERSION, DuplicateKey, Store
 
 
 @pytest.fixture
@@ -44,10 +44,24 @@ async def test_survives_reopen(database_url: str) -> None:
 
 
 async def test_sqlite_uses_wal(tmp_path: Any) -> None:
-    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}")
-    async with store.engine.connect() as conn:
-        assert (await conn.execute(sa.text("PRAGMA journal_mode"))).scalar() == "wal"
+    store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
+    mode = await store.run(lambda conn: conn.scalar(sa.text("PRAGMA journal_mode")))
+    assert mode == "wal"
     await store.close()
+
+
+async def test_the_aiosqlite_url_of_earlier_versions_still_opens(tmp_path: Any) -> None:
+    first = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
+    await first.admit_run(row("run_kept"))
+    await first.close()
+    again = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}")
+    assert (await again.get_run("run_kept")) is not None
+    await again.close()
+
+
+async def test_a_database_url_of_another_kind_is_refused() -> None:
+    with pytest.raises(ConfigError, match="RELAY_DATABASE_URL"):
+        await Store.open("mysql://db/relay")
 
 
 async def test_one_run_per_token_and_key_under_a_race(store: Store) -> None:
@@ -105,20 +119,21 @@ async def test_sweep_lock_is_exclusive(database_url: str) -> None:
 
 async def test_a_newer_schema_refuses_to_start(database_url: str) -> None:
     store = await Store.open(database_url)
-    async with store.engine.begin() as conn:
-        await conn.execute(meta.update().values(value=str(SCHEMA_VERSION + 1)))
+    await store.run(lambda conn: conn.execute(meta.update().values(value=str(SCHEMA_VERSION + 1))))
     await store.close()
     with pytest.raises(ConfigError, match="newer"):
         await Store.open(database_url)
 
 
 async def test_upgrading_from_version_1_keeps_every_run(database_url: str) -> None:
-    engine = create_async_engine(database_url)
-    async with engine.begin() as conn:  # the schema as version 1 of the relay made it
-        await conn.run_sync(lambda sync: metadata.create_all(sync, tables=[runs, meta]))
-        await conn.execute(meta.insert().values(key="schema_version", value="1"))
-        await conn.execute(runs.insert().values(**row("run_old", state="succeeded")))
-    await engine.dispose()
+    def version_1(conn: sa.Connection) -> None:  # the schema as version 1 of the relay made it
+        metadata.create_all(conn, tables=[runs, meta])
+        conn.execute(meta.insert().values(key="schema_version", value="1"))
+        conn.execute(runs.insert().values(**row("run_old", state="succeeded")))
+
+    old = await Store.open(database_url, migrate=False)
+    await old.run(version_1)
+    await old.close()
     store = await Store.open(database_url)
     try:
         assert await store.schema_version() == SCHEMA_VERSION

@@ -50,6 +50,8 @@ class MemoryFaults:
     terminate_failures: int = 0
     vanish_next: int = 0
     cut_stream_next: int = 0
+    create_delay_s: float = 0.0
+    """Every create takes this long, then succeeds."""
 
 
 @dataclass
@@ -140,6 +142,8 @@ class MemoryProvider:
             faults.create_failures -= 1
             raise ProviderUnavailable("create failed")
         box = self.world.allocate(spec)
+        if faults.create_delay_s:
+            await asyncio.sleep(faults.create_delay_s)
         if faults.create_hangs:
             faults.create_hangs -= 1
             await asyncio.sleep(self.create_timeout_s)

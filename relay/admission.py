@@ -1,0 +1,83 @@
+"""Admission limits, decided in the database in the transaction that inserts the run.
+
+Per token: runs at once, runs a day, USD a day (the worst case of active runs counts, the
+measured cost of ended ones); per relay: runs at once. ``Store.admit_run`` calls
+:func:`check_limits` between the idempotency check and the insert, under an advisory lock
+on PostgreSQL, so the limits hold across replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from relay.schema import ACTIVE, runs, state_in
+
+
+class DuplicateKey(Exception):
+    """A run with this token and Idempotency-Key exists already."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The limits a new run is admitted under; ``None`` means no limit."""
+
+    token_concurrent: int | None
+    global_concurrent: int | None
+    runs_per_day: int | None
+    usd_per_day: float | None
+    day_start: float
+    now: float
+
+
+class LimitReached(Exception):
+    """A limit refused the run: which one, its value, and when to try again (seconds)."""
+
+    def __init__(self, kind: str, limit: float, retry_after: float) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.limit = limit
+        self.retry_after = max(1.0, retry_after)
+
+
+_active = runs.c.state.in_(state_in(ACTIVE))
+_mine = runs.c.token == sa.bindparam("token")
+_today = sa.and_(_mine, runs.c.created_at >= sa.bindparam("since"))
+_ACTIVE_ALL = sa.select(sa.func.count(), sa.func.min(runs.c.deadline)).where(_active)
+_ACTIVE_MINE = sa.select(sa.func.count(), sa.func.min(runs.c.deadline)).where(_active, _mine)
+_RUNS_TODAY = sa.select(sa.func.count()).where(_today)
+_USD_TODAY = sa.select(
+    sa.func.coalesce(
+        sa.func.sum(sa.case((_active, runs.c.reserved_usd), else_=runs.c.cost_usd)), 0.0
+    )
+).where(_today)
+
+
+def check_limits(conn: Connection, row: Mapping[str, Any], admission: Admission) -> None:
+    """Raise :class:`LimitReached` if inserting ``row`` would pass a limit."""
+    params = {"token": row["token"], "since": admission.day_start}
+    if admission.global_concurrent is not None:
+        count, first_end = conn.execute(_ACTIVE_ALL).one()
+        if count >= admission.global_concurrent:
+            raise LimitReached(
+                "concurrency", admission.global_concurrent, (first_end or 0) - admission.now
+            )
+    if admission.token_concurrent is not None:
+        count, first_end = conn.execute(_ACTIVE_MINE, params).one()
+        if count >= admission.token_concurrent:
+            raise LimitReached(
+                "concurrency", admission.token_concurrent, (first_end or 0) - admission.now
+            )
+    next_day = admission.day_start + 86_400 - admission.now
+    if admission.runs_per_day is not None:
+        count = conn.scalar(_RUNS_TODAY, params)
+        if (count or 0) >= admission.runs_per_day:
+            raise LimitReached("runs_per_day", admission.runs_per_day, next_day)
+    if admission.usd_per_day is not None:
+        used = float(conn.scalar(_USD_TODAY, params) or 0.0)
+        if used + float(row.get("reserved_usd", 0.0)) > admission.usd_per_day + 1e-12:
+            raise LimitReached("usd_per_day", admission.usd_per_day, next_day)

@@ -1,0 +1,65 @@
+"""Cancels that land at awkward moments still end the run and its sandbox.
+
+In-process relays (tests/chaos.py) on one SQLite file and one in-memory provider world:
+a DELETE that arrives before the run's task has taken a step, and a DELETE through
+another replica while the owner is still creating the sandbox (no sandbox id yet for the
+other replica to terminate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from relay.models import RunRequest
+from relay.store import Store
+from tests.chaos import PRINCIPAL, MemoryBackend, Relay
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[tuple[MemoryBackend, Store, Path]]:
+    store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
+    yield MemoryBackend(), store, tmp_path
+    await store.close()
+
+
+def long_run() -> RunRequest:
+    return RunRequest(command=["run", "30", "0"], timeout_s=60, wait=False)
+
+
+async def test_a_cancel_before_the_run_takes_a_step_closes_it(
+    world: tuple[MemoryBackend, Store, Path],
+) -> None:
+    backend, store, tmp = world
+    relay = Relay(store, backend, tmp, {})
+    run, _ = await relay.service.submit(PRINCIPAL, long_run(), None)
+    canceled = await relay.service.cancel(PRINCIPAL, run["id"])  # no await in between
+    assert canceled["state"] == "canceled"
+    assert backend.world.boxes == {}  # nothing was ever created
+    assert relay.service.active_runs == 0
+
+
+async def test_a_cancel_through_another_replica_during_create_ends_the_sandbox(
+    world: tuple[MemoryBackend, Store, Path],
+) -> None:
+    backend, store, tmp = world
+    owner, other = Relay(store, backend, tmp, {}), Relay(store, backend, tmp, {})
+    backend.world.faults.create_delay_s = 0.3
+    run, _ = await owner.service.submit(PRINCIPAL, long_run(), None)
+    await asyncio.sleep(0.05)  # the owner is inside the provider's create call
+    assert (await store.get_run(run["id"]))["state"] == "starting"  # type: ignore[index]
+    canceled = await other.service.cancel(PRINCIPAL, run["id"])
+    assert canceled["state"] == "canceled"
+    started = time.monotonic()
+    await owner.service.wait(run["id"], 10)
+    [box] = backend.world.boxes.values()
+    # The owner finds the run final when it writes `running`, and ends the sandbox at
+    # once instead of letting the 30 s job run out.
+    assert not box.alive and box.ended_by == "run"
+    assert time.monotonic() - started < 5
+    final = await store.get_run(run["id"])
+    assert final is not None and final["state"] == "canceled"
