@@ -147,6 +147,16 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_LiveCollector(self))
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _labels(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, remembered: every label here has few values, and
+        looking a child up is most of what counting a request costs."""
+        key = (id(metric), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def attach(
         self,
@@ -171,11 +181,10 @@ class Metrics:
     def record_run(self, row: Mapping[str, Any]) -> None:
         """Count one finished run (its stored row)."""
         provider = str(row.get("provider") or "")
-        self.runs.labels(
-            job=row.get("job") or COMMAND_JOB, provider=provider, state=str(row.get("state"))
-        ).inc()
+        job = row.get("job") or COMMAND_JOB
+        self._labels(self.runs, job, provider, str(row.get("state"))).inc()
         if row.get("duration_ms") is not None:
-            self.run_seconds.labels(provider=provider).observe(row["duration_ms"] / 1000)
+            self._labels(self.run_seconds, provider).observe(row["duration_ms"] / 1000)
         timings = row.get("timings") or {}
         if isinstance(timings, str):
             try:
@@ -183,15 +192,15 @@ class Metrics:
             except ValueError:
                 timings = {}
         if isinstance(timings, dict) and timings.get("create_ms") is not None:
-            self.create_seconds.labels(provider=provider).observe(timings["create_ms"] / 1000)
+            self._labels(self.create_seconds, provider).observe(timings["create_ms"] / 1000)
         cost = row.get("cost_usd") or 0.0
         if cost > 0:
-            self.spend.labels(provider=provider).inc(cost)
+            self._labels(self.spend, provider).inc(cost)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         method = method if method in METHODS else "other"
-        self.requests.labels(method=method, route=route, status=str(status)).inc()
-        self.request_seconds.labels(method=method, route=route).observe(seconds)
+        self._labels(self.requests, method, route, str(status)).inc()
+        self._labels(self.request_seconds, method, route).observe(seconds)
 
     def webhook_delivered(self, outcome: str) -> None:
         """Count one webhook delivery attempt; ``outcome`` is a fixed word such as
