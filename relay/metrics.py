@@ -24,10 +24,12 @@ The series (names are stable API; dashboards depend on them):
 ``relay_webhook_deliveries_total``          counter    outcome
 ==========================================  =========  ===============================
 
-Run metrics come from the run service's ``finished`` event; the in-flight and reaper
-numbers are read from the service and the reaper when scraped. The webhook dispatcher
-reports each delivery attempt through ``on_attempt=metrics.webhook_delivered``. The app's
-:class:`Metrics` is ``app.state.metrics``.
+Run metrics come from the ``finished`` event: the run service publishes it for each run
+it ends, and the reaper for each run it marks ``lost`` (on the replica that swept). The
+in-flight and reaper numbers are read from the service and the reaper when scraped. The
+webhook dispatcher reports each delivery attempt through
+``on_attempt=metrics.webhook_delivered``. The app's :class:`Metrics` is
+``app.state.metrics``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Each sweep (at startup and every ``RELAY_REAP_INTERVAL_S``):
 
 1. runs that are not final, not held by this process, and either past their deadline +
-   grace or orphaned → their sandbox is terminated and the run reads ``lost``. A run is
+   grace or orphaned → their sandbox is terminated and the run reads ``lost``; the run
+   service's ``finished`` event is published for it, as for any run that ends (metrics
+   count it, the webhook dispatcher is woken, a live events stream ends). A run is
    orphaned when the replica that owns it has stopped its heartbeat (every replica writes
    one every :attr:`Reaper.heartbeat_s`; three missed beats mean it died); on SQLite there
    is one relay, so a run owned by an earlier process is orphaned at once;
@@ -24,6 +26,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from relay.events import RunEvent
 from relay.models import RunState
 from relay.providers.base import Provider
 from relay.service import RunService
@@ -119,13 +122,15 @@ class Reaper:
                 continue
             if row["sandbox_id"] and row["provider"] in self.providers:
                 await self._terminate(row["provider"], row["sandbox_id"], report)
-            await self.store.update_run(
+            marked = await self.store.update_run(
                 row["id"],
                 state=RunState.lost.value,
                 ended_at=now,
                 error_code="sandbox_lost",
                 error_message="the relay running this job stopped; the sandbox was terminated",
             )
+            if marked:  # not when its owner finished it meanwhile: that one was published
+                await self._publish_lost(row["id"])
         for name, provider in self.providers.items():
             try:
                 owned = await provider.list_owned()
@@ -147,6 +152,13 @@ class Reaper:
                     else:
                         await self._terminate(name, ref.sandbox_id, report)
         return report
+
+    async def _publish_lost(self, run_id: str) -> None:
+        """Tell this replica's subscribers (metrics, webhooks, live streams) the run ended."""
+        row = await self.store.get_run(run_id)
+        if row is not None:
+            event = RunEvent(run_id, "finished", state=row["state"], row=row)
+            self.service.events.publish(event)
 
     async def run_forever(self) -> None:
         """Heartbeat every ``heartbeat_s`` and sweep every ``reap_interval_s``."""

@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from relay.catalog import Catalog
-from relay.events import EventBus
+from relay.events import EventBus, RunEvent
 from relay.live import LiveRuns, follow_run
+from relay.reaper import Reaper
 from relay.service import RunService
 from relay.store import Store
 from tests.conftest import REPO, make_settings
@@ -188,5 +189,49 @@ async def test_on_another_replica_the_stream_polls_the_store(tmp_path: Path) -> 
         await asyncio.wait_for(reader, 5)
         assert lines[1] == {"event": "output", "stream": "stdout", "text": "x\n"}
         assert lines[2]["run"]["state"] == "failed" and len(lines) == 3
+    finally:
+        await store.close()
+
+
+async def test_a_followed_run_the_reaper_marks_lost_ends_its_stream(tmp_path: Path) -> None:
+    """A stream reading this replica's buffer of a run (its start went through this
+    replica's event bus) that no task here holds any more: the reaper's ``lost`` ends it."""
+    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}")
+    try:
+        events = EventBus()
+        service = RunService(
+            make_settings(tmp_path), store, Catalog.load(REPO / "jobs"), {}, events=events
+        )
+        reaper = Reaper(store, {}, service, grace_s=30, single_replica=True)
+        live = LiveRuns(events)
+        now = time.time()
+        row = {
+            "id": "run_reaped",
+            "token": "ops",
+            "job": None,
+            "provider": "local",
+            "state": "running",
+            "request_hash": "h",
+            "timeout_s": 5.0,
+            "created_at": now,
+            "deadline": now + 5,
+            "owner": "a-relay-that-died",
+        }
+        await store.admit_run(row)
+        events.publish(RunEvent("run_reaped", "state", state="running"))
+        lines: list[dict[str, Any]] = []
+
+        async def read() -> None:
+            async for chunk in follow_run(live, service, store, row):
+                lines.append(json.loads(chunk))
+
+        reader = asyncio.create_task(read())
+        await asyncio.sleep(0.2)
+        assert lines == [{"event": "state", "state": "running"}]
+        assert (await reaper.sweep()).lost_runs == ["run_reaped"]
+        await asyncio.wait_for(reader, 5)  # well before the first ping (15 s)
+        assert lines[-1]["event"] == "run" and lines[-1]["run"]["state"] == "lost"
+        assert lines[-1]["run"]["error"]["code"] == "sandbox_lost" and len(lines) == 2
+        live.close()
     finally:
         await store.close()

@@ -7,6 +7,7 @@ provider whose terminate fails, since nothing local refuses to terminate.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -28,7 +29,7 @@ from relay.metrics import Metrics
 from relay.providers.base import SandboxRef
 from relay.reaper import Reaper
 from relay.service import RunService
-from relay.store import Store
+from relay.store import ACTIVE, Store
 from tests.conftest import make_settings
 from tests.relay_server import RelayProcess
 
@@ -162,6 +163,71 @@ def test_reaper_terminations_after_a_crash(tmp_path: Path) -> None:
         assert server.get(token, f"/v1/runs/{run['id']}").json()["state"] == "lost"
     finally:
         server.stop()
+
+
+def orphaned_run(run_id: str, **values: Any) -> dict[str, Any]:
+    """A running run's row owned by a replica that died (it never wrote its end)."""
+    now = time.time()
+    return {
+        "id": run_id,
+        "token": "ops",
+        "job": "sleep",
+        "provider": "local",
+        "state": "running",
+        "request_hash": "h",
+        "timeout_s": 60.0,
+        "created_at": now,
+        "started_at": now,
+        "deadline": now + 60,
+        "owner": "a-replica-that-died",
+        "cost_usd": 0.5,
+        **values,
+    }
+
+
+def test_a_run_the_reaper_marks_lost_is_counted(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    new_token(settings.tokens_file, "ops")
+
+    async def seed() -> None:
+        store = await Store.open(settings.database_url)
+        try:
+            await store.admit_run(orphaned_run("run_orphan"))
+        finally:
+            await store.close()
+
+    asyncio.run(seed())
+    with TestClient(create_app(settings)) as client:  # the startup sweep reaps it
+        samples = parse(client.get("/metrics").text)
+    lost = {"job": "sleep", "provider": "local", "state": "lost"}
+    assert value(samples, "relay_runs_total", **lost) == 1
+    assert value(samples, "relay_spend_usd_total", provider="local") == 0.5
+
+
+async def test_a_run_its_owner_finished_meanwhile_is_not_counted_again(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    store = await Store.open(settings.database_url)
+    try:
+        events = EventBus()
+        service = RunService(settings, store, Catalog({}), {}, events=events)
+        reaper = Reaper(store, {}, service, grace_s=30, single_replica=False)
+        metrics = Metrics()
+        metrics.attach(service, reaper, events, ["local"])
+        await store.admit_run(orphaned_run("run_raced"))
+        seen = await store.runs_in_states(ACTIVE)  # the sweep reads the run as running…
+        await store.update_run("run_raced", state="succeeded")  # …then its owner ends it
+
+        async def as_read(states: Any, *, owner: str | None = None) -> list[dict[str, Any]]:
+            return seen
+
+        store.runs_in_states = as_read  # type: ignore[method-assign]
+        report = await reaper.sweep()
+        assert report.lost_runs == ["run_raced"]  # the sweep did try to mark it
+        samples = parse(metrics.render().decode())
+        assert value(samples, "relay_runs_total", job="sleep", provider="local", state="lost") == 0
+        assert (await store.get_run("run_raced") or {})["state"] == "succeeded"
+    finally:
+        await store.close()
 
 
 class StuckProvider:

@@ -3,6 +3,7 @@ loopback, retries with backoff, survives a restart, and refuses unsafe URLs at s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from relay.client import verify_signature
+from relay.store import Store
 from relay.webhooks import sign
 from tests.receiver import Received, Receiver
 from tests.relay_server import RelayProcess, free_port
@@ -202,3 +204,46 @@ def test_a_relay_restarted_mid_backoff_still_delivers(tmp_path: Path) -> None:
     assert final["deliveries"][0]["id"] == waiting["deliveries"][0]["id"]
     check_signed(received[1], TOKEN_SECRET)
     assert received[1].headers["Relay-Delivery-Id"] == received[0].headers["Relay-Delivery-Id"]
+
+
+def test_a_run_the_reaper_marks_lost_is_delivered_at_once(tmp_path: Path) -> None:
+    """The reaper's sweep wakes the dispatcher: no wait for RELAY_WEBHOOK_POLL_S."""
+    server = RelayProcess(
+        tmp_path / "reaped",
+        local_isolation="bwrap",
+        reap_interval_s=1,
+        webhook_poll_s=60,
+        webhook_allow_http="true",
+        webhook_allow_private="true",
+    )
+    server.add_token("hooks")
+    give_webhook_secret(server, "hooks", TOKEN_SECRET)
+
+    async def orphan(url: str) -> None:
+        """A running run owned by a relay that died, as its row was left."""
+        store = await Store.open(server.env["RELAY_DATABASE_URL"])
+        now = time.time()
+        try:
+            await store.admit_run(
+                {"id": "run_orphaned", "token": "hooks", "job": "echo", "provider": "local",
+                 "state": "running", "request_hash": "h", "timeout_s": 60.0, "created_at": now,
+                 "started_at": now, "deadline": now + 60, "owner": "a-relay-that-died",
+                 "callback_url": url}
+            )  # fmt: skip
+        finally:
+            await store.close()
+
+    with Receiver() as receiver:
+        server.start()
+        try:
+            time.sleep(0.5)  # the dispatcher has looked once and now waits out its poll
+            asyncio.run(orphan(receiver.url))
+            seeded = time.time()
+            (received,) = receiver.wait_for("run_orphaned", timeout_s=10)
+            final = wait_delivery(server, "hooks", "run_orphaned", "delivered", attempts=1)
+        finally:
+            server.stop()
+    assert received.at - seeded < 5, "delivered at the next poll, not when the run was reaped"
+    body = check_signed(received, TOKEN_SECRET)
+    assert body["state"] == "lost" and body["error"]["code"] == "sandbox_lost"
+    assert final["state"] == "lost"
