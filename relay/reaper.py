@@ -69,7 +69,10 @@ class Reaper:
         self.failures_total = 0
 
     def _held_here(self, run_id: str) -> bool:
-        return run_id in self.service._tasks
+        # A task that ended without writing its final state (the store failed) holds
+        # nothing: its run is reaped like any other once past its deadline.
+        task = self.service._tasks.get(run_id)
+        return task is not None and not task.done()
 
     async def _terminate(self, provider: str, sandbox_id: str, report: SweepReport) -> bool:
         if self._skip.get(sandbox_id, 0) > self._sweeps:

@@ -455,17 +455,26 @@ class RunService:
         }
         finished: dict[str, Any] | None = {**row, **values}
         callback = row.get("callback_url") is not None
-        if not await self.store.finish_run(run_id, values, callback=callback):
-            finished = await self._finish_contended(run_id, values)
-        self._tasks.pop(run_id, None)
-        self._cancel_reason.pop(run_id, None)
+        try:
+            if not await self.store.finish_run(run_id, values, callback=callback):
+                finished = await self._finish_contended(run_id, values)
+        except Exception as exc:
+            # The run stays active in the store; the reaper ends it after its deadline.
+            log.error(
+                "writing the final state failed",
+                extra={"run_id": run_id, "error_class": type(exc).__name__},
+            )
+            finished = None
+        finally:
+            self._tasks.pop(run_id, None)
+            self._cancel_reason.pop(run_id, None)
+            event = self._done.pop(run_id, None)
+            if event is not None:  # a waiter with no row reads the store instead
+                event.row = finished
+                event.set()
         if finished is not None:
             self.events.publish(RunEvent(run_id, "finished", state=finished["state"], row=finished))
-        event = self._done.pop(run_id, None)
-        if event is not None:
-            event.row = finished
-            event.set()
-        log.info("run finished", extra={"run_id": run_id, "state": finished and finished["state"]})
+            log.info("run finished", extra={"run_id": run_id, "state": finished["state"]})
 
     async def _finish_contended(self, run_id: str, values: dict[str, Any]) -> dict[str, Any] | None:
         """The run was made final elsewhere (then it stays as it is), or canceled through
@@ -521,7 +530,10 @@ class RunService:
             provider = self.providers.get(row["provider"])
             if row["sandbox_id"] and provider is not None:
                 await provider.terminate(row["sandbox_id"])
-            await self.store.update_run(run_id, state=RunState.canceled.value, ended_at=time.time())
+            ended: dict[str, Any] = {"state": RunState.canceled.value, "ended_at": time.time()}
+            if await self.store.update_run(run_id, **ended):
+                row = {**row, **ended}
+                self.events.publish(RunEvent(run_id, "finished", state=row["state"], row=row))
         return await self.get(principal, run_id)
 
     # -- shutdown ----------------------------------------------------------------------

@@ -1,9 +1,9 @@
-"""Cancels that land at awkward moments still end the run and its sandbox.
+"""Runs that end at awkward moments still end, with their sandbox, and are reported.
 
 In-process relays (tests/chaos.py) on one SQLite file and one in-memory provider world:
-a DELETE that arrives before the run's task has taken a step, and a DELETE through
-another replica while the owner is still creating the sandbox (no sandbox id yet for the
-other replica to terminate).
+a DELETE that arrives before the run's task has taken a step, a DELETE through another
+replica while the owner is still creating the sandbox (no sandbox id yet for the other
+replica to terminate), and a final write that fails.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from relay.events import RunEvent
 from relay.models import RunRequest
 from relay.store import Store
 from tests.chaos import PRINCIPAL, MemoryBackend, Relay
@@ -49,6 +50,8 @@ async def test_a_cancel_through_another_replica_during_create_ends_the_sandbox(
     backend, store, tmp = world
     owner, other = Relay(store, backend, tmp, {}), Relay(store, backend, tmp, {})
     backend.world.faults.create_delay_s = 0.3
+    seen: list[RunEvent] = []
+    other.service.events.subscribe(seen.append)
     run, _ = await owner.service.submit(PRINCIPAL, long_run(), None)
     await asyncio.sleep(0.05)  # the owner is inside the provider's create call
     assert (await store.get_run(run["id"]))["state"] == "starting"  # type: ignore[index]
@@ -63,3 +66,30 @@ async def test_a_cancel_through_another_replica_during_create_ends_the_sandbox(
     assert time.monotonic() - started < 5
     final = await store.get_run(run["id"])
     assert final is not None and final["state"] == "canceled"
+    # The replica that canceled it tells its metrics, webhooks and streams.
+    assert [(e.kind, e.state) for e in seen] == [("finished", "canceled")]
+
+
+async def test_a_failed_final_write_frees_the_waiter_and_the_reaper_ends_the_run(
+    world: tuple[MemoryBackend, Store, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend, store, tmp = world
+    relay = Relay(store, backend, tmp, {})
+
+    async def store_down(*args: object, **kwargs: object) -> bool:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(relay.store, "finish_run", store_down)
+    request = RunRequest(command=["run", "0.01", "0"], timeout_s=0.2, wait=False)
+    run, _ = await relay.service.submit(PRINCIPAL, request, None)
+    seen = await relay.service.wait(run["id"], 1.0)  # answers, does not hang
+    assert seen["state"] == "running"
+    assert relay.service.active_runs == 0
+    monkeypatch.undo()
+    relay.reaper.grace_s = 0
+    await asyncio.sleep(max(0.0, seen["deadline"] - time.time()) + 0.05)
+    report = await relay.reaper.sweep()
+    assert report.lost_runs == [run["id"]]
+    final = await store.get_run(run["id"])
+    assert final is not None and final["state"] == "lost"
+    assert not any(box.alive for box in backend.world.boxes.values())
