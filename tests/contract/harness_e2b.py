@@ -6,9 +6,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from relay.providers.base import Provider
 from relay.providers.e2b import E2BProvider
 from relay.settings import Settings
-from tests.contract.harness import Harness
+from tests.contract.harness import (
+    BAD_KEY,
+    IMPATIENT_CREATE_TIMEOUT_S,
+    UNREACHABLE_URL,
+    FakeFaults,
+    Harness,
+    Variant,
+)
 from tests.fakes.e2b import FakeE2B, running_fake
 
 
@@ -22,6 +30,25 @@ def settings_for(fake: FakeE2B, **overrides: object) -> Settings:
         **overrides,
     }
     return Settings(_env_file=None, **values)  # type: ignore[arg-type]
+
+
+def faults_of(fake: FakeE2B) -> FakeFaults:
+    """Fault injection through the fake's own knobs; "injected" is in every error body."""
+
+    def variant(kind: Variant) -> Provider:
+        overrides: dict[str, object] = {"create_timeout_s": IMPATIENT_CREATE_TIMEOUT_S}
+        if kind == "bad_key":
+            overrides["e2b_api_key"] = BAD_KEY
+        elif kind == "unreachable":
+            # The SDK gives up on a refused connection after ~4 s of its own retries; a
+            # create timeout shorter than that would answer ProviderTimeout first.
+            overrides = {"e2b_api_url": UNREACHABLE_URL, "e2b_sandbox_url": UNREACHABLE_URL}
+        return E2BProvider(settings_for(fake, cluster="test", **overrides))
+
+    def allocated() -> list[str]:
+        return [str(entry["sandbox_id"]) for entry in fake.ledger.created]
+
+    return FakeFaults(fake, ("test-key", BAD_KEY, "injected"), allocated, variant)
 
 
 @asynccontextmanager
@@ -41,6 +68,6 @@ async def open_harness(tmp_path: Path) -> AsyncIterator[Harness]:
             return {} if entry is None else dict(entry["metadata"])
 
         try:
-            yield Harness(provider, alive, lifetime_of, tags_of, image=None)
+            yield Harness(provider, alive, lifetime_of, tags_of, faults=faults_of(fake))
         finally:
             await provider.aclose()
