@@ -7,9 +7,9 @@ Each provider has a module ``tests/contract/harness_<name>.py`` exporting
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from relay.providers.base import Provider
 
@@ -53,10 +53,13 @@ class Faults(Protocol):
 
 
 class FaultyFake(Protocol):
-    """What :class:`FakeFaults` needs of a fake: its fault knobs and a reset."""
+    """What :class:`FakeFaults` needs of a fake: its fault knobs, its ledger and a reset."""
 
     @property
-    def faults(self) -> object: ...
+    def faults(self) -> Any: ...
+
+    @property
+    def ledger(self) -> Any: ...
 
     def reset(self) -> None: ...
 
@@ -67,8 +70,12 @@ class FakeFaults:
 
     fake: FaultyFake
     secrets: tuple[str, ...]
-    allocated: Callable[[], list[str]]
-    variant: Callable[[Variant], Provider]
+    build: Callable[..., Provider]
+    """A provider on the same fake, from settings overrides."""
+    variants: Mapping[Variant, Mapping[str, object]]
+    """The settings overrides that make each :data:`Variant`."""
+    id_field: str = "sandbox_id"
+    """The key of a sandbox's id in the fake's ``ledger.created`` entries."""
 
     def inject(self, fault: Fault, value: object) -> None:
         if not hasattr(self.fake.faults, fault):
@@ -79,10 +86,10 @@ class FakeFaults:
         self.fake.reset()
 
     def created(self) -> list[str]:
-        return self.allocated()
+        return [str(entry[self.id_field]) for entry in self.fake.ledger.created]
 
     def provider(self, variant: Variant) -> Provider:
-        return self.variant(variant)
+        return self.build(**self.variants[variant])
 
 
 @dataclass

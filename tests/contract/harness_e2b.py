@@ -32,23 +32,22 @@ def settings_for(fake: FakeE2B, **overrides: object) -> Settings:
     return Settings(_env_file=None, **values)  # type: ignore[arg-type]
 
 
+VARIANTS: dict[Variant, dict[str, object]] = {
+    "impatient": {"create_timeout_s": IMPATIENT_CREATE_TIMEOUT_S},
+    "bad_key": {"e2b_api_key": BAD_KEY},
+    # The SDK gives up on a refused connection after ~4 s of its own retries: a shorter
+    # create timeout would answer ProviderTimeout first.
+    "unreachable": {"e2b_api_url": UNREACHABLE_URL, "e2b_sandbox_url": UNREACHABLE_URL},
+}
+
+
 def faults_of(fake: FakeE2B) -> FakeFaults:
     """Fault injection through the fake's own knobs; "injected" is in every error body."""
 
-    def variant(kind: Variant) -> Provider:
-        overrides: dict[str, object] = {"create_timeout_s": IMPATIENT_CREATE_TIMEOUT_S}
-        if kind == "bad_key":
-            overrides["e2b_api_key"] = BAD_KEY
-        elif kind == "unreachable":
-            # The SDK gives up on a refused connection after ~4 s of its own retries; a
-            # create timeout shorter than that would answer ProviderTimeout first.
-            overrides = {"e2b_api_url": UNREACHABLE_URL, "e2b_sandbox_url": UNREACHABLE_URL}
+    def build(**overrides: object) -> Provider:
         return E2BProvider(settings_for(fake, cluster="test", **overrides))
 
-    def allocated() -> list[str]:
-        return [str(entry["sandbox_id"]) for entry in fake.ledger.created]
-
-    return FakeFaults(fake, ("test-key", BAD_KEY, "injected"), allocated, variant)
+    return FakeFaults(fake, ("test-key", BAD_KEY, "injected"), build, VARIANTS)
 
 
 @asynccontextmanager

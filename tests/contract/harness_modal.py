@@ -35,23 +35,25 @@ def settings_for(fake: FakeModal, **overrides: object) -> Settings:
     return Settings(_env_file=None, **values)  # type: ignore[arg-type]
 
 
+VARIANTS: dict[Variant, dict[str, object]] = {
+    "impatient": {"create_timeout_s": IMPATIENT_CREATE_TIMEOUT_S},
+    "bad_key": {"modal_token_secret": BAD_KEY},
+    # The client retries its first connection for a minute: the create timeout is what
+    # lets the provider answer ProviderUnavailable sooner.
+    "unreachable": {
+        "modal_server_url": UNREACHABLE_URL,
+        "create_timeout_s": IMPATIENT_CREATE_TIMEOUT_S,
+    },
+}
+
+
 def faults_of(fake: FakeModal) -> FakeFaults:
     """Fault injection through the fake's own knobs; its gRPC details all start "fake:"."""
 
-    def variant(kind: Variant) -> Provider:
-        overrides: dict[str, object] = {"create_timeout_s": IMPATIENT_CREATE_TIMEOUT_S}
-        if kind == "bad_key":
-            overrides["modal_token_secret"] = BAD_KEY
-        elif kind == "unreachable":
-            # The client retries its first connection for a minute: the create timeout
-            # is what lets the provider answer ProviderUnavailable sooner.
-            overrides["modal_server_url"] = UNREACHABLE_URL
+    def build(**overrides: object) -> Provider:
         return ModalProvider(settings_for(fake, **overrides))
 
-    def allocated() -> list[str]:
-        return [str(entry["sandbox_id"]) for entry in fake.ledger.created]
-
-    return FakeFaults(fake, ("as-test", BAD_KEY, "fake:"), allocated, variant)
+    return FakeFaults(fake, ("as-test", BAD_KEY, "fake:"), build, VARIANTS)
 
 
 @asynccontextmanager

@@ -38,22 +38,21 @@ def settings_for(fake: FakeVercel, **overrides: object) -> Settings:
     return Settings(_env_file=None, **values)  # type: ignore[call-arg]
 
 
+VARIANTS: dict[Variant, dict[str, object]] = {
+    "impatient": {"create_timeout_s": IMPATIENT_CREATE_TIMEOUT_S},
+    "bad_key": {"vercel_token": BAD_KEY},
+    "unreachable": {"vercel_base_url": UNREACHABLE_URL},
+}
+
+
 def faults_of(fake: FakeVercel) -> FakeFaults:
     """Fault injection through the fake's own knobs; its error bodies carry BODY_MARKER."""
 
-    def variant(kind: Variant) -> Provider:
-        overrides: dict[str, object] = {"create_timeout_s": IMPATIENT_CREATE_TIMEOUT_S}
-        if kind == "bad_key":
-            overrides["vercel_token"] = BAD_KEY
-        elif kind == "unreachable":
-            overrides = {"vercel_base_url": UNREACHABLE_URL}
+    def build(**overrides: object) -> Provider:
         return VercelProvider(settings_for(fake, **overrides))
 
-    def allocated() -> list[str]:
-        return [str(entry["name"]) for entry in fake.ledger.created]
-
     secrets = (TOKEN, BAD_KEY, BODY_MARKER, "sk-should-never-leak")
-    return FakeFaults(fake, secrets, allocated, variant)
+    return FakeFaults(fake, secrets, build, VARIANTS, id_field="name")
 
 
 @asynccontextmanager

@@ -33,7 +33,9 @@ PROMPTLY_S = IMPATIENT_CREATE_TIMEOUT_S + 4
 
 def faults_of(harness: Harness) -> Faults:
     if harness.faults is None:
-        pytest.skip(f"{harness.provider.name} runs for real here: there is no fake to break")
+        pytest.skip(
+            f"the {harness.provider.name} provider runs for real: no fake to inject faults into"
+        )
     return harness.faults
 
 
