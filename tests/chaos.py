@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, get_args
 
 from relay.auth import Principal
 from relay.catalog import Catalog
@@ -31,6 +31,7 @@ from relay.service import RunService
 from relay.settings import Settings
 from relay.store import Store
 from tests.conftest import make_settings
+from tests.contract.harness import Fault
 from tests.fakes.memory import MemoryProvider, MemoryWorld
 
 PRINCIPAL = Principal(name="chaos", command=True)
@@ -188,16 +189,7 @@ class FakeBackend:
 
     def inject(self, rng: random.Random) -> None:
         faults = self.fake.faults
-        choice = rng.choice(
-            [
-                "create_status",
-                "create_hang",
-                "create_allocates_then_fails",
-                "cut_stream",
-                "terminate_failures",
-                "vanish_after_s",
-            ]
-        )
+        choice = rng.choice(get_args(Fault))
         value = {
             "create_status": rng.choice([500, 503, 429]),
             "terminate_failures": 3,

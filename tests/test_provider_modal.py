@@ -7,7 +7,6 @@ ledger: no sandbox may be left alive, whatever the test did.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -26,11 +25,6 @@ from modal_proto.task_command_router_grpc import TaskCommandRouterStub
 from relay.errors import (
     EgressUnsupported,
     ProviderAuth,
-    ProviderError,
-    ProviderRateLimited,
-    ProviderTimeout,
-    ProviderUnavailable,
-    SandboxLost,
     SizeUnsupported,
     ValidationFailed,
 )
@@ -253,33 +247,7 @@ async def test_other_clusters_are_not_listed(fake: FakeModal) -> None:
 
 
 # -- faults ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("status", "error"),
-    [(500, ProviderUnavailable), (429, ProviderRateLimited), (401, ProviderAuth)],
-)
-async def test_create_status_faults(
-    fake: FakeModal, provider: ModalProvider, status: int, error: type[ProviderError]
-) -> None:
-    fake.faults.create_status = status
-    with pytest.raises(error) as caught:
-        async with provider.sandbox(spec()):
-            pytest.fail("no sandbox should be yielded")
-    assert "fake" not in caught.value.message  # never Modal's own words
-    if status == 429:
-        assert caught.value.retry_after is not None
-
-
-async def test_bad_key_is_provider_auth(fake: FakeModal) -> None:
-    provider = ModalProvider(settings_for(fake, modal_token_secret="bad-key"))
-    try:
-        with pytest.raises(ProviderAuth):
-            async with provider.sandbox(spec()):
-                pass
-    finally:
-        await provider.aclose()
-    assert fake.ledger.created == []
+# The faults every provider shares are in tests/contract/test_faults.py; these are Modal's.
 
 
 async def test_missing_credentials_is_provider_auth(fake: FakeModal) -> None:
@@ -289,62 +257,6 @@ async def test_missing_credentials_is_provider_auth(fake: FakeModal) -> None:
             pass
 
 
-async def test_unreachable_modal_is_unavailable_within_the_create_timeout() -> None:
-    with running_fake() as stopped:
-        url = stopped.url  # nothing listens here once the block ends
-    provider = ModalProvider(
-        Settings(
-            _env_file=None,
-            modal_token_id="ak-test",
-            modal_token_secret="as-test",
-            modal_server_url=url,
-            create_timeout_s=1.0,
-        )  # type: ignore[call-arg]
-    )
-    started = time.monotonic()
-    try:
-        with pytest.raises(ProviderUnavailable):
-            async with provider.sandbox(spec()):
-                pass
-    finally:
-        await provider.aclose()
-    assert time.monotonic() - started < 5
-
-
-async def test_create_hang_is_bounded(fake: FakeModal) -> None:
-    fake.faults.create_hang = True
-    provider = ModalProvider(settings_for(fake, create_timeout_s=1.0))
-    started = time.monotonic()
-    try:
-        with pytest.raises(ProviderTimeout):
-            async with provider.sandbox(spec()):
-                pass
-    finally:
-        await provider.aclose()
-    assert time.monotonic() - started < 5
-
-
-async def test_create_that_allocates_then_fails_leaves_nothing(
-    fake: FakeModal, provider: ModalProvider
-) -> None:
-    fake.faults.create_allocates_then_fails = True
-    with pytest.raises(ProviderUnavailable):
-        async with provider.sandbox(spec()):
-            pass
-    # the client retried with one idempotency key: one sandbox, swept by tag right away
-    assert len(fake.ledger.created) == 1
-    assert fake.ledger.terminated[-1][0] == fake.ledger.created[-1]["sandbox_id"]
-
-
-async def test_cut_stream_resumes_from_offset(fake: FakeModal, provider: ModalProvider) -> None:
-    fake.faults.cut_stream = True
-    script = "for i in 1 2 3 4 5; do echo line $i; sleep 0.05; done"
-    code, output, _ = await run(provider, ["sh", "-c", script])
-    assert fake.ledger.stream_cuts == 1
-    assert code == 0
-    assert output.text("stdout") == "".join(f"line {i}\n" for i in range(1, 6))
-
-
 async def test_one_terminate_failure_is_retried_by_the_client(
     fake: FakeModal, provider: ModalProvider
 ) -> None:
@@ -352,43 +264,6 @@ async def test_one_terminate_failure_is_retried_by_the_client(
     code, _, sandbox_id = await run(provider, ["true"])
     assert code == 0
     assert fake.ledger.terminated[-1][0] == sandbox_id
-
-
-async def test_failed_terminate_is_raised_logged_and_left_for_the_reaper(
-    fake: FakeModal, provider: ModalProvider, caplog: pytest.LogCaptureFixture
-) -> None:
-    fake.faults.terminate_failures = 100
-    caplog.set_level(logging.ERROR, logger="relay.providers.modal")
-    with pytest.raises(ProviderUnavailable):
-        async with provider.sandbox(spec(run_id="run_orphan")) as sandbox:
-            pass
-    assert fake.ledger.alive() == {sandbox.id}
-    assert sandbox.id in caplog.text and "ServiceError" in caplog.text
-    assert "as-test" not in caplog.text and "fake:" not in caplog.text
-    # what the reaper does next
-    fake.reset()
-    refs = await provider.list_owned()
-    assert [ref.run_id for ref in refs] == ["run_orphan"]
-    await provider.terminate(refs[0].sandbox_id)
-
-
-async def test_failed_terminate_does_not_mask_the_original_error(
-    fake: FakeModal, provider: ModalProvider
-) -> None:
-    fake.faults.terminate_failures = 100
-    with pytest.raises(RuntimeError, match="job broke"):
-        async with provider.sandbox(spec()) as sandbox:
-            raise RuntimeError("job broke")
-    fake.reset()
-    await provider.terminate(sandbox.id)
-
-
-async def test_sandbox_vanishing_mid_run_is_sandbox_lost(
-    fake: FakeModal, provider: ModalProvider
-) -> None:
-    fake.faults.vanish_after_s = 0.5
-    with pytest.raises(SandboxLost):
-        await run(provider, ["sleep", "30"])
 
 
 # -- live --------------------------------------------------------------------------------------

@@ -6,9 +6,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from relay.providers.base import Provider
 from relay.providers.e2b import E2BProvider
 from relay.settings import Settings
-from tests.contract.harness import Harness
+from tests.contract.harness import (
+    BAD_KEY,
+    IMPATIENT_CREATE_TIMEOUT_S,
+    UNREACHABLE_URL,
+    FakeFaults,
+    Harness,
+    Variant,
+)
 from tests.fakes.e2b import FakeE2B, running_fake
 
 
@@ -22,6 +30,24 @@ def settings_for(fake: FakeE2B, **overrides: object) -> Settings:
         **overrides,
     }
     return Settings(_env_file=None, **values)  # type: ignore[arg-type]
+
+
+VARIANTS: dict[Variant, dict[str, object]] = {
+    "impatient": {"create_timeout_s": IMPATIENT_CREATE_TIMEOUT_S},
+    "bad_key": {"e2b_api_key": BAD_KEY},
+    # The SDK gives up on a refused connection after ~4 s of its own retries: a shorter
+    # create timeout would answer ProviderTimeout first.
+    "unreachable": {"e2b_api_url": UNREACHABLE_URL, "e2b_sandbox_url": UNREACHABLE_URL},
+}
+
+
+def faults_of(fake: FakeE2B) -> FakeFaults:
+    """Fault injection through the fake's own knobs; "injected" is in every error body."""
+
+    def build(**overrides: object) -> Provider:
+        return E2BProvider(settings_for(fake, cluster="test", **overrides))
+
+    return FakeFaults(fake, ("test-key", BAD_KEY, "injected"), build, VARIANTS)
 
 
 @asynccontextmanager
@@ -41,6 +67,6 @@ async def open_harness(tmp_path: Path) -> AsyncIterator[Harness]:
             return {} if entry is None else dict(entry["metadata"])
 
         try:
-            yield Harness(provider, alive, lifetime_of, tags_of, image=None)
+            yield Harness(provider, alive, lifetime_of, tags_of, faults=faults_of(fake))
         finally:
             await provider.aclose()

@@ -6,9 +6,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from relay.providers.base import Provider
 from relay.providers.modal import ModalProvider
 from relay.settings import Settings
-from tests.contract.harness import Harness
+from tests.contract.harness import (
+    BAD_KEY,
+    IMPATIENT_CREATE_TIMEOUT_S,
+    UNREACHABLE_URL,
+    FakeFaults,
+    Harness,
+    Variant,
+)
 from tests.fakes.modal import FakeModal, running_fake
 
 
@@ -25,6 +33,27 @@ def settings_for(fake: FakeModal, **overrides: object) -> Settings:
     }
     values.update(overrides)
     return Settings(_env_file=None, **values)  # type: ignore[arg-type]
+
+
+VARIANTS: dict[Variant, dict[str, object]] = {
+    "impatient": {"create_timeout_s": IMPATIENT_CREATE_TIMEOUT_S},
+    "bad_key": {"modal_token_secret": BAD_KEY},
+    # The client retries its first connection for a minute: the create timeout is what
+    # lets the provider answer ProviderUnavailable sooner.
+    "unreachable": {
+        "modal_server_url": UNREACHABLE_URL,
+        "create_timeout_s": IMPATIENT_CREATE_TIMEOUT_S,
+    },
+}
+
+
+def faults_of(fake: FakeModal) -> FakeFaults:
+    """Fault injection through the fake's own knobs; its gRPC details all start "fake:"."""
+
+    def build(**overrides: object) -> Provider:
+        return ModalProvider(settings_for(fake, **overrides))
+
+    return FakeFaults(fake, ("as-test", BAD_KEY, "fake:"), build, VARIANTS)
 
 
 @asynccontextmanager
@@ -44,6 +73,12 @@ async def open_harness(tmp_path: Path) -> AsyncIterator[Harness]:
             return {} if entry is None else dict(entry["tags"])
 
         try:
-            yield Harness(provider=provider, alive=alive, lifetime_of=lifetime_of, tags_of=tags_of)
+            yield Harness(
+                provider=provider,
+                alive=alive,
+                lifetime_of=lifetime_of,
+                tags_of=tags_of,
+                faults=faults_of(fake),
+            )
         finally:
             await provider.aclose()

@@ -6,10 +6,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from relay.providers.base import Provider
 from relay.providers.vercel import VercelProvider
 from relay.settings import Settings
-from tests.contract.harness import Harness
-from tests.fakes.vercel import FakeVercel, running_fake
+from tests.contract.harness import (
+    IMPATIENT_CREATE_TIMEOUT_S,
+    UNREACHABLE_URL,
+    FakeFaults,
+    Harness,
+    Variant,
+)
+from tests.fakes.vercel import BAD_KEY, BODY_MARKER, FakeVercel, running_fake
 
 TOKEN = "vercel-test-token"
 TEAM = "team_relaytest"
@@ -31,6 +38,23 @@ def settings_for(fake: FakeVercel, **overrides: object) -> Settings:
     return Settings(_env_file=None, **values)  # type: ignore[call-arg]
 
 
+VARIANTS: dict[Variant, dict[str, object]] = {
+    "impatient": {"create_timeout_s": IMPATIENT_CREATE_TIMEOUT_S},
+    "bad_key": {"vercel_token": BAD_KEY},
+    "unreachable": {"vercel_base_url": UNREACHABLE_URL},
+}
+
+
+def faults_of(fake: FakeVercel) -> FakeFaults:
+    """Fault injection through the fake's own knobs; its error bodies carry BODY_MARKER."""
+
+    def build(**overrides: object) -> Provider:
+        return VercelProvider(settings_for(fake, **overrides))
+
+    secrets = (TOKEN, BAD_KEY, BODY_MARKER, "sk-should-never-leak")
+    return FakeFaults(fake, secrets, build, VARIANTS, id_field="name")
+
+
 @asynccontextmanager
 async def open_harness(tmp_path: Path) -> AsyncIterator[Harness]:
     with running_fake() as fake:
@@ -46,6 +70,6 @@ async def open_harness(tmp_path: Path) -> AsyncIterator[Harness]:
             return fake.ledger.tags_of(sandbox_id)
 
         try:
-            yield Harness(provider, alive, lifetime_of, tags_of)
+            yield Harness(provider, alive, lifetime_of, tags_of, faults=faults_of(fake))
         finally:
             await provider.aclose()
