@@ -3,7 +3,8 @@
 Faults are injected into the protocol fakes through ``Harness.faults``. What each test
 asserts is what a user would notice: which RelayError the run ends with, that no provider
 body or key reaches it or the log, and that no sandbox is left alive (the fixture checks).
-The local provider runs for real, with nothing to inject into: it skips these tests.
+The local provider runs for real, with nothing to inject into: this module's
+``harness`` fixture leaves it out.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 import pytest
@@ -25,17 +27,22 @@ from relay.errors import (
     SandboxLost,
 )
 from relay.providers.base import TAG_RUN, OutputSink, Provider, Sandbox
+from tests.contract.conftest import WITH_FAKES, opened_harness
 from tests.contract.harness import IMPATIENT_CREATE_TIMEOUT_S, Faults, Harness, Variant
 from tests.contract.test_contract import spec
 
 PROMPTLY_S = IMPATIENT_CREATE_TIMEOUT_S + 4
 
 
+@pytest.fixture(params=WITH_FAKES)
+async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
+    """Here, only the harnesses with a fake to inject faults into."""
+    async with opened_harness(request.param, tmp_path) as opened:
+        yield opened
+
+
 def faults_of(harness: Harness) -> Faults:
-    if harness.faults is None:
-        pytest.skip(
-            f"the {harness.provider.name} provider runs for real: no fake to inject faults into"
-        )
+    assert harness.faults is not None  # every harness with a fake has faults
     return harness.faults
 
 
