@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import secrets
 import shlex
 import sys
@@ -90,6 +91,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(settings)
 
     class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            # Everything loaded so far (SDKs, schemas, the app) lives as long as the
+            # process: keep it out of the collector's full passes, which otherwise stall
+            # the loop for tens of milliseconds under load (bench/README.md).
+            gc.collect()
+            gc.freeze()
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             state = getattr(app.state, "relay", None)
             if state is not None:

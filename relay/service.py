@@ -505,7 +505,8 @@ class RunService:
         end = time.monotonic() + timeout_s
         if event is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await event.wait()
             if event.row is not None:
                 return event.row
         while True:
