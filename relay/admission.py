@@ -3,18 +3,21 @@
 Per token: runs at once, runs a day, USD a day (the worst case of active runs counts, the
 measured cost of ended ones); per relay: runs at once. ``Store.admit_run`` calls
 :func:`check_limits` between the idempotency check and the insert, under an advisory lock
-on PostgreSQL, so the limits hold across replicas.
+on PostgreSQL, so the limits hold across replicas. :func:`refusal` turns a refusal into
+the 429 the caller sees; days and months are UTC (:func:`day_start`, :func:`month_start`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from relay.errors import BudgetExceeded, RateLimited
 from relay.schema import ACTIVE, runs, state_in
 
 
@@ -81,3 +84,34 @@ def check_limits(conn: Connection, row: Mapping[str, Any], admission: Admission)
         used = float(conn.scalar(_USD_TODAY, params) or 0.0)
         if used + float(row.get("reserved_usd", 0.0)) > admission.usd_per_day + 1e-12:
             raise LimitReached("usd_per_day", admission.usd_per_day, next_day)
+
+
+def day_start(now: float) -> float:
+    """Midnight UTC of the day ``now`` is in: daily limits reset there."""
+    return float(int(now // 86_400) * 86_400)
+
+
+def month_start(now: float) -> float:
+    moment = datetime.fromtimestamp(now, UTC)
+    return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
+def refusal(limit: LimitReached) -> RateLimited:
+    """429 with Retry-After and the RateLimit-* headers that say when to come back."""
+    headers = {
+        "RateLimit-Limit": f"{limit.limit:g}",
+        "RateLimit-Remaining": "0",
+        "RateLimit-Reset": str(max(1, round(limit.retry_after))),
+    }
+    if limit.kind == "usd_per_day":
+        return BudgetExceeded(
+            f"this token's daily budget of ${limit.limit:g} is used up (counting the worst "
+            "case of its running runs and of this one)",
+            retry_after=limit.retry_after,
+            headers=headers,
+        )
+    what = {
+        "concurrency": f"{limit.limit:g} runs at once",
+        "runs_per_day": f"{limit.limit:g} runs a day",
+    }[limit.kind]
+    return RateLimited(f"limit reached: {what}", retry_after=limit.retry_after, headers=headers)

@@ -162,7 +162,7 @@ def cmd_tokens(args: argparse.Namespace) -> int:
 
 
 async def _usage_today(settings: Settings, names: list[str]) -> dict[str, tuple[int, float]]:
-    from relay.service import day_start
+    from relay.admission import day_start
     from relay.store import Store
 
     store = await Store.open(settings.database_url)

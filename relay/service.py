@@ -13,66 +13,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from relay import logs
-from relay.admission import Admission, DuplicateKey, LimitReached
+from relay.admission import (
+    Admission,
+    DuplicateKey,
+    LimitReached,
+    day_start,
+    month_start,
+    refusal,
+)
 from relay.auth import Principal
-from relay.callback_urls import parse_callback_url, refuse_unsafe_callback
-from relay.catalog import Catalog, JobSpec
+from relay.callback_urls import refuse_unsafe_callback
+from relay.catalog import Catalog
 from relay.costs import CostModel
 from relay.errors import (
-    BudgetExceeded,
-    CallbackRefused,
-    Forbidden,
     IdempotencyConflict,
     NotFound,
-    ProviderNotEnabled,
     ProviderTimeout,
-    RateLimited,
     RelayError,
     RunNotCancelable,
     ShuttingDown,
-    UnknownJob,
-    ValidationFailed,
 )
 from relay.events import EventBus, RunEvent
-from relay.models import SIZES, RunRequest, RunState, Size
+from relay.models import RunRequest, RunState
+from relay.planning import Plan, Planner, request_hash
 from relay.providers.base import (
-    Egress,
     OutputSink,
     Provider,
-    Resources,
-    SandboxSpec,
     shielded,
 )
 from relay.settings import Settings
 from relay.store import Store, Usage
 
 log = logging.getLogger("relay.service")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A validated request, resolved to exactly what will run and where."""
-
-    job: str | None
-    provider: str
-    argv: list[str]
-    env: dict[str, str]
-    files: dict[str, bytes]
-    stdin: bytes | None
-    workdir: str | None
-    timeout_s: float
-    spec: SandboxSpec
 
 
 class _EndedElsewhere(Exception):
@@ -88,30 +68,6 @@ class _Done(asyncio.Event):
 def new_run_id() -> str:
     """Sortable by creation time, unguessable."""
     return f"run_{int(time.time() * 1000):011x}{secrets.token_hex(8)}"
-
-
-def request_hash(request: RunRequest) -> str:
-    body = request.model_dump(mode="json", exclude={"wait"})
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def _image_for(
-    provider: str, asked: str | None, job: JobSpec | None, default: str | None
-) -> str | None:
-    """The request's image, else the job's image for this provider ("" = the provider's
-    own default), else the job's image."""
-    if asked:
-        return asked
-    if job is not None and provider in job.images:
-        return job.images[provider] or None
-    return default
-
-
-def _narrower_egress(job: tuple[str, ...], asked: list[str]) -> tuple[str, ...]:
-    """The asked egress if it is within the job's; a caller can narrow, never widen."""
-    if job == ("*",) or set(asked) <= set(job):
-        return tuple(asked)
-    raise Forbidden("this job does not allow that egress; a request may only narrow it")
 
 
 class RunService:
@@ -135,108 +91,13 @@ class RunService:
         self.store = store
         self.catalog = catalog
         self.providers = dict(providers)
+        self.planner = Planner(settings, catalog, self.providers)
         self.instance_id = instance_id or secrets.token_hex(8)
         self.accepting = True
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._done: dict[str, _Done] = {}
         self._cancel_reason: dict[str, str] = {}
         self._drain_started: float | None = None
-
-    # -- admission ---------------------------------------------------------------------
-
-    def _choose_provider(self, principal: Principal, asked: str, job: JobSpec | None) -> str:
-        name = asked
-        if name == "auto":
-            name = job.provider if job and job.provider != "auto" else self.settings.providers[0]
-        if name not in self.providers:
-            raise ProviderNotEnabled(f"provider {name!r} is not enabled on this relay")
-        if not principal.may_use_provider(name):
-            raise Forbidden(f"this token may not use provider {name!r}")
-        if job and job.provider not in ("auto", name):
-            raise Forbidden(f"job {job.name!r} runs only on {job.provider!r}")
-        return name
-
-    def plan(self, principal: Principal, request: RunRequest, run_id: str) -> Plan:
-        """Check scopes, job, params and limits; raise a RelayError or return the plan."""
-        if request.callback_url is not None:
-            parse_callback_url(request.callback_url, allow_http=self.settings.webhook_allow_http)
-            secret = self.settings.webhook_secret
-            if principal.webhook_secret is None and secret is None:
-                raise CallbackRefused("no webhook secret to sign callbacks for this token")
-        if (request.job is None) == (request.command is None):
-            raise ValidationFailed("send exactly one of `job` or `command`")
-        job: JobSpec | None = None
-        if request.job is not None:
-            if not principal.may_run_job(request.job):
-                raise Forbidden(f"this token may not run job {request.job!r}")
-            job = self.catalog.get(request.job)
-            if job is None:
-                raise UnknownJob(f"no job named {request.job!r}")
-            overrides = {
-                key
-                for key in (
-                    "image",
-                    "size",
-                    "env",
-                    "stdin",
-                    "files",
-                    "workdir",
-                    "timeout_s",
-                    "egress",
-                )
-                if key in request.model_fields_set and getattr(request, key) not in (None, {}, [])
-            }
-            refused = sorted(overrides - job.allow)
-            if refused:
-                raise Forbidden(f"job {job.name!r} does not let a request set `{refused[0]}`")
-            argv, env, files = job.render(job.resolve_params(request.params))
-            egress = job.egress
-            base_timeout, image, size = job.timeout_s, job.image, job.size
-        else:
-            if not principal.command:
-                raise Forbidden("this token may not run a raw command")
-            if request.params:
-                raise ValidationFailed("`params` belong to a job; a raw command has none")
-            argv, env, files = list(request.command or []), {}, {}
-            egress, base_timeout, image = ("*",), self.settings.default_timeout_s, None
-            size = Size.small
-        if request.egress is not None:
-            egress = _narrower_egress(egress, request.egress)
-        elif job is None:
-            egress = ()
-        env.update(request.env)
-        files.update({path: text.encode("utf-8") for path, text in request.files.items()})
-        caps = [self.settings.max_timeout_s, base_timeout if job else self.settings.max_timeout_s]
-        if principal.max_timeout_s is not None:
-            caps.append(principal.max_timeout_s)
-        timeout_s = min([request.timeout_s or base_timeout, *caps])
-        size = request.size or size
-        provider = self._choose_provider(principal, request.provider, job)
-        cpu, memory_mb = SIZES[size]
-        spec = SandboxSpec(
-            run_id=run_id,
-            cluster=self.settings.cluster,
-            timeout_s=timeout_s,
-            grace_s=self.settings.grace_s,
-            image=_image_for(provider, request.image, job, image),
-            resources=Resources(cpu=cpu, memory_mb=memory_mb),
-            egress=Egress(tuple(egress)),
-            env=env,
-            pip=job.pip if job else (),
-        )
-        self.providers[provider].check(spec)
-        stdin = request.stdin.encode("utf-8") if request.stdin is not None else None
-        return Plan(
-            job=job.name if job else None,
-            provider=provider,
-            argv=argv,
-            env=env,
-            files=files,
-            stdin=stdin,
-            workdir=request.workdir,
-            timeout_s=timeout_s,
-            spec=spec,
-        )
 
     async def submit(
         self, principal: Principal, request: RunRequest, idempotency_key: str | None
@@ -250,7 +111,7 @@ class RunService:
             if existing is not None:
                 return self._same_request(existing, digest), False
         run_id = new_run_id()
-        plan = self.plan(principal, request, run_id)
+        plan = self.planner.plan(principal, request, run_id)
         if request.callback_url is not None:
             await refuse_unsafe_callback(request.callback_url, self.settings)
         now = self.clock()
@@ -292,7 +153,7 @@ class RunService:
                 raise
             return self._same_request(existing, digest), False
         except LimitReached as limit:
-            raise _refusal(limit) from None
+            raise refusal(limit) from None
         self._done[run_id] = _Done()
         # The run's task copies this context: its log lines carry these ids too.
         logs.bind(run_id=run_id, token=principal.name, job=plan.job, provider=plan.provider)
@@ -588,37 +449,6 @@ class RunService:
         today = await self.store.usage(principal.name, day_start(now))
         month = await self.store.usage(principal.name, month_start(now))
         return today, month
-
-
-def day_start(now: float) -> float:
-    """Midnight UTC of the day ``now`` is in: daily limits reset there."""
-    return float(int(now // 86_400) * 86_400)
-
-
-def month_start(now: float) -> float:
-    moment = datetime.fromtimestamp(now, UTC)
-    return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
-
-
-def _refusal(limit: LimitReached) -> RateLimited:
-    """429 with Retry-After and the RateLimit-* headers that say when to come back."""
-    headers = {
-        "RateLimit-Limit": f"{limit.limit:g}",
-        "RateLimit-Remaining": "0",
-        "RateLimit-Reset": str(max(1, round(limit.retry_after))),
-    }
-    if limit.kind == "usd_per_day":
-        return BudgetExceeded(
-            f"this token's daily budget of ${limit.limit:g} is used up (counting the worst "
-            "case of its running runs and of this one)",
-            retry_after=limit.retry_after,
-            headers=headers,
-        )
-    what = {
-        "concurrency": f"{limit.limit:g} runs at once",
-        "runs_per_day": f"{limit.limit:g} runs a day",
-    }[limit.kind]
-    return RateLimited(f"limit reached: {what}", retry_after=limit.retry_after, headers=headers)
 
 
 def _canceled(reason: str) -> dict[str, Any]:

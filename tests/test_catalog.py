@@ -119,11 +119,11 @@ required = true
 def test_per_provider_images(tmp_path: Path) -> None:
     job = load_job(write_job(tmp_path, "j", 'command = ["x"]\nimage = "python:3.12"\n'
                                             'images = { e2b = "base", vercel = "" }\n'))  # fmt: skip
-    from relay.service import _image_for
+    from relay.planning import image_for
 
-    assert _image_for("e2b", None, job, job.image) == "base"
-    assert _image_for("vercel", None, job, job.image) is None
-    assert _image_for("modal", None, job, job.image) == "python:3.12"
-    assert _image_for("modal", "mine:1", job, job.image) == "mine:1"
+    assert image_for("e2b", None, job, job.image) == "base"
+    assert image_for("vercel", None, job, job.image) is None
+    assert image_for("modal", None, job, job.image) == "python:3.12"
+    assert image_for("modal", "mine:1", job, job.image) == "mine:1"
     with pytest.raises(ConfigError, match="images"):
         load_job(write_job(tmp_path, "k", 'command = ["x"]\nimages = { e2b = 1 }\n'))

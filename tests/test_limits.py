@@ -14,13 +14,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from relay.admission import day_start
 from relay.auth import Principal
 from relay.catalog import Catalog
 from relay.costs import CostModel
 from relay.errors import BudgetExceeded, RateLimited
 from relay.models import SIZES, RunRequest, Size
 from relay.providers.local import LocalProvider
-from relay.service import RunService, day_start
+from relay.service import RunService
 from relay.store import Store
 from tests.conftest import REPO, make_settings
 from tests.relay_server import RelayProcess
