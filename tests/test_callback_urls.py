@@ -21,6 +21,7 @@ from relay.webhooks import WebhookDispatcher
 from tests.conftest import make_settings
 from tests.receiver import Receiver
 from tests.relay_server import RelayProcess
+from tests.rows import run_row
 
 ECHO = {"job": "echo", "params": {"message": "x"}, "wait": False}
 PUBLIC = "93.184.216.34"
@@ -129,22 +130,8 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 
 
 async def finished_run(store: Store, run_id: str, url: str) -> None:
-    now = time.time()
-    row: dict[str, Any] = {
-        "id": run_id,
-        "token": "hooks",
-        "job": "echo",
-        "provider": "local",
-        "state": "running",
-        "request_hash": "h",
-        "timeout_s": 5.0,
-        "created_at": now,
-        "deadline": now + 5,
-        "owner": "me",
-        "callback_url": url,
-    }
-    await store.admit_run(row)
-    await store.update_run(run_id, state="succeeded", exit_code=0, ended_at=now)
+    await store.admit_run(run_row(run_id, token="hooks", callback_url=url))
+    await store.update_run(run_id, state="succeeded", exit_code=0, ended_at=time.time())
 
 
 def resolving_to(address: str) -> Any:

@@ -22,6 +22,7 @@ from relay.webhooks import WebhookDispatcher
 from tests.conftest import REPO, make_settings
 from tests.postgres import postgres_url
 from tests.receiver import Receiver
+from tests.rows import run_row
 
 __all__ = ["postgres_url"]  # the session fixture, found by pytest through this module
 
@@ -47,21 +48,7 @@ def new_id() -> str:
 
 async def running_run(store: Store, url: str | None, **values: Any) -> str:
     run_id = new_id()
-    now = time.time()
-    row: dict[str, Any] = {
-        "id": run_id,
-        "token": "hooks",
-        "job": "echo",
-        "provider": "local",
-        "state": "running",
-        "request_hash": "h",
-        "timeout_s": 5.0,
-        "created_at": now,
-        "deadline": now + 5,
-        "owner": "elsewhere",
-        "callback_url": url,
-    } | values
-    await store.admit_run(row)
+    await store.admit_run(run_row(run_id, token="hooks", callback_url=url, **values))
     return run_id
 
 

@@ -22,6 +22,7 @@ from relay.service import RunService
 from relay.store import Store
 from tests.conftest import REPO, make_settings
 from tests.relay_server import RelayProcess
+from tests.rows import run_row
 
 SLOW = [
     "sh",
@@ -161,19 +162,7 @@ async def test_on_another_replica_the_stream_polls_the_store(tmp_path: Path) -> 
     store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
     try:
         service = RunService(make_settings(tmp_path), store, Catalog.load(REPO / "jobs"), {})
-        now = time.time()
-        row = {
-            "id": "run_elsewhere",
-            "token": "ops",
-            "job": None,
-            "provider": "local",
-            "state": "running",
-            "request_hash": "h",
-            "timeout_s": 5.0,
-            "created_at": now,
-            "deadline": now + 5,
-            "owner": "another-replica",
-        }
+        row = run_row("run_elsewhere", job=None)
         await store.admit_run(row)
         live = LiveRuns(EventBus())
         lines: list[dict[str, Any]] = []
@@ -196,7 +185,7 @@ async def test_on_another_replica_the_stream_polls_the_store(tmp_path: Path) -> 
 async def test_a_followed_run_the_reaper_marks_lost_ends_its_stream(tmp_path: Path) -> None:
     """A stream reading this replica's buffer of a run (its start went through this
     replica's event bus) that no task here holds any more: the reaper's ``lost`` ends it."""
-    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'relay.db'}")
+    store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
     try:
         events = EventBus()
         service = RunService(
@@ -204,19 +193,7 @@ async def test_a_followed_run_the_reaper_marks_lost_ends_its_stream(tmp_path: Pa
         )
         reaper = Reaper(store, {}, service, grace_s=30, single_replica=True)
         live = LiveRuns(events)
-        now = time.time()
-        row = {
-            "id": "run_reaped",
-            "token": "ops",
-            "job": None,
-            "provider": "local",
-            "state": "running",
-            "request_hash": "h",
-            "timeout_s": 5.0,
-            "created_at": now,
-            "deadline": now + 5,
-            "owner": "a-relay-that-died",
-        }
+        row = run_row("run_reaped", job=None, owner="a-relay-that-died")
         await store.admit_run(row)
         events.publish(RunEvent("run_reaped", "state", state="running"))
         lines: list[dict[str, Any]] = []

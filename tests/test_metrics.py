@@ -32,6 +32,7 @@ from relay.service import RunService
 from relay.store import ACTIVE, Store
 from tests.conftest import make_settings
 from tests.relay_server import RelayProcess
+from tests.rows import run_row
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -168,21 +169,10 @@ def test_reaper_terminations_after_a_crash(tmp_path: Path) -> None:
 def orphaned_run(run_id: str, **values: Any) -> dict[str, Any]:
     """A running run's row owned by a replica that died (it never wrote its end)."""
     now = time.time()
-    return {
-        "id": run_id,
-        "token": "ops",
-        "job": "sleep",
-        "provider": "local",
-        "state": "running",
-        "request_hash": "h",
-        "timeout_s": 60.0,
-        "created_at": now,
-        "started_at": now,
-        "deadline": now + 60,
-        "owner": "a-replica-that-died",
-        "cost_usd": 0.5,
-        **values,
-    }
+    return run_row(
+        run_id, job="sleep", timeout_s=60.0, started_at=now, deadline=now + 60,
+        owner="a-replica-that-died", cost_usd=0.5, **values,
+    )  # fmt: skip
 
 
 def test_a_run_the_reaper_marks_lost_is_counted(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from relay.store import Store
 from relay.webhooks import sign
 from tests.receiver import Received, Receiver
 from tests.relay_server import RelayProcess, free_port
+from tests.rows import run_row
 
 TOKEN_SECRET = "whsec-token-5b1e"
 GLOBAL_SECRET = "whsec-global-9c2d"
@@ -225,10 +226,8 @@ def test_a_run_the_reaper_marks_lost_is_delivered_at_once(tmp_path: Path) -> Non
         now = time.time()
         try:
             await store.admit_run(
-                {"id": "run_orphaned", "token": "hooks", "job": "echo", "provider": "local",
-                 "state": "running", "request_hash": "h", "timeout_s": 60.0, "created_at": now,
-                 "started_at": now, "deadline": now + 60, "owner": "a-relay-that-died",
-                 "callback_url": url}
+                run_row("run_orphaned", token="hooks", timeout_s=60.0, started_at=now,
+                        deadline=now + 60, owner="a-relay-that-died", callback_url=url)
             )  # fmt: skip
         finally:
             await store.close()
