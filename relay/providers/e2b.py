@@ -399,6 +399,8 @@ def _mapped(exc: BaseException, action: str) -> ProviderError:
     if isinstance(exc, NotFoundException):
         return ProviderError(f"{what}: not found")
     status = getattr(exc, "status_code", None)
+    if status in (401, 403):  # a key without the right to do this: as Modal and Vercel say
+        return ProviderAuth("E2B refused the relay's API key")
     if isinstance(status, int) and status >= 500:
         return ProviderUnavailable(f"{what}: E2B answered {status}")
     if isinstance(status, int):

@@ -80,7 +80,7 @@ def capture_logs(caplog: pytest.LogCaptureFixture) -> None:
 @pytest.mark.parametrize(
     ("status", "error"),
     [(500, ProviderUnavailable), (503, ProviderUnavailable), (429, ProviderRateLimited),
-     (401, ProviderAuth)],
+     (401, ProviderAuth), (403, ProviderAuth)],
 )  # fmt: skip
 async def test_create_errors_become_relay_errors(
     harness: Harness,
