@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from relay import sql
 from relay.errors import BudgetExceeded, RateLimited
 from relay.schema import ACTIVE, runs, state_in
 
@@ -64,24 +65,24 @@ def check_limits(conn: Connection, row: Mapping[str, Any], admission: Admission)
     """Raise :class:`LimitReached` if inserting ``row`` would pass a limit."""
     params = {"token": row["token"], "since": admission.day_start}
     if admission.global_concurrent is not None:
-        count, first_end = conn.execute(_ACTIVE_ALL).one()
+        count, first_end = sql.row(conn, _ACTIVE_ALL, {})
         if count >= admission.global_concurrent:
             raise LimitReached(
                 "concurrency", admission.global_concurrent, (first_end or 0) - admission.now
             )
     if admission.token_concurrent is not None:
-        count, first_end = conn.execute(_ACTIVE_MINE, params).one()
+        count, first_end = sql.row(conn, _ACTIVE_MINE, params)
         if count >= admission.token_concurrent:
             raise LimitReached(
                 "concurrency", admission.token_concurrent, (first_end or 0) - admission.now
             )
     next_day = admission.day_start + 86_400 - admission.now
     if admission.runs_per_day is not None:
-        count = conn.scalar(_RUNS_TODAY, params)
+        (count,) = sql.row(conn, _RUNS_TODAY, params)
         if (count or 0) >= admission.runs_per_day:
             raise LimitReached("runs_per_day", admission.runs_per_day, next_day)
     if admission.usd_per_day is not None:
-        used = float(conn.scalar(_USD_TODAY, params) or 0.0)
+        used = float(sql.row(conn, _USD_TODAY, params)[0] or 0.0)
         if used + float(row.get("reserved_usd", 0.0)) > admission.usd_per_day + 1e-12:
             raise LimitReached("usd_per_day", admission.usd_per_day, next_day)
 

@@ -36,6 +36,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from relay import sql
 from relay.admission import Admission, DuplicateKey, check_limits
 from relay.errors import ConfigError, InvalidRequest
 from relay.schema import (
@@ -298,7 +299,7 @@ class Store:
                 raise DuplicateKey
             if admission is not None:
                 check_limits(conn, row, admission)
-            conn.execute(_INSERT, dict(row))
+            sql.write(conn, _INSERT, row)
 
         try:
             await self.run(work)
@@ -331,7 +332,7 @@ class Store:
         query = _UPDATE_ACTIVE if only_if_active else _UPDATE
 
         def work(conn: Connection) -> bool:
-            changed = bool(conn.execute(query, {"run_id": run_id, **values}).rowcount)
+            changed = bool(sql.write(conn, query, {"run_id": run_id, **values}))
             if changed and values.get("state") in FINAL:
                 conn.execute(delivery_for_final_run(run_id))
             return changed
@@ -344,7 +345,7 @@ class Store:
         caller must look at the run (final already, or canceled through another replica)."""
 
         def work(conn: Connection) -> bool:
-            if not conn.execute(_FINISH, {"run_id": run_id, **values}).rowcount:
+            if not sql.write(conn, _FINISH, {"run_id": run_id, **values}):
                 return False
             if callback:
                 conn.execute(delivery_for_final_run(run_id))
