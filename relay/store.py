@@ -38,6 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from relay import sql
 from relay.admission import Admission, DuplicateKey, check_limits
+from relay.checkpoints import Checkpointer
 from relay.errors import ConfigError, InvalidRequest
 from relay.schema import (
     ACTIVE,
@@ -132,6 +133,8 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA synchronous=NORMAL")
     # Short: the loop thread waits here; longer waits are async sleeps in Store._sqlite_run.
     cursor.execute("PRAGMA busy_timeout=20")
+    # Checkpoints run on their own thread (relay/checkpoints.py), not inside our commits.
+    cursor.execute("PRAGMA wal_autocheckpoint=0")
     cursor.close()
 
 
@@ -166,6 +169,7 @@ class Store:
         self._sqlite = sqlite
         self.engine = engine
         self.is_sqlite = sqlite is not None
+        self.checkpointer: Checkpointer | None = None
 
     @classmethod
     async def open(cls, url: str, *, migrate: bool = True) -> Store:
@@ -178,6 +182,9 @@ class Store:
             sa.event.listen(sync_engine, "connect", _sqlite_connect)
             sa.event.listen(sync_engine, "begin", _sqlite_begin)
             store = cls(sqlite=sync_engine.connect(), engine=None)
+            if parsed.database and parsed.database != ":memory:":
+                store.checkpointer = Checkpointer(parsed.database)
+                store.checkpointer.start()
         else:
             store = cls(engine=create_async_engine(parsed, pool_pre_ping=True))
         try:
@@ -232,6 +239,8 @@ class Store:
         return int(await self.run(lambda conn: conn.scalar(query)) or 0)
 
     async def close(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
         if self._sqlite is not None:
             engine = self._sqlite.engine
             self._sqlite.close()

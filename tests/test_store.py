@@ -182,3 +182,27 @@ async def test_columns_left_out_get_their_defaults_and_any_columns_can_be_set(
         "sb-1",
         True,
     )
+
+
+async def test_the_wal_is_checkpointed_off_the_loop_and_truncated_at_close(
+    tmp_path: Any,
+) -> None:
+    path = tmp_path / "relay.db"
+    store = await Store.open(f"sqlite:///{path}")
+    assert store.checkpointer is not None
+    store.checkpointer.every_s = 0.05
+    for i in range(300):
+        await store.admit_run(row(f"run_{i}", stdout="x" * 2000))
+    wal = path.with_name("relay.db-wal")
+    assert wal.stat().st_size > 500_000
+    # Commits on the loop never checkpoint: that is the thread's job.
+    assert await store.run(lambda conn: conn.scalar(sa.text("PRAGMA wal_autocheckpoint"))) == 0
+    deadline = time.monotonic() + 5
+    while store.checkpointer.done == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert store.checkpointer.done > 0
+    await store.close()
+    assert not wal.exists() or wal.stat().st_size == 0
+    again = await Store.open(f"sqlite:///{path}")
+    assert len(await again.runs_in_states(["queued"])) == 300
+    await again.close()
