@@ -400,6 +400,17 @@ async def test_create_errors_map_to_relay_errors(
     assert_no_leak(raised.value, caplog)
 
 
+@pytest.mark.parametrize("header", ["inf", "nan", "-3", "Wed, 21 Oct 2026 07:28:00 GMT"])
+async def test_a_retry_after_that_is_not_a_number_of_seconds_is_dropped(
+    fake: FakeVercel, provider: VercelProvider, header: str
+) -> None:
+    fake.faults.create_status, fake.faults.retry_after_s = 429, header
+    with pytest.raises(ProviderRateLimited) as raised:
+        async with provider.sandbox(spec()):
+            pytest.fail("no sandbox should be yielded")
+    assert raised.value.retry_after is None  # the relay answers with its own default
+
+
 async def test_a_create_cancelled_by_the_caller_destroys_it_by_name(
     fake: FakeVercel, provider: VercelProvider
 ) -> None:
