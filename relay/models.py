@@ -152,6 +152,11 @@ class Timings(BaseModel):
 class ErrorInfo(BaseModel):
     code: str
     message: str
+    retry_after_s: float | None = Field(
+        None,
+        description="Seconds the provider asked the relay to wait before trying again "
+        "(`provider_rate_limited`); the answer's `Retry-After` is this, rounded up.",
+    )
 
 
 class DeliveryAttempt(BaseModel):

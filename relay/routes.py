@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,6 +48,10 @@ from relay.models import (
 from relay.state import AppState
 from relay.store import Usage
 
+RATE_LIMITED_RETRY_AFTER_S = 10.0
+"""Retry-After for a rate-limited run that has no provider hint (the provider gave none,
+or the run was recorded before schema 5 kept it)."""
+
 
 def _iso(stamp: float | None) -> str | None:
     if stamp is None:
@@ -74,7 +79,11 @@ def run_model(row: dict[str, Any], deliveries: list[dict[str, Any]] | None = Non
     """A stored row (and its delivery rows) as the API shows it (the same shape everywhere)."""
     error = None
     if row.get("error_code"):
-        error = ErrorInfo(code=row["error_code"], message=row.get("error_message") or "")
+        error = ErrorInfo(
+            code=row["error_code"],
+            message=row.get("error_message") or "",
+            retry_after_s=row.get("error_retry_after_s"),
+        )
     return Run(
         id=row["id"],
         job=row["job"],
@@ -180,8 +189,11 @@ def _run_answer(
             # The request did not succeed: answer with the provider fault's status, and
             # name the run so the caller can still read it.
             headers = {"Location": location}
-            if issubclass(error, ProviderRateLimited):
-                headers["Retry-After"] = "10"
+            retry_after = run.error.retry_after_s
+            if retry_after is None and issubclass(error, ProviderRateLimited):
+                retry_after = RATE_LIMITED_RETRY_AFTER_S
+            if retry_after is not None:
+                headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
             raise error(run.error.message, details={"run_id": run.id}, headers=headers)
     return _json(run, 200, {"Location": location})
 

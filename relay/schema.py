@@ -12,7 +12,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 ACTIVE = ("queued", "starting", "running")
 FINAL = ("succeeded", "failed", "timed_out", "canceled", "error", "lost")
 
@@ -55,6 +55,7 @@ runs = sa.Table(
     sa.Column("timings", sa.Text, nullable=False, default="{}"),
     sa.Column("error_code", sa.String(64)),
     sa.Column("error_message", sa.String(500)),
+    sa.Column("error_retry_after_s", sa.Float),  # the provider's retry hint, when it gave one
     sa.Column("owner", sa.String(64), nullable=False),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, default=False),
     sa.Column("callback_url", sa.Text),
@@ -128,6 +129,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: _create_tables(replicas),
     3: _add_columns(runs, "reserved_usd", "sandbox_s"),
     4: _create_tables(deliveries),
+    5: _add_columns(runs, "error_retry_after_s"),
 }
 """Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
 never drops or rewrites a run. A relay refuses a database newer than it knows."""

@@ -259,6 +259,7 @@ class RunService:
                     "state": RunState.error.value,
                     "error_code": exc.code,
                     "error_message": exc.message,
+                    "error_retry_after_s": exc.retry_after,
                 }
         except Exception as exc:
             log.error(

@@ -400,6 +400,17 @@ async def test_create_errors_map_to_relay_errors(
     assert_no_leak(raised.value, caplog)
 
 
+@pytest.mark.parametrize("header", ["inf", "nan", "-3", "Wed, 21 Oct 2026 07:28:00 GMT"])
+async def test_a_retry_after_that_is_not_a_number_of_seconds_is_dropped(
+    fake: FakeVercel, provider: VercelProvider, header: str
+) -> None:
+    fake.faults.create_status, fake.faults.retry_after_s = 429, header
+    with pytest.raises(ProviderRateLimited) as raised:
+        async with provider.sandbox(spec()):
+            pytest.fail("no sandbox should be yielded")
+    assert raised.value.retry_after is None  # the relay answers with its own default
+
+
 async def test_a_create_cancelled_by_the_caller_destroys_it_by_name(
     fake: FakeVercel, provider: VercelProvider
 ) -> None:
@@ -580,6 +591,31 @@ def test_e2e_timeout_and_provider_faults(fake: FakeVercel, vercel_relay: RelayPr
         run = vercel_relay.get(token, f"/v1/runs/{error['run_id']}").json()
         assert (run["state"], run["error"]["code"]) == ("error", code), run
         assert fake.ledger.alive() == set()
+
+
+def test_e2e_a_rate_limited_run_passes_on_vercels_retry_after(
+    fake: FakeVercel, vercel_relay: RelayProcess
+) -> None:
+    token = vercel_relay.tokens["ops"]
+    echo = {"job": "echo", "params": {"message": "x"}}
+    key = {"Idempotency-Key": "rate-limited-1"}
+    fake.faults.create_status, fake.faults.retry_after_s = 429, 7
+    answer = vercel_relay.post(token, echo, **key)
+    error = answer.json()["error"]
+    assert (answer.status_code, error["code"]) == (503, "provider_rate_limited"), answer.text
+    assert answer.headers["retry-after"] == "7"  # what Vercel said, not a guess of the relay's
+
+    fake.faults.reset()  # a replay returns the recorded run; it does not try again
+    replay = vercel_relay.post(token, echo, **key)
+    assert (replay.status_code, replay.json()["error"]["run_id"]) == (503, error["run_id"])
+    assert replay.headers["retry-after"] == "7"
+    run = vercel_relay.get(token, f"/v1/runs/{error['run_id']}").json()
+    assert run["error"] == {
+        "code": "provider_rate_limited",
+        "message": run["error"]["message"],
+        "retry_after_s": 7.0,
+    }
+    assert fake.ledger.alive() == set()
 
 
 def test_e2e_a_killed_relay_leaves_a_sandbox_the_next_one_reaps(

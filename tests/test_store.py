@@ -143,6 +143,40 @@ async def test_upgrading_from_version_1_keeps_every_run(database_url: str) -> No
         await store.close()
 
 
+async def test_upgrading_from_version_4_adds_the_retry_hint_and_keeps_every_run(
+    database_url: str,
+) -> None:
+    def version_4(conn: sa.Connection) -> None:  # today's tables, less what version 5 added
+        metadata.create_all(conn)
+        conn.execute(sa.text("ALTER TABLE runs DROP COLUMN error_retry_after_s"))
+        conn.execute(meta.insert().values(key="schema_version", value="4"))
+        conn.execute(runs.insert().values(**row("run_old", state="error", error_code="x")))
+
+    def columns(conn: sa.Connection) -> set[str]:
+        return {column["name"] for column in sa.inspect(conn).get_columns("runs")}
+
+    old = await Store.open(database_url, migrate=False)
+    try:
+        await old.run(version_4)
+        assert "error_retry_after_s" not in await old.run(columns)
+    finally:
+        await old.close()
+    store = await Store.open(database_url)
+    try:
+        assert await store.schema_version() == SCHEMA_VERSION
+        assert "error_retry_after_s" in await store.run(columns)
+        kept = await store.get_run("run_old")
+        assert kept is not None
+        assert (kept["error_code"], kept["error_retry_after_s"]) == ("x", None)
+        await store.admit_run(row("run_new"))
+        assert await store.finish_run(
+            "run_new", {"state": "error", "error_retry_after_s": 7.0}, callback=False
+        )
+        assert (await store.get_run("run_new"))["error_retry_after_s"] == 7.0  # type: ignore[index]
+    finally:
+        await store.close()
+
+
 async def test_replicas_migrating_at_once(database_url: str) -> None:
     stores = await asyncio.gather(*(Store.open(database_url) for _ in range(3)))
     try:

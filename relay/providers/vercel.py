@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import math
 import re
 import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -127,10 +128,13 @@ def sandbox_name(spec: SandboxSpec) -> str:
 
 
 def _retry_after(exc: SandboxApiError) -> float | None:
+    """Vercel's Retry-After in seconds; None unless it is a plain, finite number (the
+    relay passes it on to the caller and keeps it with the run)."""
     try:
-        return float(exc.response.headers.get("retry-after", ""))
+        seconds = float(exc.response.headers.get("retry-after", ""))
     except ValueError:
         return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 def provider_error(exc: BaseException, doing: str) -> ProviderError:

@@ -32,8 +32,8 @@ class Faults:
     """Sandboxes created now have their session stopped this long after creation."""
     list_status: int | None = None
     """Listing sandboxes answers this status."""
-    retry_after_s: int = 7
-    """The ``Retry-After`` a 429 carries."""
+    retry_after_s: int | str = 7
+    """The ``Retry-After`` a 429 carries (text is sent as it is)."""
 
     def reset(self) -> None:
         fresh = Faults()
