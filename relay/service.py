@@ -54,9 +54,10 @@ from relay.store import Store, Usage
 
 log = logging.getLogger("relay.service")
 
-
-class _EndedElsewhere(Exception):
-    """The run was made final by someone else (another replica, the reaper) mid-run."""
+RUNNING_WRITE_DELAY_S = 0.05
+"""A run's `running` state is stored this long after its sandbox exists: a run that ends
+sooner (a quick job) is written once, final, with its sandbox id. Events (metrics, live
+streams) see `running` at once; a GET may read `starting` for this long."""
 
 
 class _Done(asyncio.Event):
@@ -97,6 +98,7 @@ class RunService:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._done: dict[str, _Done] = {}
         self._cancel_reason: dict[str, str] = {}
+        self._writes: set[asyncio.Task[None]] = set()  # deferred `running` writes in flight
         self._drain_started: float | None = None
 
     async def submit(
@@ -212,10 +214,13 @@ class RunService:
                     "deadline": started_at + plan.timeout_s,
                 }
                 row.update(running)
-                if not await self._set_state(run_id, **running):
-                    # Ended elsewhere while the sandbox was being made (a DELETE through
-                    # another replica, which had no sandbox id to terminate): end it now.
-                    raise _EndedElsewhere
+                self.events.publish(RunEvent(run_id, "state", state=RunState.running.value))
+                # Stored a moment later, unless the run has ended by then: its final write
+                # then carries the sandbox id, one transaction instead of two.
+                record = asyncio.get_running_loop().call_later(
+                    RUNNING_WRITE_DELAY_S, self._record_running, run_id, running
+                )
+                stack.callback(record.cancel)
                 if plan.files:
                     await sandbox.upload(plan.files)
                 exec_started = time.monotonic()
@@ -246,8 +251,6 @@ class RunService:
         except asyncio.CancelledError:
             final = _canceled(self._cancel_reason.get(run_id, "shutdown"))
             raise
-        except _EndedElsewhere:
-            log.info("run ended elsewhere; sandbox terminated", extra={"run_id": run_id})
         except RelayError as exc:
             if final:  # the job ended; only terminating failed: the reaper retries it
                 log.error(
@@ -289,14 +292,25 @@ class RunService:
                 }
             await shielded(self._finish(row, final, sink, timings))
 
-    async def _set_state(self, run_id: str, **values: Any) -> bool:
-        """Write a state change unless the run is final already; True if written."""
-        # A cancel (DELETE, shutdown) must not land inside a database write: the write
-        # finishes, then the cancellation is delivered.
-        if not await shielded(self.store.update_run(run_id, **values)):
-            return False
-        self.events.publish(RunEvent(run_id, "state", state=values["state"]))
-        return True
+    def _record_running(self, run_id: str, values: dict[str, Any]) -> None:
+        task = asyncio.create_task(self._write_running(run_id, values))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write_running(self, run_id: str, values: dict[str, Any]) -> None:
+        try:
+            written = await self.store.update_run(run_id, **values)
+        except Exception as exc:  # the final write will carry the same values
+            log.warning(
+                "recording a running run failed",
+                extra={"run_id": run_id, "error_class": type(exc).__name__},
+            )
+            return
+        if not written and run_id in self._tasks:
+            # Made final elsewhere while its sandbox was being created (a DELETE through
+            # another replica, which had no sandbox id to terminate): end the sandbox now.
+            log.info("run ended elsewhere; ending its sandbox", extra={"run_id": run_id})
+            self._stop(run_id, "elsewhere")
 
     async def _finish(
         self, row: dict[str, Any], final: dict[str, Any], sink: OutputSink, timings: dict[str, int]
@@ -307,6 +321,9 @@ class RunService:
         started = row.get("started_at")
         values = {
             **final,
+            # Written here too in case the deferred `running` write never happened.
+            "sandbox_id": row.get("sandbox_id"),
+            "started_at": started,
             "stdout": sink.text("stdout"),
             "stderr": sink.text("stderr"),
             "stdout_truncated": sink.truncated("stdout"),
@@ -346,7 +363,10 @@ class RunService:
         if row is None or RunState(row["state"]).final:
             return row
         if values.get("state") != RunState.succeeded.value:
-            kept = ("sandbox_s", "cost_usd", "ended_at", "duration_ms", "timings")
+            kept = [
+                *("sandbox_id", "started_at", "sandbox_s", "cost_usd"),
+                *("ended_at", "duration_ms", "timings"),
+            ]
             values = {key: values[key] for key in kept if key in values}
             values |= {"state": RunState.canceled.value}
         if await self.store.update_run(run_id, **values):
@@ -418,6 +438,8 @@ class RunService:
         for run_id in list(self._tasks):
             self._stop(run_id, "shutdown")
         await self._closed(set(self._tasks))
+        if self._writes:
+            await asyncio.wait(set(self._writes), timeout=self.settings.create_timeout_s)
 
     def _stop(self, run_id: str, reason: str) -> None:
         if run_id not in self._cancel_reason:
