@@ -107,7 +107,8 @@ class RunService:
         """Admit and start a run; returns its row and whether it is new."""
         if not self.accepting:
             raise ShuttingDown(retry_after=5)
-        digest = request_hash(request)
+        # Only a retry with the same key is compared to its first request.
+        digest = request_hash(request) if idempotency_key is not None else ""
         if idempotency_key is not None:
             existing = await self.store.find_by_key(principal.name, idempotency_key)
             if existing is not None:
