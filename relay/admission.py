@@ -71,7 +71,7 @@ def check_limits(conn: Connection, row: Mapping[str, Any], admission: Admission)
                 "concurrency", admission.global_concurrent, (first_end or 0) - admission.now
             )
     if admission.token_concurrent is not None:
-        count, first_end = sql.row(conn, _ACTIVE_MINE, params)
+        count, first_end = sql.row(conn, _ACTIVE_MINE, {"token": row["token"]})
         if count >= admission.token_concurrent:
             raise LimitReached(
                 "concurrency", admission.token_concurrent, (first_end or 0) - admission.now

@@ -7,6 +7,8 @@ writes, the limit counts) go through :func:`write` and :func:`row` instead: on S
 each is compiled once per set of parameter names, then executed straight on the
 ``sqlite3`` connection inside the same transaction; on PostgreSQL they are executed the
 ordinary way. The statements themselves stay SQLAlchemy Core, defined once in the store.
+On both engines a parameter that names no column and no bound value is an error, where
+SQLAlchemy would drop it silently from an UPDATE's execution parameters.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from sqlalchemy.engine import Connection
 
 Statement = sa.Insert | sa.Update | sa.Delete | sa.Select[*tuple[Any, ...]]
 _Compiled = tuple[str, tuple[tuple[str, Any], ...]]
-_cache: dict[tuple[int, tuple[str, ...]], _Compiled] = {}
+_cache: dict[tuple[int, str, tuple[str, ...]], _Compiled] = {}
 
 
 def _compiled(conn: Connection, statement: Statement, names: tuple[str, ...]) -> _Compiled:
-    key = (id(statement), names)
+    key = (id(statement), conn.dialect.name, names)
     found = _cache.get(key)
     if found is not None:
         return found
@@ -40,6 +42,9 @@ def _compiled(conn: Connection, statement: Statement, names: tuple[str, ...]) ->
                 assert column_default.is_scalar, f"{name}: only constant defaults here"
                 default = column_default.arg
         order.append((name, default))
+    unused = set(names) - {name for name, _ in order}
+    if unused:  # what SQLAlchemy calls unconsumed: a misspelt column must not vanish
+        raise sa.exc.CompileError(f"no such column or parameter: {sorted(unused)}")
     found = (compiled.string, tuple(order))
     _cache[key] = found  # statements are module-level constants: the cache stays small
     return found
@@ -55,6 +60,7 @@ def write(conn: Connection, statement: Statement, params: Mapping[str, Any]) -> 
     """Execute an INSERT/UPDATE/DELETE; the number of rows it changed."""
     if conn.dialect.name == "sqlite":
         return int(_driver_execute(conn, statement, params).rowcount)
+    _compiled(conn, statement, tuple(params))  # the same check of the names (cached)
     return int(conn.execute(statement, dict(params)).rowcount)
 
 

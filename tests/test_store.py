@@ -240,3 +240,11 @@ async def test_the_wal_is_checkpointed_off_the_loop_and_truncated_at_close(
     again = await Store.open(f"sqlite:///{path}")
     assert len(await again.runs_in_states(["queued"])) == 300
     await again.close()
+
+
+async def test_a_column_that_does_not_exist_is_an_error_not_a_silent_no_op(store: Store) -> None:
+    await store.admit_run(row("run_typo"))
+    with pytest.raises(sa.exc.SQLAlchemyError):
+        await store.update_run("run_typo", state="running", sandbox_idd="sb-1")
+    again = await store.get_run("run_typo")
+    assert again is not None and again["state"] == "queued"  # the whole write rolled back
