@@ -157,6 +157,19 @@ def test_another_tokens_run_is_not_found(relay: RelayProcess) -> None:
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
 
 
+def following(
+    live: LiveRuns, service: RunService, store: Store, row: dict[str, Any]
+) -> tuple[asyncio.Task[None], list[dict[str, Any]]]:
+    """A task reading the run's event stream, and the lines it has read so far."""
+    lines: list[dict[str, Any]] = []
+
+    async def read() -> None:
+        async for chunk in follow_run(live, service, store, row):
+            lines.append(json.loads(chunk))
+
+    return asyncio.create_task(read()), lines
+
+
 async def test_on_another_replica_the_stream_polls_the_store(tmp_path: Path) -> None:
     """No task here and no buffer: state from the store, output when the run ends."""
     store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
@@ -165,13 +178,7 @@ async def test_on_another_replica_the_stream_polls_the_store(tmp_path: Path) -> 
         row = run_row("run_elsewhere", job=None)
         await store.admit_run(row)
         live = LiveRuns(EventBus())
-        lines: list[dict[str, Any]] = []
-
-        async def read() -> None:
-            async for chunk in follow_run(live, service, store, row):
-                lines.append(json.loads(chunk))
-
-        reader = asyncio.create_task(read())
+        reader, lines = following(live, service, store, row)
         await asyncio.sleep(0.2)
         assert lines == [{"event": "state", "state": "running"}]
         await store.update_run("run_elsewhere", state="failed", exit_code=3, stdout="x\n")
@@ -196,13 +203,7 @@ async def test_a_followed_run_the_reaper_marks_lost_ends_its_stream(tmp_path: Pa
         row = run_row("run_reaped", job=None, owner="a-relay-that-died")
         await store.admit_run(row)
         events.publish(RunEvent("run_reaped", "state", state="running"))
-        lines: list[dict[str, Any]] = []
-
-        async def read() -> None:
-            async for chunk in follow_run(live, service, store, row):
-                lines.append(json.loads(chunk))
-
-        reader = asyncio.create_task(read())
+        reader, lines = following(live, service, store, row)
         await asyncio.sleep(0.2)
         assert lines == [{"event": "state", "state": "running"}]
         assert (await reaper.sweep()).lost_runs == ["run_reaped"]
