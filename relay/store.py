@@ -170,6 +170,7 @@ class Store:
         self.engine = engine
         self.is_sqlite = sqlite is not None
         self.checkpointer: Checkpointer | None = None
+        self._aside: sa.Engine | None = None  # SQLite file: long reads on their own connection
 
     @classmethod
     async def open(cls, url: str, *, migrate: bool = True) -> Store:
@@ -185,6 +186,9 @@ class Store:
             if parsed.database and parsed.database != ":memory:":
                 store.checkpointer = Checkpointer(parsed.database)
                 store.checkpointer.start()
+                store._aside = sa.create_engine(parsed, poolclass=sa.pool.NullPool)
+                sa.event.listen(store._aside, "connect", _sqlite_connect)
+                sa.event.listen(store._aside, "begin", _sqlite_begin)
         else:
             store = cls(engine=create_async_engine(parsed, pool_pre_ping=True))
         try:
@@ -202,6 +206,20 @@ class Store:
         assert self.engine is not None
         async with self.engine.begin() as conn:
             return await conn.run_sync(work)
+
+    async def run_aside(self, work: Callable[[Connection], T]) -> T:
+        """A long read (a month of a token's runs) in one transaction that must not hold
+        the event loop: on a SQLite file it runs on a worker thread with a connection of
+        its own (WAL readers never wait for the writer); elsewhere like :meth:`run`."""
+        aside = self._aside
+        if aside is None:
+            return await self.run(work)
+
+        def in_thread() -> T:
+            with aside.connect() as conn, conn.begin():
+                return work(conn)
+
+        return await asyncio.to_thread(in_thread)
 
     @staticmethod
     async def _sqlite_run(conn: Connection, work: Callable[[Connection], T]) -> T:
@@ -239,6 +257,8 @@ class Store:
         return int(await self.run(lambda conn: conn.scalar(query)) or 0)
 
     async def close(self) -> None:
+        if self._aside is not None:
+            self._aside.dispose()
         if self.checkpointer is not None:
             self.checkpointer.stop()
         if self._sqlite is not None:
@@ -324,7 +344,7 @@ class Store:
             sa.func.coalesce(sa.func.sum(runs.c.cost_usd), 0.0),
             sa.func.coalesce(sa.func.sum(sa.case((active, 1), else_=0)), 0),
         ).where(runs.c.token == token, runs.c.created_at >= since)
-        count, seconds, usd, running = await self.run(lambda conn: conn.execute(query).one())
+        count, seconds, usd, running = await self.run_aside(lambda conn: conn.execute(query).one())
         return Usage(int(count), float(seconds), float(usd), int(running))
 
     async def get_run(self, run_id: str) -> dict[str, Any] | None:
