@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -105,8 +106,9 @@ async def test_a_spawn_cancelled_midway_leaves_no_process_and_no_pipe(
 ) -> None:
     # A DELETE (or shutdown) can land while the child's pipes are being handed to the
     # loop; cancelling after `steps` loop turns covers every await in spawn().
-    marker = tmp_path / "started"
-    argv = ["sh", "-c", f'touch "{marker}"; exec sleep 30']
+    # A duration no other process on the machine uses: the child is found by it alone.
+    sleeping = f"sleep 30.{secrets.randbelow(10**6):06d}"
+    argv = ["sh", "-c", f"exec {sleeping}"]
     task = asyncio.create_task(spawn.spawn(argv, stdin=True, env={}, cwd=None, preexec_fn=None))
     for _ in range(steps):
         await asyncio.sleep(0)
@@ -121,7 +123,7 @@ async def test_a_spawn_cancelled_midway_leaves_no_process_and_no_pipe(
         spawn.close(child)
         return
     await asyncio.sleep(0.2)  # the pidfd watch reaps the killed child
-    alive = [p for p in _pids_running("sleep 30")]
+    alive = _pids_running(sleeping)
     assert alive == []
     gc.collect()  # an unclosed pipe would warn here, and warnings are errors
 
