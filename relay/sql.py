@@ -13,6 +13,7 @@ SQLAlchemy would drop it silently from an UPDATE's execution parameters.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,7 +54,12 @@ def _compiled(conn: Connection, statement: Statement, names: tuple[str, ...]) ->
 def _driver_execute(conn: Connection, statement: Statement, params: Mapping[str, Any]) -> Any:
     sql, order = _compiled(conn, statement, tuple(params))
     values = [params.get(name, default) for name, default in order]
-    return conn.connection.driver_connection.execute(sql, values)  # type: ignore[union-attr]
+    try:
+        return conn.connection.driver_connection.execute(sql, values)  # type: ignore[union-attr]
+    except sqlite3.Error as exc:
+        # As SQLAlchemy would raise it (IntegrityError, OperationalError…), so callers
+        # catch one kind of error whichever way the statement ran.
+        raise sa.exc.DBAPIError.instance(sql, values, exc, sqlite3.Error) from exc
 
 
 def write(conn: Connection, statement: Statement, params: Mapping[str, Any]) -> int:

@@ -4,16 +4,18 @@ database, final states kept, versioned migrations that never lose a run."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
 
 from relay.errors import ConfigError
 from relay.schema import meta, metadata, runs
-from relay.store import SCHEMA_VERSION, DuplicateKey, Store
+from relay.store import SCHEMA_VERSION, DuplicateKey, Store, _database_url
 
 
 @pytest.fixture
@@ -248,3 +250,54 @@ async def test_a_column_that_does_not_exist_is_an_error_not_a_silent_no_op(store
         await store.update_run("run_typo", state="running", sandbox_idd="sb-1")
     again = await store.get_run("run_typo")
     assert again is not None and again["state"] == "queued"  # the whole write rolled back
+
+
+def test_database_urls_of_every_documented_form_are_read_and_others_refused() -> None:
+    assert _database_url("sqlite:///relay.db").drivername == "sqlite+pysqlite"
+    assert _database_url("sqlite+aiosqlite:///relay.db").drivername == "sqlite+pysqlite"
+    for url in ("postgres://u:p@db/relay", "postgresql://u:p@db/relay"):
+        assert _database_url(url).drivername == "postgresql+asyncpg"
+    with pytest.raises(ConfigError, match="RELAY_DATABASE_URL"):
+        _database_url("not a url")
+
+
+async def test_a_write_waits_for_another_processs_lock_without_holding_the_loop(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "relay.db"
+    store = await Store.open(f"sqlite:///{path}")
+    await store.admit_run(row("run_locked"))
+    other = sqlite3.connect(path, isolation_level=None)  # `relay reap` from cron, say
+    other.execute("BEGIN IMMEDIATE")  # holds the write lock
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    counting = asyncio.create_task(ticker())
+    writing = asyncio.create_task(store.update_run("run_locked", state="running"))
+    await asyncio.sleep(0.3)
+    assert not writing.done() and ticks >= 5  # waiting, and the loop kept turning
+    other.execute("COMMIT")
+    assert await asyncio.wait_for(writing, 5)
+    # Past the busy wait, the lock error reaches the caller.
+    monkeypatch.setattr("relay.store._BUSY_WAIT_S", 0.2)
+    other.execute("BEGIN IMMEDIATE")
+    with pytest.raises(OperationalError, match="locked"):
+        await store.update_run("run_locked", state="succeeded")
+    other.execute("ROLLBACK")
+    other.close()
+    counting.cancel()
+    assert (await store.get_run("run_locked"))["state"] == "running"  # type: ignore[index]
+    await store.close()
+
+
+async def test_a_unique_index_refusal_is_a_duplicate_on_both_engines(store: Store) -> None:
+    # What a second process inserting the same key at the same moment meets: not the
+    # pre-check, the unique index (here: the same run id twice).
+    await store.admit_run(row("run_twice"))
+    with pytest.raises(DuplicateKey):
+        await store.admit_run(row("run_twice"))
