@@ -175,6 +175,12 @@ async def _deliveries(request: Request, rows: list[dict[str, Any]]) -> dict[str,
     return await Deliveries(_state(request).store).for_runs(ids) if ids else {}
 
 
+async def _run_json(request: Request, row: dict[str, Any]) -> Response:
+    """A run, with its deliveries, as a 200 answer."""
+    found = await _deliveries(request, [row])
+    return _json(run_model(row, found.get(row["id"])))
+
+
 def _run_answer(
     request: Request, row: dict[str, Any], deliveries: list[dict[str, Any]] | None = None
 ) -> Response:
@@ -213,8 +219,7 @@ async def create_run(request: Request) -> Response:
 async def get_run(request: Request) -> Response:
     principal = authenticate(request)
     row = await _state(request).service.get(principal, request.path_params["run_id"])
-    found = await _deliveries(request, [row])
-    return _json(run_model(row, found.get(row["id"])))
+    return await _run_json(request, row)
 
 
 async def run_events(request: Request) -> Response:
@@ -236,8 +241,7 @@ async def run_events(request: Request) -> Response:
 async def cancel_run(request: Request) -> Response:
     principal = authenticate(request)
     row = await _state(request).service.cancel(principal, request.path_params["run_id"])
-    found = await _deliveries(request, [row])
-    return _json(run_model(row, found.get(row["id"])))
+    return await _run_json(request, row)
 
 
 async def list_runs(request: Request) -> Response:

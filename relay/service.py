@@ -160,8 +160,7 @@ class RunService:
         self._done[run_id] = _Done()
         # The run's task copies this context: its log lines carry these ids too.
         logs.bind(run_id=run_id, token=principal.name, job=plan.job, provider=plan.provider)
-        task = self._execute(run_id, plan, dict(row))
-        self._tasks[run_id] = asyncio.create_task(task, name=run_id)
+        self._tasks[run_id] = asyncio.create_task(self._execute(plan, dict(row)), name=run_id)
         log.info(
             "run submitted",
             extra={
@@ -181,8 +180,9 @@ class RunService:
 
     # -- the run -----------------------------------------------------------------------
 
-    async def _execute(self, run_id: str, plan: Plan, row: dict[str, Any]) -> None:
+    async def _execute(self, plan: Plan, row: dict[str, Any]) -> None:
         """Run the plan; ``row`` is the run as admitted, kept up to date with what is written."""
+        run_id = row["id"]
         sink = OutputSink(
             self.settings.max_output_bytes,
             lambda stream, data: self.events.publish(

@@ -142,6 +142,13 @@ def _sqlite_begin(conn: Connection) -> None:
     conn.connection.driver_connection.execute("BEGIN")  # type: ignore[union-attr]
 
 
+def _sqlite_engine(url: sa.URL, **options: Any) -> sa.Engine:
+    engine = sa.create_engine(url, **options)
+    sa.event.listen(engine, "connect", _sqlite_connect)
+    sa.event.listen(engine, "begin", _sqlite_begin)
+    return engine
+
+
 def _is_busy(exc: OperationalError) -> bool:
     code = getattr(exc.orig, "sqlite_errorcode", None)
     return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(exc.orig)
@@ -177,18 +184,14 @@ class Store:
         """Connect, and (unless told not to) bring the schema up to date."""
         parsed = _database_url(url)
         if parsed.get_backend_name() == "sqlite":
-            sync_engine = sa.create_engine(
+            loop_engine = _sqlite_engine(
                 parsed, connect_args={"check_same_thread": False}, poolclass=sa.pool.StaticPool
             )
-            sa.event.listen(sync_engine, "connect", _sqlite_connect)
-            sa.event.listen(sync_engine, "begin", _sqlite_begin)
-            store = cls(sqlite=sync_engine.connect(), engine=None)
+            store = cls(sqlite=loop_engine.connect(), engine=None)
             if parsed.database and parsed.database != ":memory:":
                 store.checkpointer = Checkpointer(parsed.database)
                 store.checkpointer.start()
-                store._aside = sa.create_engine(parsed, poolclass=sa.pool.NullPool)
-                sa.event.listen(store._aside, "connect", _sqlite_connect)
-                sa.event.listen(store._aside, "begin", _sqlite_begin)
+                store._aside = _sqlite_engine(parsed, poolclass=sa.pool.NullPool)
         else:
             store = cls(engine=create_async_engine(parsed, pool_pre_ping=True))
         try:

@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 _READ_LIMIT = 1 << 16
 
@@ -132,27 +132,18 @@ async def spawn(
     preexec_fn: Callable[[], None] | None,
 ) -> Child:
     """Start ``argv`` in a new session with piped stdout/stderr (and stdin if asked)."""
-    stdin_mode = subprocess.PIPE if stdin else subprocess.DEVNULL
+    options: dict[str, Any] = {
+        "stdin": subprocess.PIPE if stdin else subprocess.DEVNULL,
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.PIPE,
+        "env": dict(env),
+        "cwd": cwd,
+        "start_new_session": True,
+    }
     if preexec_fn is not None or not PIDFDS:
-        return await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=stdin_mode,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-            preexec_fn=preexec_fn,
-        )
-    popen = subprocess.Popen(  # noqa: ASYNC220 - vfork + exec: well under a millisecond
-        list(argv),
-        stdin=stdin_mode,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=dict(env),
-        cwd=cwd,
-        start_new_session=True,
-    )
+        return await asyncio.create_subprocess_exec(*argv, preexec_fn=preexec_fn, **options)
+    # vfork + exec: well under a millisecond
+    popen = subprocess.Popen(list(argv), **options)  # noqa: ASYNC220
     try:
         child = PopenChild(popen, asyncio.get_running_loop())
     except BaseException:
