@@ -155,7 +155,7 @@ class ErrorInfo(BaseModel):
     retry_after_s: float | None = Field(
         None,
         description="Seconds the provider asked the relay to wait before trying again "
-        "(`provider_rate_limited`); the answer's `Retry-After` is this, rounded up.",
+        "(`provider_rate_limited`); the answer's `Retry-After` is this in whole seconds.",
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -194,13 +193,15 @@ def _run_answer(
         if issubclass(error, ProviderError):
             # The request did not succeed: answer with the provider fault's status, and
             # name the run so the caller can still read it.
-            headers = {"Location": location}
             retry_after = run.error.retry_after_s
             if retry_after is None and issubclass(error, ProviderRateLimited):
                 retry_after = RATE_LIMITED_RETRY_AFTER_S
-            if retry_after is not None:
-                headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
-            raise error(run.error.message, details={"run_id": run.id}, headers=headers)
+            raise error(
+                run.error.message,
+                details={"run_id": run.id},
+                headers={"Location": location},
+                retry_after=retry_after,
+            )
     return _json(run, 200, {"Location": location})
 
 
