@@ -35,13 +35,13 @@ class Deliveries:
             .order_by(deliveries.c.created_at, deliveries.c.id)
         )
         found: dict[str, list[dict[str, Any]]] = {}
-        for row in await self.store.run(lambda conn: conn.execute(query).all()):
+        for row in await self.store.read(lambda conn: conn.execute(query).all()):
             found.setdefault(row.run_id, []).append(dict(row._mapping))
         return found
 
     async def get(self, delivery_id: str) -> dict[str, Any] | None:
         query = sa.select(deliveries).where(deliveries.c.id == delivery_id)
-        row = await self.store.run(lambda conn: conn.execute(query).first())
+        row = await self.store.read(lambda conn: conn.execute(query).first())
         return dict(row._mapping) if row else None
 
     def _due(self, now: float) -> sa.ColumnElement[bool]:
@@ -59,7 +59,7 @@ class Deliveries:
             .order_by(deliveries.c.next_attempt_at)
             .limit(limit)
         )
-        return await self.store.run(lambda conn: list(conn.scalars(query)))
+        return await self.store.read(lambda conn: list(conn.scalars(query)))
 
     async def next_due_at(self) -> float | None:
         """When the earliest pending delivery (or an expiring lease) wants attention."""
@@ -69,7 +69,7 @@ class Deliveries:
             else_=deliveries.c.next_attempt_at,
         )
         query = sa.select(sa.func.min(wake)).where(pending)
-        value = await self.store.run(lambda conn: conn.scalar(query))
+        value = await self.store.read(lambda conn: conn.scalar(query))
         return float(value) if value is not None else None
 
     async def claim(

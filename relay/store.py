@@ -12,9 +12,10 @@ function of a SQLAlchemy :class:`~sqlalchemy.engine.Connection` (:meth:`Store.ru
 - **SQLite**: the relay holds one connection and calls that function on the event-loop
   thread. A statement on a local WAL file takes tens of microseconds, less than handing
   it to a thread: through aiosqlite each statement was several thread hops and GIL
-  hand-offs, which cost more than the rest of a run together (bench/README.md). A lock
-  held by another process (``relay reap`` from cron) is waited for with ``asyncio.sleep``,
-  never by blocking the loop for long.
+  hand-offs, which cost more than the rest of a run together (bench/README.md). The
+  writes of one turn of the loop share one commit (relay/commits.py), and a lock held by
+  another process (``relay reap`` from cron) is waited for with ``asyncio.sleep``, never
+  by blocking the loop for long.
 - **PostgreSQL**: the same function runs on the asyncpg engine (``run_sync``), which
   awaits the network under it, so every replica shares one code path with SQLite.
 """
@@ -25,7 +26,6 @@ import asyncio
 import base64
 import contextlib
 import secrets
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from relay import sql
 from relay.admission import Admission, DuplicateKey, check_limits
 from relay.checkpoints import Checkpointer
+from relay.commits import GroupCommit
 from relay.errors import ConfigError, InvalidRequest
 from relay.schema import (
     ACTIVE,
@@ -59,8 +60,6 @@ T = TypeVar("T")
 
 _LOCK_SWEEP = 7_241_002
 _LOCK_ADMIT = 7_241_003
-_BUSY_WAIT_S = 10.0
-"""How long a SQLite transaction waits, in short async sleeps, for another process's lock."""
 
 # Statements built once: SQLAlchemy then reuses their compiled form on every call.
 _RUN = sa.select(runs).where(runs.c.id == sa.bindparam("run_id"))
@@ -131,7 +130,7 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
-    # Short: the loop thread waits here; longer waits are async sleeps in Store._sqlite_run.
+    # Short: the loop thread waits here; longer waits are async sleeps (relay/commits.py).
     cursor.execute("PRAGMA busy_timeout=20")
     # Checkpoints run on their own thread (relay/checkpoints.py), not inside our commits.
     cursor.execute("PRAGMA wal_autocheckpoint=0")
@@ -139,7 +138,9 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_begin(conn: Connection) -> None:
-    conn.connection.driver_connection.execute("BEGIN")  # type: ignore[union-attr]
+    driver = conn.connection.driver_connection
+    if not driver.in_transaction:  # type: ignore[union-attr] # a group began it already
+        driver.execute("BEGIN")  # type: ignore[union-attr]
 
 
 def _sqlite_engine(url: sa.URL, **options: Any) -> sa.Engine:
@@ -147,11 +148,6 @@ def _sqlite_engine(url: sa.URL, **options: Any) -> sa.Engine:
     sa.event.listen(engine, "connect", _sqlite_connect)
     sa.event.listen(engine, "begin", _sqlite_begin)
     return engine
-
-
-def _is_busy(exc: OperationalError) -> bool:
-    code = getattr(exc.orig, "sqlite_errorcode", None)
-    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(exc.orig)
 
 
 def _database_url(url: str) -> sa.URL:
@@ -174,6 +170,7 @@ class Store:
 
     def __init__(self, *, sqlite: Connection | None = None, engine: AsyncEngine | None) -> None:
         self._sqlite = sqlite
+        self.commits = GroupCommit(sqlite) if sqlite is not None else None
         self.engine = engine
         self.is_sqlite = sqlite is not None
         self.checkpointer: Checkpointer | None = None
@@ -204,11 +201,17 @@ class Store:
 
     async def run(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` in one transaction: committed if it returns, rolled back if it raises."""
-        if self._sqlite is not None:
-            return await self._sqlite_run(self._sqlite, work)
+        if self.commits is not None:
+            return await self.commits.write(work)
         assert self.engine is not None
         async with self.engine.begin() as conn:
             return await conn.run_sync(work)
+
+    async def read(self, work: Callable[[Connection], T]) -> T:
+        """Run a ``work`` that only reads (on SQLite it needs no write lock)."""
+        if self.commits is not None:
+            return await self.commits.read(work)
+        return await self.run(work)
 
     async def run_aside(self, work: Callable[[Connection], T]) -> T:
         """A long read (a month of a token's runs) in one transaction that must not hold
@@ -223,19 +226,6 @@ class Store:
                 return work(conn)
 
         return await asyncio.to_thread(in_thread)
-
-    @staticmethod
-    async def _sqlite_run(conn: Connection, work: Callable[[Connection], T]) -> T:
-        delay, give_up = 0.005, time.monotonic() + _BUSY_WAIT_S
-        while True:
-            try:
-                with conn.begin():
-                    return work(conn)
-            except OperationalError as exc:
-                if not _is_busy(exc) or time.monotonic() > give_up:
-                    raise
-            await asyncio.sleep(delay)  # another process holds the lock: wait without the loop
-            delay = min(delay * 2, 0.1)
 
     async def migrate(self) -> None:
         """Bring the schema to :data:`SCHEMA_VERSION` (relay/schema.py)."""
@@ -257,7 +247,7 @@ class Store:
 
     async def schema_version(self) -> int:
         query = sa.select(meta.c.value).where(meta.c.key == "schema_version")
-        return int(await self.run(lambda conn: conn.scalar(query)) or 0)
+        return int(await self.read(lambda conn: conn.scalar(query)) or 0)
 
     async def close(self) -> None:
         if self._aside is not None:
@@ -265,6 +255,8 @@ class Store:
         if self.checkpointer is not None:
             self.checkpointer.stop()
         if self._sqlite is not None:
+            assert self.commits is not None
+            self.commits.flush()
             engine = self._sqlite.engine
             self._sqlite.close()
             engine.dispose()
@@ -272,7 +264,7 @@ class Store:
             await self.engine.dispose()
 
     async def ping(self) -> None:
-        await self.run(lambda conn: conn.execute(sa.text("SELECT 1")))
+        await self.read(lambda conn: conn.execute(sa.text("SELECT 1")))
 
     @contextlib.asynccontextmanager
     async def sweep_lock(self) -> AsyncIterator[bool]:
@@ -303,7 +295,7 @@ class Store:
 
     async def live_replicas(self, within_s: float) -> set[str]:
         query = sa.select(replicas.c.id).where(replicas.c.seen_at >= time.time() - within_s)
-        return await self.run(lambda conn: set(conn.scalars(query).all()))
+        return await self.read(lambda conn: set(conn.scalars(query).all()))
 
     async def forget_replica(self, replica_id: str) -> None:
         await self.run(
@@ -331,12 +323,12 @@ class Store:
                 raise DuplicateKey
             if admission is not None:
                 check_limits(conn, row, admission)
-            sql.write(conn, _INSERT, row)
+            try:
+                sql.write(conn, _INSERT, row)
+            except IntegrityError as exc:  # the unique index: another replica got there first
+                raise DuplicateKey from exc
 
-        try:
-            await self.run(work)
-        except IntegrityError as exc:
-            raise DuplicateKey from exc
+        await self.run(work)
 
     async def usage(self, token: str, since: float) -> Usage:
         """Runs, sandbox seconds and USD of a token's runs created since ``since``."""
@@ -351,11 +343,11 @@ class Store:
         return Usage(int(count), float(seconds), float(usd), int(running))
 
     async def get_run(self, run_id: str) -> dict[str, Any] | None:
-        return await self.run(lambda conn: _first(conn.execute(_RUN, {"run_id": run_id})))
+        return await self.read(lambda conn: _first(conn.execute(_RUN, {"run_id": run_id})))
 
     async def find_by_key(self, token: str, key: str) -> dict[str, Any] | None:
         params = {"token": token, "key": key}
-        return await self.run(lambda conn: _first(conn.execute(_BY_KEY, params)))
+        return await self.read(lambda conn: _first(conn.execute(_BY_KEY, params)))
 
     async def update_run(self, run_id: str, *, only_if_active: bool = True, **values: Any) -> bool:
         """Update a run; with ``only_if_active`` a final state is never overwritten. A final
@@ -430,4 +422,4 @@ class Store:
         return {row["id"]: row for row in rows}
 
     async def _rows(self, query: sa.Select[Any]) -> list[dict[str, Any]]:
-        return await self.run(lambda conn: [dict(row._mapping) for row in conn.execute(query)])
+        return await self.read(lambda conn: [dict(row._mapping) for row in conn.execute(query)])

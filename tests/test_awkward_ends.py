@@ -1,7 +1,7 @@
 """Runs that end at awkward moments still end, with their sandbox, and are reported.
 
 In-process relays (tests/chaos.py) on one SQLite file and one in-memory provider world:
-a DELETE that arrives before the run's task has taken a step, a DELETE through another
+a DELETE or a shutdown that arrives before the run's task has taken a step, a DELETE through another
 replica while the owner is still creating the sandbox (no sandbox id yet for the other
 replica to terminate), and a final write that fails.
 """
@@ -40,6 +40,21 @@ async def test_a_cancel_before_the_run_takes_a_step_closes_it(
     run, _ = await relay.service.submit(PRINCIPAL, long_run(), None)
     canceled = await relay.service.cancel(PRINCIPAL, run["id"])  # no await in between
     assert canceled["state"] == "canceled"
+    # Whether the task got as far as creating a sandbox or not, none is left running.
+    assert all(box.ended_by == "run" for box in backend.world.boxes.values())
+    assert relay.service.active_runs == 0
+
+
+async def test_a_shutdown_before_the_run_takes_a_step_closes_it(
+    world: tuple[MemoryBackend, Store, Path],
+) -> None:
+    backend, store, tmp = world
+    relay = Relay(store, backend, tmp, {})  # drain_s=0: shutdown stops runs at once
+    run, _ = await relay.service.submit(PRINCIPAL, long_run(), None)
+    await relay.service.shutdown()  # no await in between: the run's task never stepped
+    closed = await store.get_run(run["id"])
+    assert closed is not None
+    assert (closed["state"], closed["error_code"]) == ("canceled", "shutting_down")
     assert backend.world.boxes == {}  # nothing was ever created
     assert relay.service.active_runs == 0
 

@@ -284,7 +284,7 @@ async def test_a_write_waits_for_another_processs_lock_without_holding_the_loop(
     other.execute("COMMIT")
     assert await asyncio.wait_for(writing, 5)
     # Past the busy wait, the lock error reaches the caller.
-    monkeypatch.setattr("relay.store._BUSY_WAIT_S", 0.2)
+    monkeypatch.setattr("relay.commits.BUSY_WAIT_S", 0.2)
     other.execute("BEGIN IMMEDIATE")
     with pytest.raises(OperationalError, match="locked"):
         await store.update_run("run_locked", state="succeeded")
