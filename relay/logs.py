@@ -40,6 +40,7 @@ FIELDS = (
 )
 
 _context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("relay_log_context")
+_NOTHING_BOUND: dict[str, Any] = {}
 
 
 def bind(**fields: Any) -> None:
@@ -59,10 +60,11 @@ def restore(token: contextvars.Token[dict[str, Any]]) -> None:
 
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
     """The allowed fields of a record: its own ``extra`` first, then the bound ids."""
-    bound = _context.get({})
+    bound = _context.get(_NOTHING_BOUND)
+    own = record.__dict__  # ``extra`` lands here
     values: dict[str, Any] = {}
     for key in FIELDS:
-        value = getattr(record, key, None)
+        value = own.get(key)
         if value is None:
             value = bound.get(key)
         if value is not None:
@@ -71,16 +73,26 @@ def fields_of(record: logging.LogRecord) -> dict[str, Any]:
 
 
 class JsonFormatter(logging.Formatter):
+    """Written for every line the relay logs, several per run: the timestamp's seconds are
+    formatted once a second and one encoder serves every line."""
+
+    _encode = json.JSONEncoder(default=str).encode
+    _second = -1
+    _second_text = ""
+
     def format(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = second
         line = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": f"{self._second_text}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),
         }
         line.update(fields_of(record))
-        return _blank(json.dumps(line, default=str))
+        return _blank(self._encode(line))
 
 
 class ConsoleFormatter(logging.Formatter):
