@@ -51,7 +51,7 @@ class GroupCommit:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.groups = 0  # commits so far: the tests and the bench read it
+        self.groups = 0  # commits so far (the tests count them)
         self._driver: sqlite3.Connection = conn.connection.driver_connection  # type: ignore[assignment]
         self._group: _Group | None = None
 
