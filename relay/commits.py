@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection, RootTransaction
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 T = TypeVar("T")
 
@@ -78,16 +78,12 @@ class GroupCommit:
         group (then it waits for the group's commit, as its writers do)."""
         if self._group is not None:
             return await self.write(work)
-        delay, give_up = 0.005, time.monotonic() + BUSY_WAIT_S
-        while True:
-            try:
-                with self.conn.begin():
-                    return work(self.conn)
-            except OperationalError as exc:
-                if not is_busy(exc) or time.monotonic() > give_up:
-                    raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.1)
+
+        def alone() -> T:
+            with self.conn.begin():
+                return work(self.conn)
+
+        return await _when_unlocked(alone)
 
     def flush(self) -> None:
         """Commit the open group now (the store closing)."""
@@ -95,26 +91,22 @@ class GroupCommit:
             self._commit(self._group)
 
     async def _open(self) -> _Group:
-        delay, give_up = 0.005, time.monotonic() + BUSY_WAIT_S
-        while True:
-            if self._group is not None:  # opened by another writer while this one slept
-                return self._group
-            try:
-                # The driver is told directly; SQLAlchemy's begin (relay/store.py) sees a
-                # transaction already open and only records it.
-                self._driver.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                error = OperationalError("BEGIN IMMEDIATE", {}, exc)
-                if not is_busy(error) or time.monotonic() > give_up:
-                    raise error from exc
-                await asyncio.sleep(delay)  # another process holds the lock
-                delay = min(delay * 2, 0.1)
-                continue
-            loop = asyncio.get_running_loop()
-            group = _Group(self.conn.begin(), loop.create_future())
-            self._group = group
-            loop.call_soon(self._commit, group)
-            return group
+        return await _when_unlocked(self._begin)
+
+    def _begin(self) -> _Group:
+        if self._group is not None:  # opened by another writer while this one waited
+            return self._group
+        try:
+            # The driver is told directly; SQLAlchemy's begin (relay/store.py) sees a
+            # transaction already open and only records it.
+            self._driver.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance("BEGIN IMMEDIATE", (), exc, sqlite3.Error) from exc
+        loop = asyncio.get_running_loop()
+        group = _Group(self.conn.begin(), loop.create_future())
+        self._group = group
+        loop.call_soon(self._commit, group)
+        return group
 
     def _commit(self, group: _Group) -> None:
         if self._group is not group:
@@ -140,6 +132,20 @@ class GroupCommit:
         if not group.committed.done():
             group.committed.set_exception(error)
             group.committed.exception()  # retrieved: writers that saw their own error won't
+
+
+async def _when_unlocked(attempt: Callable[[], T]) -> T:
+    """``attempt()``, tried again in short async sleeps while another process holds the
+    database's lock, never blocking the loop, for up to :data:`BUSY_WAIT_S`."""
+    delay, give_up = 0.005, time.monotonic() + BUSY_WAIT_S
+    while True:
+        try:
+            return attempt()
+        except OperationalError as exc:
+            if not is_busy(exc) or time.monotonic() > give_up:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 async def _committed(committed: asyncio.Future[Any]) -> None:

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from relay import sql
@@ -229,21 +229,15 @@ class Store:
 
     async def migrate(self) -> None:
         """Bring the schema to :data:`SCHEMA_VERSION` (relay/schema.py)."""
-        for attempt in range(5):
-            try:
-                await self.run(migrate)
-                return
-            except NewerSchema as exc:
-                raise ConfigError(
-                    f"the database has schema version {exc.version}, newer than this relay's "
-                    f"{SCHEMA_VERSION}: upgrade the relay before starting it"
-                ) from None
-            except OperationalError:
-                # SQLite has no lock to take first: two processes creating the same table
-                # at once lose one race; the next attempt sees the other's work.
-                if not self.is_sqlite or attempt == 4:
-                    raise
-                await asyncio.sleep(0.1 * (attempt + 1))
+        # Two processes migrating at once take turns: on SQLite the write lock is taken as
+        # the transaction begins (relay/commits.py), on PostgreSQL under an advisory lock.
+        try:
+            await self.run(migrate)
+        except NewerSchema as exc:
+            raise ConfigError(
+                f"the database has schema version {exc.version}, newer than this relay's "
+                f"{SCHEMA_VERSION}: upgrade the relay before starting it"
+            ) from None
 
     async def schema_version(self) -> int:
         query = sa.select(meta.c.value).where(meta.c.key == "schema_version")
@@ -254,9 +248,9 @@ class Store:
             self._aside.dispose()
         if self.checkpointer is not None:
             self.checkpointer.stop()
-        if self._sqlite is not None:
-            assert self.commits is not None
+        if self.commits is not None:
             self.commits.flush()
+        if self._sqlite is not None:
             engine = self._sqlite.engine
             self._sqlite.close()
             engine.dispose()
