@@ -25,6 +25,7 @@ class Checkpointer:
         self.path = path
         self.every_s = every_s
         self.done = 0
+        self.blocked = 0  # a TRUNCATE kept from finishing by a write in progress
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="relay-checkpoint", daemon=True)
 
@@ -49,10 +50,13 @@ class Checkpointer:
 
     def _checkpoint(self, connection: sqlite3.Connection, mode: str, failing: bool) -> bool:
         try:
-            connection.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
+            busy, _, _ = connection.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
         except sqlite3.Error as exc:
             if not failing:  # once per run of failures: the WAL only grows meanwhile
                 log.warning("WAL checkpoint failed", extra={"error_class": type(exc).__name__})
             return True
+        if busy:  # SQLite answers rather than raises: the checkpoint did not finish
+            self.blocked += 1
+            return failing
         self.done += 1
         return False

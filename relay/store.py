@@ -169,7 +169,6 @@ class Store:
     """The relay's one way into its database; one instance per relay process."""
 
     def __init__(self, *, sqlite: Connection | None = None, engine: AsyncEngine | None) -> None:
-        self._sqlite = sqlite
         self.commits = GroupCommit(sqlite) if sqlite is not None else None
         self.engine = engine
         self.is_sqlite = sqlite is not None
@@ -246,13 +245,13 @@ class Store:
     async def close(self) -> None:
         if self._aside is not None:
             self._aside.dispose()
+        if self.commits is not None:
+            self.commits.flush()  # first: the checkpoint below can't pass an open write
         if self.checkpointer is not None:
             self.checkpointer.stop()
         if self.commits is not None:
-            self.commits.flush()
-        if self._sqlite is not None:
-            engine = self._sqlite.engine
-            self._sqlite.close()
+            engine = self.commits.conn.engine
+            self.commits.conn.close()
             engine.dispose()
         if self.engine is not None:
             await self.engine.dispose()

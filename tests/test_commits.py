@@ -25,8 +25,8 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 
 def committed_ids(store: Store) -> set[str]:
     """Run ids another process sees: only what is committed."""
-    assert store._sqlite is not None
-    path = store._sqlite.engine.url.database
+    assert store.commits is not None
+    path = store.commits.conn.engine.url.database
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as other:
         return {run_id for (run_id,) in other.execute("SELECT id FROM runs")}
 
@@ -67,8 +67,8 @@ async def test_a_write_that_fails_is_rolled_back_alone(store: Store) -> None:
 
 async def test_a_failed_commit_fails_every_write_of_its_group(store: Store) -> None:
     # A deferred foreign key is checked at COMMIT: a real commit that SQLite refuses.
-    assert store._sqlite is not None
-    driver = store._sqlite.connection.driver_connection
+    assert store.commits is not None
+    driver = store.commits.conn.connection.driver_connection
     assert driver is not None
     driver.execute("PRAGMA foreign_keys=ON")
     driver.execute("CREATE TABLE parent (id TEXT PRIMARY KEY)")
@@ -136,8 +136,8 @@ async def test_a_read_inside_an_open_group_waits_for_its_commit_and_one_outside_
 
 
 async def test_a_full_disk_mid_group_never_reports_a_write_that_was_lost(store: Store) -> None:
-    assert store._sqlite is not None
-    driver = store._sqlite.connection.driver_connection
+    assert store.commits is not None
+    driver = store.commits.conn.connection.driver_connection
     assert driver is not None
     await store.admit_run(run_row("run_before"))
     (pages,) = driver.execute("PRAGMA page_count").fetchone()
@@ -157,3 +157,21 @@ async def test_a_full_disk_mid_group_never_reports_a_write_that_was_lost(store: 
     driver.execute("PRAGMA max_page_count=1073741823")
     await store.admit_run(run_row("run_after"))  # the store goes on once there is room
     assert {"run_before", "run_after"} <= committed_ids(store)
+
+
+async def test_closing_with_a_commit_pending_commits_it_and_still_truncates_the_wal(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "relay.db"
+    store = await Store.open(f"sqlite:///{path}")
+    writing = asyncio.ensure_future(store.admit_run(run_row("run_at_close")))
+    await asyncio.sleep(0)  # written inside an open group, its commit not yet run
+    assert not writing.done()
+    await store.close()
+    await writing  # the writer learns its write was committed
+    wal = path.with_name("relay.db-wal")
+    assert not wal.exists() or wal.stat().st_size == 0
+    # The final checkpoint was not kept from finishing by the open group's write lock.
+    assert store.checkpointer is not None and store.checkpointer.blocked == 0
+    with sqlite3.connect(path) as other:
+        assert other.execute("SELECT id FROM runs").fetchall() == [("run_at_close",)]
