@@ -109,8 +109,10 @@ def _overhead_and_local(root: Path, args: argparse.Namespace, results: Results) 
         base, base_url = stack.enter_context(servers.baseline())
         relay, token = stack.enter_context(servers.relay(root / "sqlite"))
         assert relay.process is not None
+        floor, floor_url = stack.enter_context(servers.floor(root / "floor", token))
         targets_by_name = {
             "baseline": (base_url, None, base.pid),
+            "floor (SQLite)": (floor_url, token, floor.pid),
             "relay (SQLite)": (relay.url, token, relay.process.pid),
         }
         if pg_url is not None:

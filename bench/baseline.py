@@ -68,12 +68,12 @@ app = Starlette(
 )
 
 
-def main() -> None:
-    # The same uvicorn.Config as relay.cli.cmd_serve (loop and http parser on "auto").
+def serve(served: Starlette, port: int) -> None:
+    """The same uvicorn.Config as relay.cli.cmd_serve (loop and http parser on "auto")."""
     config = uvicorn.Config(
-        app,
+        served,
         host="127.0.0.1",
-        port=int(sys.argv[1]),
+        port=port,
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=1,
@@ -83,4 +83,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    serve(app, int(sys.argv[1]))

@@ -1,4 +1,5 @@
-"""The servers under test: a real relay (``python -m relay serve``) and the bare baseline.
+"""The servers under test: a real relay (``python -m relay serve``), the bare baseline and
+the stack's floor.
 
 The relay is started by :class:`tests.relay_server.RelayProcess` (the same harness the
 end-to-end tests use: a temp token file, jobs folder and SQLite file), with the bench
@@ -74,14 +75,26 @@ def relay(root: Path, **settings: object) -> Iterator[tuple[RelayProcess, str]]:
         server.stop()
 
 
-@contextlib.contextmanager
-def baseline() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def baseline() -> contextlib.AbstractContextManager[tuple[subprocess.Popen[bytes], str]]:
     """The bare Starlette endpoint (bench/baseline.py) on a free loopback port."""
+    return _server("bench.baseline")
+
+
+def floor(
+    root: Path, token: str
+) -> contextlib.AbstractContextManager[tuple[subprocess.Popen[bytes], str]]:
+    """The stack's floor (bench/floor.py), its SQLite file in ``root``, taking ``token``."""
+    root.mkdir(parents=True, exist_ok=True)
+    return _server("bench.floor", str(root / "floor.db"), token)
+
+
+@contextlib.contextmanager
+def _server(module: str, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.baseline", str(port)],
+        [sys.executable, "-m", module, str(port), *args],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -90,13 +103,13 @@ def baseline() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
         deadline = time.monotonic() + 20
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"the baseline server exited: {process.stderr!r}")
+                raise RuntimeError(f"{module} exited: {process.stderr!r}")
             try:
                 if httpx.get(url + "/healthz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("the baseline server did not start") from None
+                    raise RuntimeError(f"{module} did not start") from None
                 time.sleep(0.1)
         yield process, url
     finally:

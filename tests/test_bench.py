@@ -29,11 +29,13 @@ def test_smoke_run_writes_every_section_and_every_request_succeeds(tmp_path: Pat
     for heading in ("## Targets", "## (1) Overhead", "## (2) Waiting", "## (3) Local"):
         assert heading in text
     assert "- Machine: " in text and "python -m bench --smoke" in text
-    row = r"^\| (baseline|relay \(SQLite\)) \| (\d+) \|.*\| (\d+) \| [\d.]+ ms \|$"
+    row = r"^\| (baseline|floor \(SQLite\)|relay \(SQLite\)) \| (\d+) \|.*\| (\d+) \| [\d.]+ ms \|$"
     overhead = re.findall(row, text, re.M)
+    servers = ("baseline", "floor (SQLite)", "relay (SQLite)")
     assert {(name, level) for name, level, _ in overhead} == {
-        (name, level) for name in ("baseline", "relay (SQLite)") for level in ("1", "10")
+        (name, level) for name in servers for level in ("1", "10")
     }
+    assert re.search(r"the stack's floor: [\d.]+%", text)
     assert all(errors == "0" for _, _, errors in overhead), overhead
     waiting = re.findall(r"^\| (relay|baseline) \| 20 \| (\d+) \| (\d+) \|", text, re.M)
     assert sorted(waiting) == [("baseline", "20", "0"), ("relay", "20", "0")]

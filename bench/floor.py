@@ -1,0 +1,114 @@
+"""The floor: the least any relay built on this stack must do for a run, done the cheapest way.
+
+``POST /v1/runs`` looks the bearer token's SHA-256 up in a dict, validates the body as
+:class:`relay.models.RunRequest`, admits the run through the relay's own
+:class:`relay.store.Store` (the global run limit counted in the database, then the
+INSERT), writes its final state (the conditional UPDATE), and answers the run as
+:class:`relay.models.Run` JSON. The same uvicorn settings as the baseline and the relay.
+
+What it leaves out is what makes it a relay: the catalog and the plan, the run's own task
+(which outlives a caller that hangs up), the provider's context, the timeouts, the log
+lines, the metrics, the events for streams, the request ids. The gap between this row
+and the relay's in bench/RESULTS.md is what those cost; the gap between this row and the
+bare endpoint is what the stack itself (pydantic, SQLAlchemy Core, SQLite) costs.
+
+Run as ``python -m bench.floor PORT DATABASE_FILE TOKEN``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import secrets
+import sys
+import time
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from bench.baseline import serve
+from relay.admission import Admission, day_start
+from relay.models import RunRequest
+from relay.routes import run_model
+from relay.store import Store
+
+TOKENS: dict[str, str] = {}
+STORE: list[Store] = []
+
+
+async def create_run(request: Request) -> Response:
+    header = request.headers.get("authorization", "")
+    name = TOKENS.get(hashlib.sha256(header.removeprefix("Bearer ").encode()).hexdigest())
+    if name is None:
+        return Response(b'{"error": {"code": "unauthorized"}}', 401)
+    body = RunRequest.model_validate_json(await request.body())
+    store, now = STORE[0], time.time()
+    run_id = f"run_{int(now * 1000):011x}{secrets.token_hex(8)}"
+    row = {
+        "id": run_id,
+        "token": name,
+        "job": body.job,
+        "provider": "bench",
+        "state": "starting",
+        "idempotency_key": None,
+        "request_hash": "",
+        "timeout_s": 30.0,
+        "cpu": 1.0,
+        "memory_mb": 1024,
+        "created_at": now,
+        "deadline": now + 60,
+        "reserved_usd": 0.0,
+        "owner": "floor",
+        "stdout": "",
+        "stderr": "",
+        "timings": "{}",
+        "callback_url": None,
+    }
+    await store.admit_run(row, Admission(None, 100_000, None, None, day_start(now), now))
+    final = {
+        "state": "succeeded",
+        "exit_code": 0,
+        "sandbox_id": "floor",
+        "started_at": now,
+        "ended_at": time.time(),
+        "stdout": "ok\n",
+        "stderr": "",
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "duration_ms": 0,
+        "timings": "{}",
+        "sandbox_s": 0.0,
+        "cost_usd": 0.0,
+    }
+    await store.finish_run(run_id, final, callback=False)
+    return Response(run_model({**row, **final}).model_dump_json(), media_type="application/json")
+
+
+async def healthz(request: Request) -> Response:
+    return Response(b'{"status": "ok"}', media_type="application/json")
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    STORE.append(await Store.open(f"sqlite+aiosqlite:///{sys.argv[2]}"))
+    try:
+        yield
+    finally:
+        await STORE.pop().close()
+
+
+app = Starlette(
+    routes=[
+        Route("/v1/runs", create_run, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ],
+    lifespan=lifespan,
+)
+
+
+if __name__ == "__main__":
+    TOKENS[hashlib.sha256(sys.argv[3].encode()).hexdigest()] = "bench"
+    serve(app, int(sys.argv[1]))
