@@ -1,7 +1,8 @@
 """Admission limits, decided in the database in the transaction that inserts the run.
 
 Per token: runs at once, runs a day, USD a day (the worst case of active runs counts, the
-measured cost of ended ones); per relay: runs at once. ``Store.admit_run`` calls
+measured cost of ended ones; both read from one ``token_days`` row, which triggers keep);
+per relay: runs at once. ``Store.admit_run`` calls
 :func:`check_limits` between the idempotency check and the insert, under an advisory lock
 on PostgreSQL, so the limits hold across replicas. :func:`refusal` turns a refusal into
 the 429 the caller sees; days and months are UTC (:func:`day_start`, :func:`month_start`).
@@ -19,7 +20,7 @@ from sqlalchemy.engine import Connection
 
 from relay import sql
 from relay.errors import BudgetExceeded, RateLimited
-from relay.schema import ACTIVE, runs, state_in
+from relay.schema import ACTIVE, runs, state_in, token_days
 
 
 class DuplicateKey(Exception):
@@ -50,20 +51,17 @@ class LimitReached(Exception):
 
 _active = runs.c.state.in_(state_in(ACTIVE))
 _mine = runs.c.token == sa.bindparam("token")
-_today = sa.and_(_mine, runs.c.created_at >= sa.bindparam("since"))
 _ACTIVE_ALL = sa.select(sa.func.count(), sa.func.min(runs.c.deadline)).where(_active)
 _ACTIVE_MINE = sa.select(sa.func.count(), sa.func.min(runs.c.deadline)).where(_active, _mine)
-_RUNS_TODAY = sa.select(sa.func.count()).where(_today)
-_USD_TODAY = sa.select(
-    sa.func.coalesce(
-        sa.func.sum(sa.case((_active, runs.c.reserved_usd), else_=runs.c.cost_usd)), 0.0
-    )
-).where(_today)
+# One row, kept by triggers (relay/schema.py): the cost does not grow with the day's runs.
+_TODAY = sa.select(
+    sa.func.coalesce(sa.func.sum(token_days.c.runs), 0),
+    sa.func.coalesce(sa.func.sum(token_days.c.usd), 0.0),
+).where(token_days.c.token == sa.bindparam("token"), token_days.c.day == sa.bindparam("day"))
 
 
 def check_limits(conn: Connection, row: Mapping[str, Any], admission: Admission) -> None:
     """Raise :class:`LimitReached` if inserting ``row`` would pass a limit."""
-    params = {"token": row["token"], "since": admission.day_start}
     if admission.global_concurrent is not None:
         count, first_end = sql.row(conn, _ACTIVE_ALL, {})
         if count >= admission.global_concurrent:
@@ -76,15 +74,17 @@ def check_limits(conn: Connection, row: Mapping[str, Any], admission: Admission)
             raise LimitReached(
                 "concurrency", admission.token_concurrent, (first_end or 0) - admission.now
             )
+    if admission.runs_per_day is None and admission.usd_per_day is None:
+        return
     next_day = admission.day_start + 86_400 - admission.now
-    if admission.runs_per_day is not None:
-        (count,) = sql.row(conn, _RUNS_TODAY, params)
-        if (count or 0) >= admission.runs_per_day:
-            raise LimitReached("runs_per_day", admission.runs_per_day, next_day)
-    if admission.usd_per_day is not None:
-        used = float(sql.row(conn, _USD_TODAY, params)[0] or 0.0)
-        if used + float(row.get("reserved_usd", 0.0)) > admission.usd_per_day + 1e-12:
-            raise LimitReached("usd_per_day", admission.usd_per_day, next_day)
+    # The day the run's insert is counted in, computed as the trigger computes it.
+    today = {"token": row["token"], "day": int(row["created_at"] / 86_400)}
+    count, used = sql.row(conn, _TODAY, today)
+    if admission.runs_per_day is not None and count >= admission.runs_per_day:
+        raise LimitReached("runs_per_day", admission.runs_per_day, next_day)
+    reserved = float(row.get("reserved_usd", 0.0))
+    if admission.usd_per_day is not None and float(used) + reserved > admission.usd_per_day + 1e-12:
+        raise LimitReached("usd_per_day", admission.usd_per_day, next_day)
 
 
 def day_start(now: float) -> float:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 ACTIVE = ("queued", "starting", "running")
 FINAL = ("succeeded", "failed", "timed_out", "canceled", "error", "lost")
 
@@ -101,6 +101,21 @@ replicas = sa.Table(
 """Each running relay's heartbeat: a replica not seen for a while has died."""
 
 
+token_days = sa.Table(
+    "token_days",
+    metadata,
+    sa.Column("token", sa.String(64), primary_key=True),
+    sa.Column("day", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("runs", sa.Integer, nullable=False, default=0),
+    sa.Column("usd", sa.Float, nullable=False, default=0.0),
+)
+"""Each token's runs and USD per UTC day (``day``: ``created_at / 86400``, truncated), what
+the daily limits are checked against (relay/admission.py). ``usd`` counts an active run at
+its reservation and an ended one at its cost. Kept by triggers on ``runs`` in the writing
+transaction, so every writer keeps it right, on both engines (a run's token and
+``created_at`` are never changed)."""
+
+
 def _create_tables(*tables: sa.Table) -> Callable[[Connection], None]:
     def step(conn: Connection) -> None:
         metadata.create_all(conn, tables=list(tables))
@@ -124,12 +139,84 @@ def _add_columns(table: sa.Table, *names: str) -> Callable[[Connection], None]:
     return step
 
 
+_ACTIVE_SQL = ", ".join(f"'{state}'" for state in ACTIVE)
+
+
+def _day(run: str, dialect: str) -> str:
+    """The UTC day number of ``run``'s creation, as SQL (relay/admission.py computes the
+    same in Python: ``int(created_at / 86400)``)."""
+    if dialect == "postgresql":
+        return f"CAST(floor({run}.created_at / 86400) AS BIGINT)"
+    return f"CAST({run}.created_at / 86400 AS INTEGER)"
+
+
+def _usd(run: str) -> str:
+    """What ``run`` counts against its day's budget, as SQL."""
+    return (
+        f"(CASE WHEN {run}.state IN ({_ACTIVE_SQL}) "
+        f"THEN {run}.reserved_usd ELSE {run}.cost_usd END)"
+    )
+
+
+def _count_runs_per_day(conn: Connection) -> None:
+    """Version 6: ``token_days``, the triggers that keep it, and its rows for the runs
+    there are. Every statement here is constant text: nothing comes from a request."""
+    dialect = conn.dialect.name
+    metadata.create_all(conn, tables=[token_days])
+    new_day, old_day = _day("NEW", dialect), _day("OLD", dialect)
+    add = (
+        "INSERT INTO token_days (token, day, runs, usd) "  # noqa: S608
+        f"VALUES (NEW.token, {new_day}, 1, {_usd('NEW')}) ON CONFLICT (token, day) "
+        "DO UPDATE SET runs = token_days.runs + 1, usd = token_days.usd + excluded.usd"
+    )
+    change = (
+        f"UPDATE token_days SET usd = usd - {_usd('OLD')} + {_usd('NEW')} "  # noqa: S608
+        f"WHERE token = NEW.token AND day = {new_day}"
+    )
+    remove = (
+        f"UPDATE token_days SET runs = runs - 1, usd = usd - {_usd('OLD')} "  # noqa: S608
+        f"WHERE token = OLD.token AND day = {old_day}"
+    )
+    differs = {"sqlite": "IS NOT", "postgresql": "IS DISTINCT FROM"}[dialect]
+    triggers = {  # name: (event, condition, body)
+        "insert": ("INSERT", "", add),
+        "update": (
+            "UPDATE OF state, reserved_usd, cost_usd",
+            f"{_usd('OLD')} {differs} {_usd('NEW')}",
+            change,
+        ),
+        "delete": ("DELETE", "", remove),
+    }
+    # Triggers first: on PostgreSQL creating one locks out writers to runs until this
+    # transaction ends, so no run slips in between them and the rows counted below.
+    if dialect == "postgresql":
+        conn.exec_driver_sql(
+            "CREATE OR REPLACE FUNCTION relay_count_run() RETURNS trigger LANGUAGE plpgsql "
+            f"AS $$ BEGIN IF TG_OP = 'INSERT' THEN {add}; ELSIF TG_OP = 'UPDATE' THEN "
+            f"{change}; ELSE {remove}; END IF; RETURN NULL; END $$"
+        )
+    for name, (event, condition, body) in triggers.items():
+        if dialect == "postgresql":
+            when = f" WHEN ({condition})" if condition else ""
+            action = "FOR EACH ROW" + when + " EXECUTE FUNCTION relay_count_run()"
+        else:
+            when = f" WHEN {condition}" if condition else ""
+            action = when + f" BEGIN {body}; END"
+        conn.exec_driver_sql(f"CREATE TRIGGER runs_counted_{name} AFTER {event} ON runs {action}")
+    day = _day("runs", dialect)
+    conn.exec_driver_sql(
+        "INSERT INTO token_days (token, day, runs, usd) "  # noqa: S608
+        f"SELECT token, {day}, count(*), sum({_usd('runs')}) FROM runs GROUP BY token, {day}"
+    )
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _create_tables(runs, meta),
     2: _create_tables(replicas),
     3: _add_columns(runs, "reserved_usd", "sandbox_s"),
     4: _create_tables(deliveries),
     5: _add_columns(runs, "error_retry_after_s"),
+    6: _count_runs_per_day,
 }
 """Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
 never drops or rewrites a run. A relay refuses a database newer than it knows."""

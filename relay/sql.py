@@ -42,6 +42,9 @@ def _compiled(conn: Connection, statement: Statement, names: tuple[str, ...]) ->
             if column_default is not None:
                 assert column_default.is_scalar, f"{name}: only constant defaults here"
                 default = column_default.arg
+        elif name not in names and name in compiled.binds:
+            # A value written into the statement (the 0 of ``coalesce(sum(x), 0)``).
+            default = compiled.binds[name].effective_value
         order.append((name, default))
     unused = set(names) - {name for name, _ in order}
     if unused:  # what SQLAlchemy calls unconsumed: a misspelt column must not vanish

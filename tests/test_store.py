@@ -13,8 +13,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 
+from relay.admission import Admission, LimitReached, day_start
 from relay.errors import ConfigError
-from relay.schema import meta, metadata, runs
+from relay.schema import ACTIVE, meta, metadata, runs, token_days
 from relay.store import SCHEMA_VERSION, DuplicateKey, Store, _database_url
 
 
@@ -301,3 +302,91 @@ async def test_a_unique_index_refusal_is_a_duplicate_on_both_engines(store: Stor
     await store.admit_run(row("run_twice"))
     with pytest.raises(DuplicateKey):
         await store.admit_run(row("run_twice"))
+
+
+# -- the daily counters (token_days) ---------------------------------------------------
+
+
+async def _days(store: Store) -> dict[tuple[str, int], tuple[int, float]]:
+    def read(conn: sa.Connection) -> dict[tuple[str, int], tuple[int, float]]:
+        rows = conn.execute(sa.select(token_days)).all()
+        return {(t, int(day)): (int(n), round(float(usd), 9)) for t, day, n, usd in rows}
+
+    return await store.read(read)
+
+
+async def _scanned(store: Store) -> dict[tuple[str, int], tuple[int, float]]:
+    """What the daily limits read before version 6, from every run: counted in Python."""
+    columns = (runs.c.token, runs.c.created_at, runs.c.state, runs.c.reserved_usd, runs.c.cost_usd)
+    found = await store.read(lambda conn: conn.execute(sa.select(*columns)).all())
+    days: dict[tuple[str, int], tuple[int, float]] = {}
+    for token, created, state, reserved, cost in found:
+        key = (token, int(created / 86_400))
+        count, usd = days.get(key, (0, 0.0))
+        days[key] = (count + 1, usd + (reserved if state in ACTIVE else cost))
+    return {key: (count, round(usd, 9)) for key, (count, usd) in days.items()}
+
+
+async def test_the_daily_counters_follow_every_kind_of_write(store: Store) -> None:
+    day = 20_000 * 86_400.0
+    runs_ = [  # (id, token, created_at, reserved_usd)
+        ("run_a", "alice", day + 10, 0.5),
+        ("run_b", "alice", day + 20, 0.25),
+        ("run_c", "bob", day + 30, 1.0),
+        ("run_d", "alice", day + 86_400 + 5, 0.125),  # the next day
+        ("run_e", "alice", day + 86_399.9995, 0.0625),  # the day's last millisecond
+    ]
+    for run_id, token, created, reserved in runs_:
+        await store.admit_run(
+            row(run_id, token=token, created_at=created, reserved_usd=reserved, state="starting")
+        )
+    assert await _days(store) == await _scanned(store)
+    assert (await _days(store))[("alice", 20_000)] == (3, 0.8125)
+
+    await store.update_run("run_a", state="running", sandbox_id="sb")  # no change of USD
+    assert await store.finish_run("run_a", {"state": "succeeded", "cost_usd": 0.01}, callback=False)
+    assert await store.update_run("run_c", state="canceled", cost_usd=0.5)  # a DELETE's path
+    assert await store.update_run("run_b", state="lost")  # the reaper's: no cost recorded
+    assert not await store.update_run("run_b", state="error")  # final stays final: no change
+    await store.update_run("run_a", only_if_active=False, cost_usd=0.02)  # corrected later
+    await store.run(lambda conn: conn.execute(runs.delete().where(runs.c.id == "run_d")))
+    counted, scanned = await _days(store), await _scanned(store)
+    assert {key: value for key, value in counted.items() if value[0]} == scanned
+    assert counted[("alice", 20_000)] == (3, 0.0825)  # 0.02 + 0 + the active run_e's 0.0625
+    assert counted[("bob", 20_000)] == (1, 0.5)
+    assert counted[("alice", 20_001)] == (0, 0.0)
+
+
+async def test_upgrading_from_version_5_counts_the_days_runs_there_are(database_url: str) -> None:
+    now = time.time()
+
+    def version_5(conn: sa.Connection) -> None:  # today's tables, less what version 6 added
+        metadata.create_all(conn, tables=[t for t in metadata.sorted_tables if t is not token_days])
+        conn.execute(meta.insert().values(key="schema_version", value="5"))
+        for i in range(4):  # three of them ended at $0.1 each, one still running at $1
+            state = "running" if i == 3 else "succeeded"
+            values = row(f"run_{i}", token="ops", state=state, cost_usd=0.1, reserved_usd=1.0)
+            conn.execute(runs.insert().values(**values))
+        conn.execute(runs.insert().values(**row("run_old", token="ops", created_at=now - 86_400)))
+
+    old = await Store.open(database_url, migrate=False)
+    try:
+        await old.run(version_5)
+    finally:
+        await old.close()
+    store = await Store.open(database_url)
+    try:
+        assert await store.schema_version() == SCHEMA_VERSION
+        today = int(now / 86_400)
+        assert (await _days(store))[("ops", today)] == (4, 1.3)
+        assert await _days(store) == await _scanned(store)
+        limits = Admission(None, None, 5, 1.5, day_start(now), now)
+        await store.admit_run(row("run_5", token="ops", reserved_usd=0.2), limits)  # 1.5 of 1.5
+        with pytest.raises(LimitReached, match="runs_per_day"):
+            await store.admit_run(row("run_6", token="ops"), limits)
+        with pytest.raises(LimitReached, match="usd_per_day"):
+            await store.admit_run(
+                row("run_7", token="ops", reserved_usd=0.01), Admission(None, None, 9, 1.5, 0, now)
+            )
+    finally:
+        await store.close()
