@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench import local, servers, waiting
+from bench import admission, local, servers, waiting
 from bench.load import LoadResult, run_wrk, settle
 from bench.report import Results, machine_line, render, targets
 from relay.providers.local import bwrap_works
@@ -41,11 +41,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         action="append",
-        choices=("overhead", "waiting", "local"),
+        choices=("overhead", "waiting", "local", "admission"),
         help="run only these benchmarks (repeatable); default: all",
     )
     args = parser.parse_args(argv)
-    args.only = set(args.only or ("overhead", "waiting", "local"))
+    args.only = set(args.only or ("overhead", "waiting", "local", "admission"))
     smoke = args.smoke
     args.seconds = args.seconds or (1.0 if smoke else 8.0)
     args.callers = args.callers or (20 if smoke else 1000)
@@ -53,6 +53,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args.rounds = args.rounds or (3 if smoke else 100)
     args.postgres = args.postgres or ("no" if smoke else "auto")
     args.levels = (1, 10) if smoke else (1, 10, 50)
+    args.day_runs = (1_000,) if smoke else (10_000, 100_000)
+    args.admissions = 10 if smoke else 200
     args.out = args.out or (
         Path(tempfile.gettempdir()) / "relay-bench-smoke.md" if smoke else RESULTS
     )
@@ -164,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         if "waiting" in args.only:
             _say(f"(2) {args.callers} waiting runs of {args.sleep_s} s")
             _waiting(root, args, results)
+    if "admission" in args.only:
+        _say(f"admission with daily limits at {args.day_runs} runs of the day")
+        results.admission = admission.run(args.day_runs, args.admissions)
     results.load_after = os.getloadavg()
     results.seconds = time.monotonic() - started
     text = render(results)

@@ -9,6 +9,7 @@ import subprocess
 from dataclasses import dataclass, field
 from importlib.metadata import version
 
+from bench.admission import AdmissionCost
 from bench.load import LoadResult
 from bench.local import Timing
 from bench.waiting import WaitingResult
@@ -28,6 +29,7 @@ class Results:
     waiting: dict[str, WaitingResult] = field(default_factory=dict)
     local: list[Timing] = field(default_factory=list)
     local_note: str = ""
+    admission: list[AdmissionCost] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -188,4 +190,26 @@ def render(results: Results) -> str:
             f"| {t.name} | {len(t.samples)} | {_ms(t.p50_ms)} | {_ms(t.p99_ms)} "
             f"| {p50_ratio} | {p99_ratio} |"
         )
+    lines += _admission(results.admission)
     return "\n".join(lines) + "\n"
+
+
+def _admission(costs: list[AdmissionCost]) -> list[str]:
+    lines = [
+        "",
+        "## Admission with daily limits, as a token's runs of the day grow",
+        "",
+        "One SQLite store per row group, filled with that many ended runs of one token today; "
+        "runs admitted one at a time (`Store.admit_run`, commit included), the three kinds "
+        "interleaved. The ratio is to the admission without a daily limit in the same store.",
+        "",
+        "| runs of the day | daily limit | admissions | median ms | ratio to none |",
+        "|---|---|---|---|---|",
+    ]
+    plain = {c.day_runs: c.median_ms for c in costs if c.limit == "none"}
+    for c in costs:
+        ratio = _ratio(c.median_ms, plain[c.day_runs]) if c.day_runs in plain else "—"
+        lines.append(
+            f"| {c.day_runs} | {c.limit} | {len(c.samples)} | {c.median_ms:.3f} | {ratio} |"
+        )
+    return lines

@@ -26,8 +26,13 @@ def test_smoke_run_writes_every_section_and_every_request_succeeds(tmp_path: Pat
     )
     assert result.returncode == 0, result.stderr[-3000:]
     text = out.read_text()
-    for heading in ("## Targets", "## (1) Overhead", "## (2) Waiting", "## (3) Local"):
+    headings = ("## Targets", "## (1) Overhead", "## (2) Waiting", "## (3) Local", "## Admission")
+    for heading in headings:
         assert heading in text
+    admitted = re.findall(
+        r"^\| 1000 \| (none|runs_per_day|usd_per_day) \| 10 \| [\d.]+ \|", text, re.M
+    )
+    assert sorted(admitted) == ["none", "runs_per_day", "usd_per_day"]
     assert "- Machine: " in text and "python -m bench --smoke" in text
     row = r"^\| (baseline|floor \(SQLite\)|relay \(SQLite\)) \| (\d+) \|.*\| (\d+) \| [\d.]+ ms \|$"
     overhead = re.findall(row, text, re.M)
