@@ -199,7 +199,7 @@ def _admission(costs: list[AdmissionCost]) -> list[str]:
         "",
         "## Admission with daily limits, as a token's runs of the day grow",
         "",
-        "One SQLite store per row group, filled with that many ended runs of one token today; "
+        "A SQLite store for each count, filled with that many ended runs of one token today; "
         "runs admitted one at a time (`Store.admit_run`, commit included), the three kinds "
         "interleaved. The ratio is to the admission without a daily limit in the same store.",
         "",
