@@ -18,6 +18,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from relay import logs
@@ -47,6 +48,7 @@ from relay.planning import Plan, Planner, request_hash
 from relay.providers.base import (
     OutputSink,
     Provider,
+    Sandbox,
     shielded,
 )
 from relay.settings import Settings
@@ -189,109 +191,109 @@ class RunService:
                 RunEvent(run_id, "output", stream=stream, data=data)
             ),
         )
-        timings: dict[str, int] = {}
+        watch = _Stopwatch()
         final: dict[str, Any] = {}
-        started_mono = time.monotonic()
-        exec_started: float | None = None
-        sandbox_started: float | None = None
-        provider = self.providers[plan.provider]
         try:
             self.events.publish(RunEvent(run_id, "state", state=RunState.starting.value))
             async with contextlib.AsyncExitStack() as stack:
-                sandbox_started = time.monotonic()
-                try:
-                    async with asyncio.timeout(self.settings.create_timeout_s + 5):
-                        sandbox = await stack.enter_async_context(provider.sandbox(plan.spec))
-                except TimeoutError as exc:
-                    raise ProviderTimeout(
-                        "the provider did not create the sandbox in time"
-                    ) from exc
-                timings["create_ms"] = _ms_since(started_mono)
-                started_at = time.time()
-                running = {
-                    "state": RunState.running.value,
-                    "sandbox_id": sandbox.id,
-                    "started_at": started_at,
-                    "deadline": started_at + plan.timeout_s,
-                }
-                row.update(running)
-                self.events.publish(RunEvent(run_id, "state", state=RunState.running.value))
-                # Stored a moment later, unless the run has ended by then: its final write
-                # then carries the sandbox id, one transaction instead of two.
-                record = asyncio.get_running_loop().call_later(
-                    RUNNING_WRITE_DELAY_S, self._record_running, run_id, running
-                )
-                stack.callback(record.cancel)
-                if plan.files:
-                    await sandbox.upload(plan.files)
-                exec_started = time.monotonic()
-                remaining = max(0.0, plan.timeout_s - (time.time() - started_at))
-                deadline = asyncio.timeout(remaining)
-                result = None
-                try:
-                    async with deadline:
-                        result = await sandbox.exec(
-                            plan.argv,
-                            stdin=plan.stdin,
-                            env=plan.env,
-                            workdir=plan.workdir,
-                            timeout_s=remaining,
-                            output=sink,
-                        )
-                except TimeoutError:
-                    if not deadline.expired():
-                        raise
-                if result is None:
-                    final = {"state": RunState.timed_out.value}
-                else:
-                    state = RunState.succeeded if result.exit_code == 0 else RunState.failed
-                    final = {"state": state.value, "exit_code": result.exit_code}
-                timings["exec_ms"] = _ms_since(exec_started)
+                sandbox = await self._open_sandbox(stack, plan, watch)
+                self._mark_running(stack, row, sandbox.id, plan)
+                final = await self._exec(sandbox, plan, row["started_at"], sink, watch)
                 terminate_started = time.monotonic()
-            timings["terminate_ms"] = _ms_since(terminate_started)
+            watch.timings["terminate_ms"] = _ms_since(terminate_started)
         except asyncio.CancelledError:
             final = _canceled(self._cancel_reason.get(run_id, "shutdown"))
             raise
-        except RelayError as exc:
-            if final:  # the job ended; only terminating failed: the reaper retries it
-                log.error(
-                    "terminate failed",
-                    extra={"run_id": run_id, "provider": plan.provider, "error_code": exc.code},
-                )
-            else:
-                final = {
-                    "state": RunState.error.value,
-                    "error_code": exc.code,
-                    "error_message": exc.message,
-                    "error_retry_after_s": exc.retry_after,
-                }
         except Exception as exc:
-            log.error(
-                "run failed inside the relay",
-                extra={"run_id": run_id, "error_class": type(exc).__name__},
-            )
-            final = {
-                "state": RunState.error.value,
-                "error_code": "internal",
-                "error_message": "the relay failed while running this job",
-            }
+            final = _failure(run_id, plan, final, exc)
         finally:
-            if exec_started is not None and "exec_ms" not in timings:
-                timings["exec_ms"] = _ms_since(exec_started)
-            if sink.first_output_at is not None:
-                timings["first_output_ms"] = int((sink.first_output_at - started_mono) * 1000)
-            if sandbox_started is not None:
-                # Billed from the create call to the end of terminate: what the provider saw.
-                seconds = round(time.monotonic() - sandbox_started, 3)
-                resources = plan.spec.resources
-                final = {
-                    **final,
-                    "sandbox_s": seconds,
-                    "cost_usd": self.costs.cost(
-                        plan.provider, resources.cpu, resources.memory_mb, seconds
-                    ),
-                }
-            await shielded(self._finish(row, final, sink, timings))
+            final = self._measured(plan, final, sink, watch)
+            await shielded(self._finish(row, final, sink, watch.timings))
+
+    async def _open_sandbox(
+        self, stack: contextlib.AsyncExitStack, plan: Plan, watch: _Stopwatch
+    ) -> Sandbox:
+        """Create the sandbox inside ``stack`` (leaving it terminates the sandbox)."""
+        provider = self.providers[plan.provider]
+        watch.sandbox_started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.settings.create_timeout_s + 5):
+                sandbox = await stack.enter_async_context(provider.sandbox(plan.spec))
+        except TimeoutError as exc:
+            raise ProviderTimeout("the provider did not create the sandbox in time") from exc
+        watch.timings["create_ms"] = _ms_since(watch.started)
+        return sandbox
+
+    def _mark_running(
+        self, stack: contextlib.AsyncExitStack, row: dict[str, Any], sandbox_id: str, plan: Plan
+    ) -> None:
+        """The sandbox exists: the run is running, and its deadline starts now."""
+        started_at = time.time()
+        running = {
+            "state": RunState.running.value,
+            "sandbox_id": sandbox_id,
+            "started_at": started_at,
+            "deadline": started_at + plan.timeout_s,
+        }
+        row.update(running)
+        self.events.publish(RunEvent(row["id"], "state", state=RunState.running.value))
+        # Stored a moment later, unless the run has ended by then: its final write then
+        # carries the sandbox id, one transaction instead of two.
+        record = asyncio.get_running_loop().call_later(
+            RUNNING_WRITE_DELAY_S, self._record_running, row["id"], running
+        )
+        stack.callback(record.cancel)
+
+    async def _exec(
+        self,
+        sandbox: Sandbox,
+        plan: Plan,
+        started_at: float,
+        sink: OutputSink,
+        watch: _Stopwatch,
+    ) -> dict[str, Any]:
+        """Upload the job's files and run its command for what is left of its timeout;
+        the state it ended in (``timed_out`` when the deadline passed)."""
+        if plan.files:
+            await sandbox.upload(plan.files)
+        watch.exec_started = time.monotonic()
+        remaining = max(0.0, plan.timeout_s - (time.time() - started_at))
+        deadline = asyncio.timeout(remaining)
+        result = None
+        try:
+            async with deadline:
+                result = await sandbox.exec(
+                    plan.argv,
+                    stdin=plan.stdin,
+                    env=plan.env,
+                    workdir=plan.workdir,
+                    timeout_s=remaining,
+                    output=sink,
+                )
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+        watch.timings["exec_ms"] = _ms_since(watch.exec_started)
+        if result is None:
+            return {"state": RunState.timed_out.value}
+        state = RunState.succeeded if result.exit_code == 0 else RunState.failed
+        return {"state": state.value, "exit_code": result.exit_code}
+
+    def _measured(
+        self, plan: Plan, final: dict[str, Any], sink: OutputSink, watch: _Stopwatch
+    ) -> dict[str, Any]:
+        """``final`` with what the run cost, and ``watch``'s timings completed."""
+        if watch.exec_started is not None and "exec_ms" not in watch.timings:
+            watch.timings["exec_ms"] = _ms_since(watch.exec_started)
+        if sink.first_output_at is not None:
+            watch.timings["first_output_ms"] = int((sink.first_output_at - watch.started) * 1000)
+        if watch.sandbox_started is None:
+            return final
+        # Billed from the create call to the end of terminate: what the provider saw.
+        seconds = round(time.monotonic() - watch.sandbox_started, 3)
+        resources = plan.spec.resources
+        cost = self.costs.cost(plan.provider, resources.cpu, resources.memory_mb, seconds)
+        return {**final, "sandbox_s": seconds, "cost_usd": cost}
 
     def _record_running(self, run_id: str, values: dict[str, Any]) -> None:
         task = asyncio.create_task(self._write_running(run_id, values))
@@ -473,6 +475,42 @@ class RunService:
         today = await self.store.usage(principal.name, day_start(now))
         month = await self.store.usage(principal.name, month_start(now))
         return today, month
+
+
+@dataclass
+class _Stopwatch:
+    """When a run's steps began (monotonic seconds), and the timings it reports."""
+
+    started: float = field(default_factory=time.monotonic)
+    sandbox_started: float | None = None  # the create call: billing starts here
+    exec_started: float | None = None
+    timings: dict[str, int] = field(default_factory=dict)
+
+
+def _failure(run_id: str, plan: Plan, final: dict[str, Any], exc: Exception) -> dict[str, Any]:
+    """The final state after ``exc`` ended the run's task."""
+    if isinstance(exc, RelayError):
+        if final:  # the job ended; only terminating failed: the reaper retries it
+            log.error(
+                "terminate failed",
+                extra={"run_id": run_id, "provider": plan.provider, "error_code": exc.code},
+            )
+            return final
+        return {
+            "state": RunState.error.value,
+            "error_code": exc.code,
+            "error_message": exc.message,
+            "error_retry_after_s": exc.retry_after,
+        }
+    log.error(
+        "run failed inside the relay",
+        extra={"run_id": run_id, "error_class": type(exc).__name__},
+    )
+    return {
+        "state": RunState.error.value,
+        "error_code": "internal",
+        "error_message": "the relay failed while running this job",
+    }
 
 
 def _canceled(reason: str) -> dict[str, Any]:
