@@ -40,6 +40,7 @@ from relay import sql
 from relay.admission import Admission, DuplicateKey, check_limits
 from relay.checkpoints import Checkpointer
 from relay.commits import GroupCommit
+from relay.engines import database_url, sqlite_engine
 from relay.errors import ConfigError, InvalidRequest
 from relay.schema import (
     ACTIVE,
@@ -123,48 +124,6 @@ def _first(result: sa.CursorResult[Any]) -> dict[str, Any] | None:
     return dict(row._mapping) if row is not None else None
 
 
-def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
-    # The driver's own transaction handling begins a transaction only before a write and
-    # never around DDL; switch it off and let SQLAlchemy's "begin" event say BEGIN.
-    dbapi_connection.isolation_level = None
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    # Short: the loop thread waits here; longer waits are async sleeps (relay/commits.py).
-    cursor.execute("PRAGMA busy_timeout=20")
-    # Checkpoints run on their own thread (relay/checkpoints.py), not inside our commits.
-    cursor.execute("PRAGMA wal_autocheckpoint=0")
-    cursor.close()
-
-
-def _sqlite_begin(conn: Connection) -> None:
-    driver = conn.connection.driver_connection
-    if not driver.in_transaction:  # type: ignore[union-attr] # a group began it already
-        driver.execute("BEGIN")  # type: ignore[union-attr]
-
-
-def _sqlite_engine(url: sa.URL, **options: Any) -> sa.Engine:
-    engine = sa.create_engine(url, **options)
-    sa.event.listen(engine, "connect", _sqlite_connect)
-    sa.event.listen(engine, "begin", _sqlite_begin)
-    return engine
-
-
-def _database_url(url: str) -> sa.URL:
-    """``sqlite:///…`` (``sqlite+aiosqlite`` and ``+pysqlite`` read the same) or
-    ``postgresql://…`` (``postgres://`` and ``+asyncpg`` too); anything else is refused."""
-    try:
-        parsed = sa.make_url(url)
-    except sa.exc.ArgumentError as exc:
-        raise ConfigError("RELAY_DATABASE_URL is not a database URL") from exc
-    backend = parsed.get_backend_name()
-    if backend == "sqlite":
-        return parsed.set(drivername="sqlite+pysqlite")
-    if backend in ("postgresql", "postgres"):
-        return parsed.set(drivername="postgresql+asyncpg")
-    raise ConfigError("RELAY_DATABASE_URL must be sqlite:///PATH or postgresql://…")
-
-
 class Store:
     """The relay's one way into its database; one instance per relay process."""
 
@@ -178,16 +137,16 @@ class Store:
     @classmethod
     async def open(cls, url: str, *, migrate: bool = True) -> Store:
         """Connect, and (unless told not to) bring the schema up to date."""
-        parsed = _database_url(url)
+        parsed = database_url(url)
         if parsed.get_backend_name() == "sqlite":
-            loop_engine = _sqlite_engine(
+            loop_engine = sqlite_engine(
                 parsed, connect_args={"check_same_thread": False}, poolclass=sa.pool.StaticPool
             )
             store = cls(sqlite=loop_engine.connect(), engine=None)
             if parsed.database and parsed.database != ":memory:":
                 store.checkpointer = Checkpointer(parsed.database)
                 store.checkpointer.start()
-                store._aside = _sqlite_engine(parsed, poolclass=sa.pool.NullPool)
+                store._aside = sqlite_engine(parsed, poolclass=sa.pool.NullPool)
         else:
             store = cls(engine=create_async_engine(parsed, pool_pre_ping=True))
         try:

@@ -14,9 +14,10 @@ import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 
 from relay.admission import Admission, LimitReached, day_start
+from relay.engines import database_url
 from relay.errors import ConfigError
 from relay.schema import ACTIVE, meta, metadata, runs, token_days
-from relay.store import SCHEMA_VERSION, DuplicateKey, Store, _database_url
+from relay.store import SCHEMA_VERSION, DuplicateKey, Store
 
 
 @pytest.fixture
@@ -254,12 +255,12 @@ async def test_a_column_that_does_not_exist_is_an_error_not_a_silent_no_op(store
 
 
 def test_database_urls_of_every_documented_form_are_read_and_others_refused() -> None:
-    assert _database_url("sqlite:///relay.db").drivername == "sqlite+pysqlite"
-    assert _database_url("sqlite+aiosqlite:///relay.db").drivername == "sqlite+pysqlite"
+    assert database_url("sqlite:///relay.db").drivername == "sqlite+pysqlite"
+    assert database_url("sqlite+aiosqlite:///relay.db").drivername == "sqlite+pysqlite"
     for url in ("postgres://u:p@db/relay", "postgresql://u:p@db/relay"):
-        assert _database_url(url).drivername == "postgresql+asyncpg"
+        assert database_url(url).drivername == "postgresql+asyncpg"
     with pytest.raises(ConfigError, match="RELAY_DATABASE_URL"):
-        _database_url("not a url")
+        database_url("not a url")
 
 
 async def test_a_write_waits_for_another_processs_lock_without_holding_the_loop(
