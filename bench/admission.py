@@ -80,7 +80,6 @@ async def _measure(store: Store, count: int, admissions: int) -> list[AdmissionC
                 global_concurrent=None,
                 runs_per_day=10**9 if limit == "runs_per_day" else None,
                 usd_per_day=1e9 if limit == "usd_per_day" else None,
-                day_start=day_start(now),
                 now=now,
             )
             row = run_row(f"run_new_{limit}_{n}", state="starting", created_at=now)

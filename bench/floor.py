@@ -30,7 +30,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bench.baseline import serve
-from relay.admission import Admission, day_start
+from relay.admission import Admission
 from relay.models import RunRequest
 from relay.routes import run_model
 from relay.store import Store
@@ -67,7 +67,7 @@ async def create_run(request: Request) -> Response:
         "timings": "{}",
         "callback_url": None,
     }
-    await store.admit_run(row, Admission(None, 100_000, None, None, day_start(now), now))
+    await store.admit_run(row, Admission(None, 100_000, None, None, now))
     final = {
         "state": "succeeded",
         "exit_code": 0,

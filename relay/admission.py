@@ -35,7 +35,6 @@ class Admission:
     global_concurrent: int | None
     runs_per_day: int | None
     usd_per_day: float | None
-    day_start: float
     now: float
 
 
@@ -76,9 +75,8 @@ def check_limits(conn: Connection, row: Mapping[str, Any], admission: Admission)
             )
     if admission.runs_per_day is None and admission.usd_per_day is None:
         return
-    next_day = admission.day_start + 86_400 - admission.now
-    # The day the run's insert is counted in, computed as the trigger computes it.
-    today = {"token": row["token"], "day": int(row["created_at"] / 86_400)}
+    next_day = day_start(admission.now) + 86_400 - admission.now
+    today = {"token": row["token"], "day": day_number(row["created_at"])}
     count, used = sql.row(conn, _TODAY, today)
     if admission.runs_per_day is not None and count >= admission.runs_per_day:
         raise LimitReached("runs_per_day", admission.runs_per_day, next_day)
@@ -87,9 +85,15 @@ def check_limits(conn: Connection, row: Mapping[str, Any], admission: Admission)
         raise LimitReached("usd_per_day", admission.usd_per_day, next_day)
 
 
+def day_number(stamp: float) -> int:
+    """The UTC day ``stamp`` is in, as the triggers that keep ``token_days`` compute it
+    (relay/schema.py)."""
+    return int(stamp / 86_400)
+
+
 def day_start(now: float) -> float:
     """Midnight UTC of the day ``now`` is in: daily limits reset there."""
-    return float(int(now // 86_400) * 86_400)
+    return float(day_number(now) * 86_400)
 
 
 def month_start(now: float) -> float:

@@ -143,8 +143,8 @@ _ACTIVE_SQL = ", ".join(f"'{state}'" for state in ACTIVE)
 
 
 def _day(run: str, dialect: str) -> str:
-    """The UTC day number of ``run``'s creation, as SQL (relay/admission.py computes the
-    same in Python: ``int(created_at / 86400)``)."""
+    """The UTC day number of ``run``'s creation, as SQL: what ``day_number`` computes in
+    Python (relay/admission.py). PostgreSQL's CAST rounds, hence its ``floor``."""
     if dialect == "postgresql":
         return f"CAST(floor({run}.created_at / 86400) AS BIGINT)"
     return f"CAST({run}.created_at / 86400 AS INTEGER)"

@@ -147,7 +147,6 @@ class RunService:
             global_concurrent=self.settings.max_concurrent,
             runs_per_day=principal.runs_per_day,
             usd_per_day=principal.usd_per_day,
-            day_start=day_start(now),
             now=now,
         )
         try:

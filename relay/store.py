@@ -130,9 +130,12 @@ class Store:
     def __init__(self, *, sqlite: Connection | None = None, engine: AsyncEngine | None) -> None:
         self.commits = GroupCommit(sqlite) if sqlite is not None else None
         self.engine = engine
-        self.is_sqlite = sqlite is not None
         self.checkpointer: Checkpointer | None = None
         self._aside: sa.Engine | None = None  # SQLite file: long reads on their own connection
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.commits is not None
 
     @classmethod
     async def open(cls, url: str, *, migrate: bool = True) -> Store:

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 
-from relay.admission import Admission, LimitReached, day_start
+from relay.admission import Admission, LimitReached
 from relay.engines import database_url
 from relay.errors import ConfigError
 from relay.schema import ACTIVE, meta, metadata, runs, token_days
@@ -381,13 +381,13 @@ async def test_upgrading_from_version_5_counts_the_days_runs_there_are(database_
         today = int(now / 86_400)
         assert (await _days(store))[("ops", today)] == (4, 1.3)
         assert await _days(store) == await _scanned(store)
-        limits = Admission(None, None, 5, 1.5, day_start(now), now)
+        limits = Admission(None, None, 5, 1.5, now)
         await store.admit_run(row("run_5", token="ops", reserved_usd=0.2), limits)  # 1.5 of 1.5
         with pytest.raises(LimitReached, match="runs_per_day"):
             await store.admit_run(row("run_6", token="ops"), limits)
         with pytest.raises(LimitReached, match="usd_per_day"):
             await store.admit_run(
-                row("run_7", token="ops", reserved_usd=0.01), Admission(None, None, 9, 1.5, 0, now)
+                row("run_7", token="ops", reserved_usd=0.01), Admission(None, None, 9, 1.5, now)
             )
     finally:
         await store.close()
