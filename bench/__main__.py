@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench import admission, local, servers, waiting
-from bench.load import LoadResult, run_wrk, settle
+from bench.load import LoadResult, run_wrk
 from bench.report import Results, machine_line, render, targets
 from relay.providers.local import bwrap_works
 
@@ -144,7 +144,6 @@ def _overhead_and_local(root: Path, args: argparse.Namespace, results: Results) 
                     server_pid=pid,
                 )
                 results.overhead.setdefault(name, []).append(row)
-                settle(pid)
         if "local" not in args.only:
             return
         if not bwrap_works():

@@ -36,7 +36,6 @@ from relay.routes import run_model
 from relay.store import Store
 
 TOKENS: dict[str, str] = {}
-STORE: list[Store] = []
 
 
 async def create_run(request: Request) -> Response:
@@ -45,7 +44,8 @@ async def create_run(request: Request) -> Response:
     if name is None:
         return Response(b'{"error": {"code": "unauthorized"}}', 401)
     body = RunRequest.model_validate_json(await request.body())
-    store, now = STORE[0], time.time()
+    store: Store = request.app.state.store
+    now = time.time()
     run_id = f"run_{int(now * 1000):011x}{secrets.token_hex(8)}"
     row = {
         "id": run_id,
@@ -93,11 +93,11 @@ async def healthz(request: Request) -> Response:
 
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    STORE.append(await Store.open(f"sqlite+aiosqlite:///{sys.argv[2]}"))
+    app.state.store = await Store.open(f"sqlite:///{sys.argv[2]}")
     try:
         yield
     finally:
-        await STORE.pop().close()
+        await app.state.store.close()
 
 
 app = Starlette(

@@ -7,11 +7,9 @@ line with the counts and latency percentiles, so nothing is parsed from wrk's pr
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,23 +98,6 @@ def run_wrk(
         max_ms=data["max_us"] / 1000,
         server_cpu_ms=cpu_used * 1000 / data["requests"] if data["requests"] else float("nan"),
     )
-
-
-def settle(
-    pid: int, *, idle_share: float = 0.05, window_s: float = 0.2, most_s: float = 5.0
-) -> None:
-    """Wait until the server ``pid`` is idle again (below ``idle_share`` of a core over a
-    ``window_s``, for at most ``most_s``) and its writes are on disk: work left from one load
-    point (a WAL checkpoint on its thread, the kernel writing dirty pages back) must not
-    land on the next one's figures."""
-    process = psutil.Process(pid)
-    deadline = time.monotonic() + most_s
-    while time.monotonic() < deadline:
-        before = _cpu_seconds(process)
-        time.sleep(window_s)
-        if _cpu_seconds(process) - before < idle_share * window_s:
-            break
-    os.sync()  # and the kernel's write-back of what it wrote, which is no process's CPU
 
 
 def _cpu_seconds(process: psutil.Process | None) -> float:
