@@ -53,13 +53,13 @@ class Timing:
 
 
 def _spec(run_id: str, grace_s: float) -> SandboxSpec:
-    cpu, memory_mb = SIZES[Size.small]
+    cpu, memory_mb, disk_mb = SIZES[Size.small]
     return SandboxSpec(
         run_id=run_id,
         cluster="bench",
         timeout_s=TIMEOUT_S,
         grace_s=grace_s,
-        resources=Resources(cpu=cpu, memory_mb=memory_mb),
+        resources=Resources(cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb),
     )
 
 

@@ -16,6 +16,7 @@ from relay.providers import spawn
 from relay.providers.base import Egress, OutputSink, SandboxSpec
 from relay.providers.local import (
     LocalProvider,
+    HOST_ENV,
     LocalSandbox,
     _limits,
     _marked_pids,
@@ -69,9 +70,11 @@ def test_a_bwrap_sandbox_is_started_without_a_fork_of_the_relay(tmp_path: Path) 
     provider = LocalProvider(make_settings(tmp_path, local_isolation="bwrap"))
     spec = SandboxSpec(run_id="run_spawn", cluster="test", timeout_s=5, egress=Egress(()))
     box = LocalSandbox(provider, "lcl-spawn", spec)
-    command, _cwd, setup = box.launch(["true"], "/workspace", 10)
-    assert setup is None  # no preexec_fn, so subprocess may vfork
-    assert command[0].endswith("prlimit") and "--die-with-parent" in command
+    invocation = box.launch(["true"], "/workspace", 10, {"LD_PRELOAD": "/x.so"})
+    invocation.close()
+    assert invocation.setup is None  # no preexec_fn, so subprocess may vfork
+    assert invocation.argv[0].endswith("prlimit") and "--args" in invocation.argv
+    assert invocation.env == HOST_ENV  # the job's variables never reach a host process
     assert spawn.PIDFDS  # this kernel has pidfds, so the Popen path is the one in use
 
 
