@@ -15,8 +15,8 @@ import pytest
 from relay.providers import spawn
 from relay.providers.base import Egress, OutputSink, SandboxSpec
 from relay.providers.local import (
-    LocalProvider,
     HOST_ENV,
+    LocalProvider,
     LocalSandbox,
     _limits,
     _marked_pids,
