@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import secrets
 import shutil
 import time
@@ -142,3 +143,21 @@ def _pids_running(command: str) -> list[int]:
             if cmdline.strip() == command:
                 found.append(int(entry.name))
     return found
+
+
+@needs_bwrap
+def test_an_invocation_never_closes_a_number_twice(tmp_path: Path) -> None:
+    provider = LocalProvider(make_settings(tmp_path, local_isolation="bwrap"))
+    box = LocalSandbox(
+        provider, "lcl-fds", SandboxSpec(run_id="run_fds", cluster="test", timeout_s=5)
+    )
+    invocation = box.launch(["true"], "/workspace", 10, {})
+    invocation.close_child_ends()
+    reused = os.pipe()  # takes the lowest free numbers: those just closed
+    try:
+        invocation.close()
+        for fd in reused:
+            os.fstat(fd)  # still open: another object's fd was not closed under it
+    finally:
+        for fd in reused:
+            os.close(fd)

@@ -234,27 +234,29 @@ class Invocation:
     fds: list[int] = field(default_factory=list)  # passed to the child, closed after spawn
     info: tuple[int, int] | None = None  # (read, write) of bwrap's --info-fd pipe
     block: tuple[int, int] | None = None  # (read, write) of bwrap's --block-fd pipe
+    closed: set[int] = field(default_factory=set)
+    """fds already closed: a number closed twice may by then be another object's."""
 
     def child_fds(self) -> list[int]:
-        ends = [pipe[1] for pipe in (self.info,) if pipe] + [
-            pipe[0] for pipe in (self.block,) if pipe
-        ]
-        return [*self.fds, *ends]
+        ends = [self.info[1]] if self.info else []
+        ends += [self.block[0]] if self.block else []
+        return [fd for fd in (*self.fds, *ends) if fd not in self.closed]
+
+    def _close(self, fd: int) -> None:
+        if fd not in self.closed:
+            self.closed.add(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def close_child_ends(self) -> None:
         for fd in self.child_fds():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.fds = []
+            self._close(fd)
 
     def close(self) -> None:
         self.close_child_ends()
         for pipe in (self.info, self.block):
-            if pipe is not None:
-                for fd in pipe:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-        self.info = self.block = None
+            for fd in pipe or ():
+                self._close(fd)
 
 
 def _memfd(name: str, content: bytes) -> int:

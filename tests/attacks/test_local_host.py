@@ -272,3 +272,17 @@ def test_leftover_groups_are_killed_at_start_and_readyz_needs_the_root(tmp_path:
         server.stop()
         if group.exists:
             group.remove()
+
+
+@needs_cgroups
+def test_providers_show_the_limits_in_force(relay: RelayProcess) -> None:
+    answer = relay.get(relay.tokens["jobs"], "/v1/providers").json()
+    [local] = [p for p in answer["providers"] if p["name"] == "local"]
+    assert local["limits"] == {
+        "isolation": "bwrap",
+        "cgroup": "v1",
+        "memory": True,
+        "pids": True,
+        "cpu": True,
+        "disk": True,
+    }
