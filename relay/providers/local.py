@@ -760,6 +760,10 @@ class LocalProvider:
     async def aclose(self) -> None:
         for sandbox_id in list(self._live):
             await self.terminate(sandbox_id)
+        if self.tree is not None:  # this root's folder of groups, when no relay uses it
+            for parent in self.tree.parents.values():
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
 
 
 async def _join_group(box: LocalSandbox, pid: int) -> None:
