@@ -3,10 +3,10 @@ spawning the same bubblewrap sandbox directly.
 
 Three ways, interleaved so that drift on a shared machine hits them alike:
 
-* **direct** — the physical floor: make the sandbox's two folders, spawn the exact argv
-  the local provider builds (``LocalSandbox.launch``: prlimit, bwrap, namespaces, binds,
-  the ``timeout -s KILL`` wrapper) with the same environment and child setup, read its
-  output, wait for it, remove the folders;
+* **direct** — the physical floor: spawn the exact invocation the local provider builds
+  (``LocalSandbox.launch``: prlimit, bwrap with its options in a memfd, namespaces, binds,
+  size-capped tmpfs mounts, the ``timeout -s KILL`` wrapper) with the same environment,
+  unblock it at once (``--block-fd``, no cgroup), read its output, wait for it;
 * **provider** — the same through the provider API (``LocalProvider.sandbox`` + ``exec``,
   which adds the sandbox's tag file and its terminate sweep), no HTTP and no store;
 * **relay** — ``POST /v1/runs`` with ``{"job": "echo"}`` on a running relay.
@@ -15,6 +15,7 @@ Three ways, interleaved so that drift on a shared machine hits them alike:
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import shutil
 import statistics
@@ -27,7 +28,7 @@ from pathlib import Path
 from bench.client import KeepAliveClient
 from relay.models import SIZES, Size
 from relay.providers.base import OutputSink, Resources, SandboxSpec
-from relay.providers.local import _BASE_ENV, _MARKER, LocalProvider, LocalSandbox
+from relay.providers.local import LocalProvider, LocalSandbox
 from relay.settings import Settings
 
 MESSAGE = "hello from the benchmark"
@@ -53,13 +54,13 @@ class Timing:
 
 
 def _spec(run_id: str, grace_s: float) -> SandboxSpec:
-    cpu, memory_mb = SIZES[Size.small]
+    cpu, memory_mb, disk_mb = SIZES[Size.small]
     return SandboxSpec(
         run_id=run_id,
         cluster="bench",
         timeout_s=TIMEOUT_S,
         grace_s=grace_s,
-        resources=Resources(cpu=cpu, memory_mb=memory_mb),
+        resources=Resources(cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb),
     )
 
 
@@ -67,24 +68,26 @@ async def _direct_once(provider: LocalProvider, grace_s: float) -> float:
     started = time.perf_counter()
     sandbox_id = f"direct-{secrets.token_hex(6)}"
     box = LocalSandbox(provider, sandbox_id, _spec(sandbox_id, grace_s))
-    for part in ("work", "tmp"):
-        (box.home / part).mkdir(parents=True, mode=0o755)
     left = max(1, int(box.spec.lifetime_s))
-    command, cwd, setup = box.launch(
-        ["timeout", "-s", "KILL", str(left), *ECHO], "/workspace", left
-    )
-    process = await asyncio.create_subprocess_exec(
-        *command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**_BASE_ENV, _MARKER: sandbox_id},
-        cwd=cwd,
-        start_new_session=True,
-        preexec_fn=setup,
-    )
-    stdout, _ = await process.communicate()
-    shutil.rmtree(box.home)
+    invocation = box.launch(["timeout", "-s", "KILL", str(left), *ECHO], "/workspace", left, {})
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *invocation.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=invocation.env,
+            cwd=invocation.cwd,
+            start_new_session=True,
+            preexec_fn=invocation.setup,
+            pass_fds=invocation.child_fds(),
+        )
+        invocation.close_child_ends()
+        if invocation.block is not None:
+            os.write(invocation.block[1], b"1")
+        stdout, _ = await process.communicate()
+    finally:
+        invocation.close()
     elapsed = (time.perf_counter() - started) * 1000
     if process.returncode != 0 or stdout.decode().strip() != MESSAGE:
         raise RuntimeError(f"direct bwrap echo failed: exit {process.returncode}")

@@ -138,6 +138,10 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
     """The relay app; raises ConfigError at once for a bad token file or job manifest."""
     tokens = TokenStore(settings.tokens_file)
     catalog = Catalog.load(settings.jobs_dir)
+    if "local" in settings.providers:
+        from relay.providers.local import check_root, sandbox_root
+
+        check_root(sandbox_root(settings))  # refuse an untrusted root before serving
     metrics_token = settings.metrics_token
     metrics = Metrics(metrics_token.get_secret_value() if metrics_token else None)
     logs.redact_settings(settings)  # a key that still reaches a log line reads [redacted]

@@ -22,6 +22,7 @@ The series (names are stable API; dashboards depend on them):
 ``relay_reaper_failures_total``             counter    (terminates that failed)
 ``relay_reaper_failing_sandboxes``          gauge      (still failing, retried each sweep)
 ``relay_webhook_deliveries_total``          counter    outcome
+``relay_local_cleanup_failures_total``      counter    (local sandbox cleanups that failed)
 ==========================================  =========  ===============================
 
 Run metrics come from the ``finished`` event: the run service publishes it for each run
@@ -91,6 +92,12 @@ class _LiveCollector(Collector):
             "relay_reaper_failing_sandboxes",
             "Sandboxes whose terminate is failing now; /readyz is degraded while above 0.",
             value=len(reaper.failing) if reaper is not None else 0,
+        )
+        local = service.providers.get("local") if service is not None else None
+        yield CounterMetricFamily(
+            "relay_local_cleanup_failures",
+            "Local sandboxes whose cleanup (cgroup, folder) failed; the reaper retries them.",
+            value=getattr(local, "cleanup_failures", 0),
         )
 
 

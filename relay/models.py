@@ -66,12 +66,12 @@ class Size(enum.StrEnum):
     large = "large"
 
 
-SIZES: dict[Size, tuple[float, int]] = {
-    Size.small: (1.0, 1024),
-    Size.medium: (2.0, 4096),
-    Size.large: (4.0, 8192),
+SIZES: dict[Size, tuple[float, int, int]] = {
+    Size.small: (1.0, 1024, 1024),
+    Size.medium: (2.0, 4096, 4096),
+    Size.large: (4.0, 8192, 8192),
 }
-"""vCPUs and memory (MiB) of each size."""
+"""vCPUs, memory (MiB) and disk (MiB) of each size."""
 
 
 def _relative_path(value: str) -> str:
@@ -250,6 +250,8 @@ class ProviderInfo(BaseModel):
     name: str
     enabled: bool
     isolation: str | None = None
+    limits: dict[str, str | bool] | None = None
+    """Which limits the provider enforces on each sandbox (the local provider only)."""
 
 
 class ProviderList(BaseModel):

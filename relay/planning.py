@@ -144,14 +144,14 @@ class Planner:
         timeout_s = min([request.timeout_s or base_timeout, *caps])
         size = request.size or size
         provider = self.choose_provider(principal, request.provider, job)
-        cpu, memory_mb = SIZES[size]
+        cpu, memory_mb, disk_mb = SIZES[size]
         spec = SandboxSpec(
             run_id=run_id,
             cluster=self.settings.cluster,
             timeout_s=timeout_s,
             grace_s=self.settings.grace_s,
             image=image_for(provider, request.image, job, image),
-            resources=Resources(cpu=cpu, memory_mb=memory_mb),
+            resources=Resources(cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb),
             egress=Egress(tuple(egress)),
             env=env,
             pip=job.pip if job else (),

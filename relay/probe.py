@@ -34,6 +34,7 @@ class ProbeResult:
     sandbox_id: str | None = None
     failed_step: str | None = None
     error: str | None = None
+    limits: dict[str, str | bool] | None = None
 
     @property
     def ok(self) -> bool:
@@ -55,6 +56,12 @@ class ProbeResult:
         ]
         if self.sandbox_id:
             words.append(f"sandbox={self.sandbox_id}")
+        if self.limits is not None:
+            words += [
+                f"{name}={value}" for name, value in self.limits.items() if isinstance(value, str)
+            ]
+            enforced = [name for name, value in self.limits.items() if value is True]
+            words.append("limits=" + (",".join(enforced) or "none"))
         return " ".join(words)
 
 
@@ -73,7 +80,7 @@ def _ms(since: float) -> int:
 
 async def probe(name: str, provider: Provider, settings: Settings) -> ProbeResult:
     """Create, ``echo ok``, terminate; every step is timed, the first failure recorded."""
-    result = ProbeResult(provider=name)
+    result = ProbeResult(provider=name, limits=getattr(provider, "limits", None))
     spec = SandboxSpec(
         run_id=f"probe_{secrets.token_hex(8)}",
         cluster=settings.cluster,

@@ -305,7 +305,12 @@ async def list_providers(request: Request) -> Response:
     authenticate(request)
     state = _state(request)
     infos = [
-        ProviderInfo(name=name, enabled=True, isolation=getattr(provider, "isolation", None))
+        ProviderInfo(
+            name=name,
+            enabled=True,
+            isolation=getattr(provider, "isolation", None),
+            limits=getattr(provider, "limits", None),
+        )
         for name, provider in state.providers.items()
     ]
     return _json(ProviderList(providers=infos))
@@ -361,6 +366,12 @@ async def readyz(request: Request) -> Response:
     if not state.service.accepting:
         checks["relay"] = "draining"
         status = "unavailable"
+    for name, provider in state.providers.items():
+        problem = getattr(provider, "problem", None)
+        found = problem() if callable(problem) else None
+        if found:
+            checks[name] = found
+            status = "unavailable"
     if state.reaper is not None and state.reaper.degraded:
         checks["reaper"] = f"{len(state.reaper.failing)} sandbox(es) failed to terminate"
         status = "degraded" if status == "ok" else status

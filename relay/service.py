@@ -275,6 +275,16 @@ class RunService:
         watch.timings["exec_ms"] = _ms_since(watch.exec_started)
         if result is None:
             return {"state": RunState.timed_out.value}
+        if result.memory_limit_mb is not None:
+            return {
+                "state": RunState.failed.value,
+                "exit_code": result.exit_code,
+                "error_code": "out_of_memory",
+                "error_message": (
+                    f"the job exceeded its memory limit ({result.memory_limit_mb} MiB) "
+                    "and was killed"
+                ),
+            }
         state = RunState.succeeded if result.exit_code == 0 else RunState.failed
         return {"state": state.value, "exit_code": result.exit_code}
 

@@ -33,6 +33,8 @@ class Settings(BaseSettings):
 
     # State
     database_url: str = "sqlite:///relay.db"
+    state_dir: Path | None = None
+    """The relay's own folder (default: the SQLite file's, else the working directory)."""
 
     # Providers
     providers: Annotated[list[str], NoDecode] = ["local"]
@@ -76,7 +78,15 @@ class Settings(BaseSettings):
     # Local provider
     local_isolation: Literal["auto", "bwrap", "none"] = "auto"
     local_root: Path | None = None
-    """Where local sandboxes get their private directories (default: a temp folder)."""
+    """Where local sandboxes keep their folders (default: ``sandboxes`` in the state dir)."""
+    local_cgroups: bool = True
+    """Give each local sandbox a cgroup (memory, processes, CPU) where the host allows."""
+    local_max_memory_mb: int | None = Field(None, ge=16)
+    """Cap on a local sandbox's memory, whatever its size asks."""
+    local_max_disk_mb: int | None = Field(None, ge=1)
+    """Cap on a local sandbox's disk (each tmpfs mount), whatever its size asks."""
+    local_pids_max: int = Field(256, ge=8)
+    """Processes and threads one local sandbox may have at once."""
 
     # E2B
     e2b_api_key: SecretStr | None = None

@@ -155,7 +155,7 @@ async def test_budget_reserves_the_worst_case_then_records_the_actual(rig: Rig) 
     ],
 )
 def test_cost_arithmetic(provider: str, size: Size, seconds: float, expected: float) -> None:
-    cpu, memory_mb = SIZES[size]
+    cpu, memory_mb, _disk_mb = SIZES[size]
     assert CostModel().cost(provider, cpu, memory_mb, seconds) == pytest.approx(expected, rel=1e-6)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import secrets
 import shutil
 import time
@@ -15,6 +16,7 @@ import pytest
 from relay.providers import spawn
 from relay.providers.base import Egress, OutputSink, SandboxSpec
 from relay.providers.local import (
+    HOST_ENV,
     LocalProvider,
     LocalSandbox,
     _limits,
@@ -69,9 +71,11 @@ def test_a_bwrap_sandbox_is_started_without_a_fork_of_the_relay(tmp_path: Path) 
     provider = LocalProvider(make_settings(tmp_path, local_isolation="bwrap"))
     spec = SandboxSpec(run_id="run_spawn", cluster="test", timeout_s=5, egress=Egress(()))
     box = LocalSandbox(provider, "lcl-spawn", spec)
-    command, _cwd, setup = box.launch(["true"], "/workspace", 10)
-    assert setup is None  # no preexec_fn, so subprocess may vfork
-    assert command[0].endswith("prlimit") and "--die-with-parent" in command
+    invocation = box.launch(["true"], "/workspace", 10, {"LD_PRELOAD": "/x.so"})
+    invocation.close()
+    assert invocation.setup is None  # no preexec_fn, so subprocess may vfork
+    assert invocation.argv[0].endswith("prlimit") and "--args" in invocation.argv
+    assert invocation.env == HOST_ENV  # the job's variables never reach a host process
     assert spawn.PIDFDS  # this kernel has pidfds, so the Popen path is the one in use
 
 
@@ -139,3 +143,21 @@ def _pids_running(command: str) -> list[int]:
             if cmdline.strip() == command:
                 found.append(int(entry.name))
     return found
+
+
+@needs_bwrap
+def test_an_invocation_never_closes_a_number_twice(tmp_path: Path) -> None:
+    provider = LocalProvider(make_settings(tmp_path, local_isolation="bwrap"))
+    box = LocalSandbox(
+        provider, "lcl-fds", SandboxSpec(run_id="run_fds", cluster="test", timeout_s=5)
+    )
+    invocation = box.launch(["true"], "/workspace", 10, {})
+    invocation.close_child_ends()
+    reused = os.pipe()  # takes the lowest free numbers: those just closed
+    try:
+        invocation.close()
+        for fd in reused:
+            os.fstat(fd)  # still open: another object's fd was not closed under it
+    finally:
+        for fd in reused:
+            os.close(fd)

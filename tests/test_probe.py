@@ -22,7 +22,8 @@ from relay.probe import run_probe
 CANARY = "probe-canary-c4f2"
 LINE = re.compile(
     r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ probe (?P<provider>\S+) (?P<verdict>ok|failed at \w+)"
-    r"(?P<timings>( (create|exec|terminate)=\d+ms)*)( sandbox=\S+)?$"
+    r"(?P<timings>( (create|exec|terminate)=\d+ms)*)( sandbox=\S+)?"
+    r"( isolation=\S+ cgroup=\S+ limits=(?P<limits>\S+))?$"
 )
 
 
@@ -46,6 +47,7 @@ def test_local_probe_prints_one_dated_line_and_leaves_nothing(tmp_path: Path) ->
     match = LINE.match(line)
     assert match and match["provider"] == "local" and match["verdict"] == "ok", line
     assert {"create", "exec", "terminate"} == set(re.findall(r"(\w+)=\d+ms", line))
+    assert "disk" in match["limits"].split(",")  # the limits in force are shown
     assert list(root.iterdir()) == []  # the sandbox is gone
 
 

@@ -41,10 +41,11 @@ OutputListener = Callable[[StreamName, bytes], None]
 
 @dataclass(frozen=True)
 class Resources:
-    """What a run asks of the sandbox: vCPUs and memory."""
+    """What a run asks of the sandbox: vCPUs, memory and disk."""
 
     cpu: float = 1.0
     memory_mb: int = 1024
+    disk_mb: int = 1024
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,8 @@ class ExecResult:
     """How a command ended. Output lives in the :class:`OutputSink` it wrote to."""
 
     exit_code: int | None
+    memory_limit_mb: int | None = None
+    """Set when the kernel killed the job for exceeding its memory limit (that limit)."""
 
 
 class OutputSink:

@@ -2,15 +2,39 @@
 
 With bubblewrap (``RELAY_LOCAL_ISOLATION=bwrap``, or ``auto`` when ``bwrap`` works):
 a read-only view of the system (``/usr`` and a few harmless ``/etc`` files, never the
-relay's own folder, token file or ``.env``), a private writable ``/workspace`` and
-``/tmp``, new PID, user, IPC, UTS and network namespaces (the network is shared only for
-``egress = ["*"]``), no capabilities, and ``--die-with-parent``: if the relay dies, its
-sandboxes die with it, and when the command ends everything it spawned ends too.
+relay's own folder, token file or ``.env``), new PID, user, IPC, UTS and network
+namespaces (the network is shared only for ``egress = ["*"]``), no capabilities, and
+``--die-with-parent``: if the relay dies, its sandboxes die with it, and when the command
+ends everything it spawned ends too.
 
-Without it (``none``): a process group with rlimits, marked with ``SANDBOX_ID`` so a
-``setsid`` child is still found and killed. That mode is **no security boundary** and
-cannot keep a job off the network; ``auto`` refuses to run a no-network job in it,
-while an explicit ``none`` is the operator's choice to run anyway.
+Nothing of a request reaches the host:
+
+* every process the relay starts on the host (``prlimit``, ``bwrap``) gets a fixed
+  environment of the relay's making (:data:`HOST_ENV`); the job's variables enter the
+  sandbox only, through ``--clearenv`` and ``--setenv``;
+* bwrap reads its options from a memfd (``--args FD``), so the sandbox's
+  ``/proc/1/cmdline`` shows ``bwrap --args N …`` and never a host path;
+* no host folder is bound into the sandbox: ``/workspace``, ``/tmp`` and ``/dev/shm`` are
+  tmpfs mounts capped at the run's disk size (writes past it fail with ``ENOSPC``), ``/``
+  is read-only, and uploaded files (kept in memory by :meth:`LocalSandbox.upload`) are
+  copied in from memfds when the command starts. So **each exec starts from the uploaded
+  files** (the relay runs one command per sandbox), and nothing a job writes lands on the
+  host's disk. A sandbox's host folder holds only its ``tags.json`` (for the reaper) and a
+  ``lock`` the relay keeps ``flock``-ed while the sandbox lives.
+
+Each sandbox gets a cgroup (:mod:`relay.providers.cgroups`) with a memory limit (the
+size's memory plus its disk, since the disk is RAM; no swap), a process limit and a CPU
+quota. bwrap's child waits (``--block-fd``) until the relay has read its pid
+(``--info-fd``), moved it into the group and run every other setup step
+(:attr:`LocalProvider.setup_steps`); only then does the job start. When the kernel
+killed a process of the job for memory, the run ends ``failed`` with ``out_of_memory``.
+Where cgroups cannot be used, the relay says so once at startup and falls back to
+``RLIMIT_NPROC``, ``RLIMIT_AS`` and the size-capped tmpfs mounts.
+
+Without bubblewrap (``none``): a process group with rlimits, marked with ``SANDBOX_ID`` so a
+``setsid`` child is still found and killed, in host folders under the sandbox root. That
+mode is **no security boundary** and cannot keep a job off the network; ``auto`` refuses
+to run a no-network job in it, while an explicit ``none`` is the operator's choice.
 """
 
 from __future__ import annotations
@@ -18,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import json
 import logging
 import os
@@ -25,15 +50,18 @@ import resource
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
-from relay.errors import EgressUnsupported, ProviderError, SandboxLost
+from relay.engines import database_url
+from relay.errors import ConfigError, EgressUnsupported, ProviderError, SandboxLost
+from relay.providers import cgroups
 from relay.providers.base import (
     DEFAULT_WORKDIR,
     TAG_CLUSTER,
@@ -75,9 +103,16 @@ _ETC_FILES = (
     "debian_version",
 )
 _BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": DEFAULT_WORKDIR, "LANG": "C.UTF-8"}
+HOST_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+"""The whole environment of every host-side process the relay starts with bubblewrap."""
 _MARKER = "SANDBOX_ID"
 _READ_CHUNK = 65_536
 _PR_SET_PDEATHSIG = 1
+_MIB = 1024 * 1024
+_WRITABLE = ("/workspace", "/tmp")  # noqa: S108
+_INFO_TIMEOUT_S = 30.0
+_LOCK = "lock"
+_TAGS = "tags.json"
 
 
 def _system_binds() -> list[str]:
@@ -102,14 +137,53 @@ def bwrap_works() -> bool:
         return False
     probe = [path, "--unshare-all", *_system_binds(), "--", "/usr/bin/true"]
     try:
-        return subprocess.run(probe, capture_output=True, timeout=10, check=False).returncode == 0
+        return (
+            subprocess.run(
+                probe, capture_output=True, timeout=10, check=False, env=HOST_ENV
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
 
 
+def sandbox_root(settings: Settings) -> Path:
+    """``RELAY_LOCAL_ROOT``, else ``sandboxes`` in the relay's state directory:
+    ``RELAY_STATE_DIR``, else the SQLite file's folder, else the working directory."""
+    if settings.local_root is not None:
+        return settings.local_root
+    if settings.state_dir is not None:
+        return settings.state_dir / "sandboxes"
+    url = database_url(settings.database_url)
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+        return Path(url.database).absolute().parent / "sandboxes"
+    return Path.cwd() / "sandboxes"
+
+
+def check_root(root: Path) -> None:
+    """Create the sandbox root 0700, or refuse one the relay cannot trust as found."""
+    try:
+        found = root.lstat()
+    except FileNotFoundError:
+        root.mkdir(parents=True, mode=0o700)
+        return
+    if not stat.S_ISDIR(found.st_mode):
+        raise ConfigError(f"{root}: the local sandbox root is not a folder")
+    if found.st_uid != os.geteuid():
+        raise ConfigError(
+            f"{root}: the local sandbox root belongs to uid {found.st_uid}, not to the "
+            f"relay's user (uid {os.geteuid()}); remove it or set RELAY_LOCAL_ROOT"
+        )
+    if found.st_mode & 0o077:
+        raise ConfigError(
+            f"{root}: the local sandbox root has mode {stat.S_IMODE(found.st_mode):04o}; "
+            "it must allow no group or other access (chmod 700 it, or remove it)"
+        )
+
+
 def _limits(cpu_s: int, memory_mb: int) -> dict[str, tuple[int, int]]:
     """The rlimits of a sandbox's processes, by ``prlimit`` option name."""
-    address_space = max(memory_mb, 256) * 1024 * 1024 * 2
+    address_space = max(memory_mb, 256) * _MIB * 2
     return {
         "cpu": (cpu_s, cpu_s + 1),
         "fsize": (1 << 30, 1 << 30),
@@ -117,23 +191,98 @@ def _limits(cpu_s: int, memory_mb: int) -> dict[str, tuple[int, int]]:
     }
 
 
-_RLIMITS = {"cpu": resource.RLIMIT_CPU, "fsize": resource.RLIMIT_FSIZE, "as": resource.RLIMIT_AS}
+_RLIMITS = {
+    "cpu": resource.RLIMIT_CPU,
+    "fsize": resource.RLIMIT_FSIZE,
+    "as": resource.RLIMIT_AS,
+    "nproc": resource.RLIMIT_NPROC,
+}
 
 
-def _child_setup(cpu_s: int, memory_mb: int) -> Callable[[], None]:
-    """Runs in the child before exec: die with the relay, and cap CPU, files and memory."""
+def _child_setup(limits: Mapping[str, tuple[int, int]]) -> Callable[[], None]:
+    """Runs in the child before exec: die with the relay, and apply the rlimits."""
 
     def setup() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        for name, limit in _limits(cpu_s, memory_mb).items():
+        for name, limit in limits.items():
             resource.setrlimit(_RLIMITS[name], limit)
 
     return setup
 
 
+def _sandbox_path(path: str, workdir: str) -> PurePosixPath:
+    """An upload or workdir path inside the sandbox, which must be under a writable mount."""
+    if "\0" in path:
+        raise ProviderError("a path contains a NUL byte")
+    normal = PurePosixPath(os.path.normpath(PurePosixPath(workdir, path)))
+    for inside in _WRITABLE:
+        if normal == PurePosixPath(inside) or normal.is_relative_to(inside):
+            return normal
+    raise ProviderError(f"the local provider can write only under /workspace or /tmp: {path}")
+
+
+@dataclass
+class Invocation:
+    """How to start one command: the host argv and environment, and the memfds that
+    carry bwrap's options (``args``) and the uploaded files to it."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None = None
+    setup: Callable[[], None] | None = None
+    fds: list[int] = field(default_factory=list)  # passed to the child, closed after spawn
+    info: tuple[int, int] | None = None  # (read, write) of bwrap's --info-fd pipe
+    block: tuple[int, int] | None = None  # (read, write) of bwrap's --block-fd pipe
+    closed: set[int] = field(default_factory=set)
+    """fds already closed: a number closed twice may by then be another object's."""
+
+    def child_fds(self) -> list[int]:
+        ends = [self.info[1]] if self.info else []
+        ends += [self.block[0]] if self.block else []
+        return [fd for fd in (*self.fds, *ends) if fd not in self.closed]
+
+    def _close(self, fd: int) -> None:
+        if fd not in self.closed:
+            self.closed.add(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def close_child_ends(self) -> None:
+        for fd in self.child_fds():
+            self._close(fd)
+
+    def close(self) -> None:
+        self.close_child_ends()
+        for pipe in (self.info, self.block):
+            for fd in pipe or ():
+                self._close(fd)
+
+
+def _memfd(name: str, content: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _no_nul(values: Sequence[str], what: str) -> None:
+    if any("\0" in value for value in values):
+        raise ProviderError(f"the {what} contains a NUL byte")
+
+
+SetupStep = Callable[["LocalSandbox", int], Awaitable[None]]
+"""A step run with the pid of bwrap's child, after it exists and before it runs the job."""
+
+
 class LocalSandbox:
-    """A private folder plus the processes started in it."""
+    """A host folder (tags and lock), a cgroup, and the processes started in it."""
 
     def __init__(self, provider: LocalProvider, sandbox_id: str, spec: SandboxSpec) -> None:
         self.id = sandbox_id
@@ -142,55 +291,111 @@ class LocalSandbox:
         self.home = provider.root / sandbox_id
         self.processes: list[Child] = []
         self.created = time.monotonic()
+        self.files: dict[PurePosixPath, bytes] = {}
+        self.group: cgroups.SandboxGroup | None = None
+        self.lock: int | None = None
+        self.memory_mb, self.disk_mb = provider.sizes(spec)
 
     def _host_path(self, path: str, workdir: str) -> Path:
-        sandbox_path = PurePosixPath(workdir, path)  # an absolute path wins over workdir
-        for inside, outside in (("/workspace", "work"), ("/tmp", "tmp")):  # noqa: S108
-            if sandbox_path == PurePosixPath(inside) or sandbox_path.is_relative_to(inside):
-                relative = sandbox_path.relative_to(inside)
-                resolved = (self.home / outside / relative).resolve()
-                if resolved.is_relative_to((self.home / outside).resolve()):
-                    return resolved
-        raise ProviderError(f"the local provider can write only under /workspace or /tmp: {path}")
+        """Without bubblewrap: where a sandbox path lives on the host."""
+        inside = _sandbox_path(path, workdir)
+        top = PurePosixPath("/", inside.parts[1])
+        outside = self.home / ("work" if top == PurePosixPath(DEFAULT_WORKDIR) else "tmp")
+        resolved = (outside / inside.relative_to(top)).resolve()
+        if not resolved.is_relative_to(outside.resolve()):
+            raise ProviderError(f"the path leaves the sandbox: {path}")
+        return resolved
 
     async def upload(self, files: Mapping[str, bytes]) -> None:
         for path, content in files.items():
-            target = self._host_path(path, DEFAULT_WORKDIR)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            await asyncio.to_thread(target.write_bytes, content)
+            if self.provider.isolation == "none":
+                target = self._host_path(path, DEFAULT_WORKDIR)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                await asyncio.to_thread(target.write_bytes, content)
+            else:
+                self.files[_sandbox_path(path, DEFAULT_WORKDIR)] = content
 
-    def _command(self, argv: Sequence[str], workdir: str) -> tuple[list[str], str | None]:
-        if self.provider.isolation == "none":
-            return list(argv), str(self._host_path(".", workdir))
-        command = [self.provider.bwrap, "--die-with-parent", "--unshare-all", "--new-session"]
+    def _bwrap_args(self, workdir: str, env: Mapping[str, str]) -> tuple[list[str], list[int]]:
+        """bwrap's options (read from its --args memfd) and the file memfds they name."""
+        disk = str(self.disk_mb * _MIB)
+        args = ["--die-with-parent", "--unshare-all", "--new-session"]
         if self.spec.egress.open:
-            command.append("--share-net")
-        command += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
-        command += _system_binds()
-        command += ["--bind", str(self.home / "work"), "/workspace"]
-        command += ["--bind", str(self.home / "tmp"), "/tmp"]  # noqa: S108
-        command += ["--chdir", workdir, "--", *argv]
-        return command, None
+            args.append("--share-net")
+        args += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
+        args += _system_binds()
+        for mount in (*_WRITABLE, "/dev/shm"):  # noqa: S108 (inside the sandbox)
+            args += ["--size", disk, "--tmpfs", mount]
+        fds: list[int] = []
+        try:
+            for path, content in self.files.items():
+                fd = _memfd("upload", content)
+                fds.append(fd)
+                args += ["--dir", str(path.parent), "--perms", "0644", "--file", str(fd)]
+                args.append(str(path))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        args += ["--dir", workdir, "--remount-ro", "/", "--chdir", workdir, "--clearenv"]
+        for name, value in {**_BASE_ENV, **env, _MARKER: self.id}.items():
+            args += ["--setenv", name, value]
+        return args, fds
 
     def launch(
-        self, argv: Sequence[str], workdir: str, cpu_s: int
-    ) -> tuple[list[str], str | None, Callable[[], None] | None]:
-        """The argv, cwd and child setup that start ``argv`` in this sandbox.
+        self, argv: Sequence[str], workdir: str, cpu_s: int, env: Mapping[str, str]
+    ) -> Invocation:
+        """How to start ``argv`` in this sandbox (the caller spawns it and closes the fds).
 
-        With bubblewrap, ``prlimit`` sets the limits and bwrap's ``--die-with-parent``
+        With bubblewrap, ``prlimit`` sets the rlimits and bwrap's ``--die-with-parent``
         ties the sandbox to the relay, so no Python runs in the child and the spawn can
         use vfork: a ``preexec_fn`` forces a full fork of the relay, 5-10 ms for a relay
         of ~100 MB, on every run. Without bubblewrap (or prlimit) the child setup does it.
         """
-        command, cwd = self._command(argv, workdir)
-        memory_mb = self.spec.resources.memory_mb
-        if self.provider.isolation == "bwrap" and self.provider.prlimit is not None:
-            limits = [
-                f"--{name}={soft}:{hard}"
-                for name, (soft, hard) in _limits(cpu_s, memory_mb).items()
-            ]
-            return [self.provider.prlimit, *limits, "--", *command], cwd, None
-        return command, cwd, _child_setup(cpu_s, memory_mb)
+        limits = self.provider.rlimits(cpu_s, self.memory_mb)
+        if self.provider.isolation == "none":
+            job_env = {**_BASE_ENV, **env, _MARKER: self.id, "HOME": str(self.home / "work")}
+            cwd = str(self._host_path(".", workdir))
+            return Invocation(list(argv), job_env, cwd, _child_setup(limits))
+        _no_nul(list(argv), "command")
+        _no_nul([*env, *env.values()], "environment")
+        options, fds = self._bwrap_args(workdir, env)
+        invocation = Invocation([], dict(HOST_ENV), fds=fds)
+        try:
+            args_fd = _memfd("bwrap-args", b"".join(o.encode() + b"\0" for o in options))
+            invocation.fds.append(args_fd)
+            invocation.info = os.pipe2(os.O_CLOEXEC)
+            invocation.block = os.pipe2(os.O_CLOEXEC)
+        except BaseException:
+            invocation.close()
+            raise
+        command = [self.provider.bwrap, "--args", str(args_fd)]
+        command += ["--info-fd", str(invocation.info[1]), "--block-fd", str(invocation.block[0])]
+        command += ["--", *argv]
+        if self.provider.prlimit is None:
+            invocation.argv, invocation.setup = command, _child_setup(limits)
+            return invocation
+        flags = [f"--{name}={soft}:{hard}" for name, (soft, hard) in limits.items()]
+        invocation.argv = [self.provider.prlimit, *flags, "--", *command]
+        return invocation
+
+    async def _release(self, process: Child, invocation: Invocation) -> None:
+        """Read bwrap's child pid, run the setup steps with it, then let the job start.
+
+        If bwrap ends before it reports (bad options), its exit and stderr tell the run.
+        """
+        assert invocation.info is not None and invocation.block is not None
+        invocation.close_child_ends()
+        info = await _read_info(invocation.info[0])
+        if info is None:
+            return
+        try:
+            pid = int(str(info["child-pid"]))
+            for step in self.provider.setup_steps:
+                await step(self, pid)
+        except (OSError, ValueError, KeyError) as exc:
+            _kill_group(process.pid)
+            raise ProviderError("could not set up the sandbox's limits") from exc
+        os.write(invocation.block[1], b"1")
 
     async def exec(
         self,
@@ -202,31 +407,48 @@ class LocalSandbox:
         timeout_s: float,
         output: OutputSink,
     ) -> ExecResult:
-        workdir = str(PurePosixPath(DEFAULT_WORKDIR, workdir or "."))
-        self._host_path(".", workdir).mkdir(parents=True, exist_ok=True)
+        workdir = str(_sandbox_path(workdir or ".", DEFAULT_WORKDIR))
+        if self.provider.isolation == "none":
+            self._host_path(".", workdir).mkdir(parents=True, exist_ok=True)
         # The sandbox's own hard deadline: even a relay that hangs cannot keep it alive.
         left = max(1, int(self.created + self.spec.lifetime_s - time.monotonic()))
         cpu_s = max(1, int(self.spec.lifetime_s))
-        command, cwd, setup = self.launch(
-            ["timeout", "-s", "KILL", str(left), *argv], workdir, cpu_s
-        )
-        job_env = {**_BASE_ENV, **env, _MARKER: self.id}
-        if self.provider.isolation == "none":
-            job_env["HOME"] = str(self.home / "work")
+        invocation = self.launch(["timeout", "-s", "KILL", str(left), *argv], workdir, cpu_s, env)
         try:
-            process = await spawn(
-                command, stdin=stdin is not None, env=job_env, cwd=cwd, preexec_fn=setup
-            )
-        except OSError as exc:
-            raise ProviderError(f"could not start the command: {exc.strerror}") from exc
-        self.processes.append(process)
+            try:
+                process = await spawn(
+                    invocation.argv,
+                    stdin=stdin is not None,
+                    env=invocation.env,
+                    cwd=invocation.cwd,
+                    preexec_fn=invocation.setup,
+                    pass_fds=invocation.child_fds(),
+                )
+            except OSError as exc:
+                raise ProviderError(f"could not start the command: {exc.strerror}") from exc
+            self.processes.append(process)
+            code = await self._run(process, invocation, stdin, output)
+        finally:
+            invocation.close()
+        if not self.home.exists():
+            raise SandboxLost("the sandbox was terminated during the run")
+        killed = self.group.oom_kills() if self.group is not None else 0
+        memory_limit = self.memory_mb + self.disk_mb if killed else None
+        return ExecResult(exit_code=code if code >= 0 else 128 - code, memory_limit_mb=memory_limit)
+
+    async def _run(
+        self, process: Child, invocation: Invocation, stdin: bytes | None, output: OutputSink
+    ) -> int:
         pumps = [
             asyncio.create_task(_pump(process.stdout, "stdout", output)),
             asyncio.create_task(_pump(process.stderr, "stderr", output)),
         ]
-        if stdin is not None and process.stdin is not None:
-            pumps.append(asyncio.create_task(_feed(process.stdin, stdin)))
         try:
+            if invocation.info is not None:
+                async with asyncio.timeout(_INFO_TIMEOUT_S):
+                    await self._release(process, invocation)
+            if stdin is not None and process.stdin is not None:
+                pumps.append(asyncio.create_task(_feed(process.stdin, stdin)))
             code = await process.wait()
             # A background child may hold the pipes open after the command ended (only
             # without bubblewrap, whose PID namespace ends with the command): don't wait.
@@ -238,9 +460,37 @@ class LocalSandbox:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
             close_child(process)
-        if not self.home.exists():
-            raise SandboxLost("the sandbox was terminated during the run")
-        return ExecResult(exit_code=code if code >= 0 else 128 - code)
+        return code
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _read_info(fd: int) -> dict[str, object] | None:
+    """bwrap's ``--info-fd`` JSON, or ``None`` when it closed the pipe without one."""
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+    data = bytearray()
+    while True:
+        readable: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, _set_once, readable)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(fd)
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            return None
+        data += chunk
+        with contextlib.suppress(ValueError):
+            info = json.loads(data)
+            if isinstance(info, dict):
+                return info
 
 
 async def _pump(stream: asyncio.StreamReader | None, name: str, output: OutputSink) -> None:
@@ -274,6 +524,42 @@ def _marked_pids(sandbox_id: str) -> list[int]:
     return found
 
 
+def _lock_held(home: Path) -> bool:
+    """True while some relay (this one included) keeps the sandbox's lock."""
+    try:
+        fd = os.open(home / _LOCK, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _remove_home(home: Path) -> None:
+    """Remove a sandbox's folder, its ``tags.json`` last, so a folder that could not be
+    removed stays listed for the reaper. Unreadable folders (``chmod 000``) are opened up."""
+
+    def opened_up(function: Callable[..., object], path: str, _exc: object) -> None:
+        os.chmod(os.path.dirname(path) or ".", 0o700)
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o700)
+        function(path)
+
+    for entry in list(home.iterdir()):
+        if entry.name == _TAGS:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, onerror=opened_up)
+        else:
+            entry.unlink()
+    (home / _TAGS).unlink(missing_ok=True)
+    home.rmdir()
+
+
 class LocalProvider:
     """Sandboxes as bubblewrap jails (or plain process groups) on this machine."""
 
@@ -281,21 +567,101 @@ class LocalProvider:
 
     def __init__(self, settings: Settings) -> None:
         self.cluster = settings.cluster
+        self.settings = settings
         self.explicit_none = settings.local_isolation == "none"
         if settings.local_isolation == "auto":
             self.isolation = "bwrap" if bwrap_works() else "none"
         else:
             self.isolation = settings.local_isolation
-        self.bwrap = shutil.which("bwrap") or "bwrap"
-        self.prlimit = shutil.which("prlimit")
-        root = settings.local_root or Path(tempfile.gettempdir()) / f"relay-local-{self.cluster}"
-        self.root = root
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.bwrap = shutil.which("bwrap", path=HOST_ENV["PATH"]) or "bwrap"
+        self.prlimit = shutil.which("prlimit", path=HOST_ENV["PATH"])
+        self.root = sandbox_root(settings)
+        check_root(self.root)
         self._live: dict[str, LocalSandbox] = {}
+        self.cleanup_failures = 0
+        """Terminates whose cleanup failed (``relay_local_cleanup_failures_total``)."""
+        self.tree: cgroups.CgroupTree | None = None
+        self.setup_steps: list[SetupStep] = []
+        """Run in order with bwrap's child pid, before the job starts (cgroup, network)."""
         if self.isolation == "none":
             log.warning(
                 "local provider without bubblewrap: no security boundary, no egress control"
             )
+            return
+        if settings.local_cgroups:
+            self.tree, reason = cgroups.detect(self.root)
+        else:
+            reason = "RELAY_LOCAL_CGROUPS=false"
+        if self.tree is None:
+            log.warning(
+                "local provider: cgroups unavailable (%s); each sandbox is limited by "
+                "RLIMIT_NPROC, RLIMIT_AS and size-capped tmpfs mounts only, with no "
+                "memory, process or CPU limit of its own",
+                reason,
+            )
+        else:
+            self.setup_steps.append(_join_group)
+            self._sweep_leftovers()
+
+    @property
+    def limits(self) -> dict[str, str | bool]:
+        """Which limits are in force (``GET /v1/providers``, ``relay probe local``)."""
+        grouped = self.tree is not None
+        return {
+            "isolation": self.isolation,
+            "cgroup": self.tree.version if self.tree is not None else "none",
+            "memory": grouped,
+            "pids": grouped,
+            "cpu": grouped,
+            "disk": self.isolation == "bwrap",
+        }
+
+    def sizes(self, spec: SandboxSpec) -> tuple[int, int]:
+        """The memory and disk (MiB) of a sandbox: its size's, within the operator's caps."""
+        memory_mb, disk_mb = spec.resources.memory_mb, spec.resources.disk_mb
+        if self.settings.local_max_memory_mb is not None:
+            memory_mb = min(memory_mb, self.settings.local_max_memory_mb)
+        if self.settings.local_max_disk_mb is not None:
+            disk_mb = min(disk_mb, self.settings.local_max_disk_mb)
+        return memory_mb, disk_mb
+
+    def rlimits(self, cpu_s: int, memory_mb: int) -> dict[str, tuple[int, int]]:
+        limits = _limits(cpu_s, memory_mb)
+        if self.tree is None and self.isolation == "bwrap":
+            pids = self.settings.local_pids_max
+            limits["nproc"] = (pids, pids)
+        return limits
+
+    def problem(self) -> str | None:
+        """Why the sandbox root is unusable now (``/readyz``), or ``None``."""
+        try:
+            found = self.root.stat()
+        except OSError:
+            return "the sandbox root is gone"
+        if not stat.S_ISDIR(found.st_mode) or not os.access(self.root, os.W_OK | os.X_OK):
+            return "the sandbox root is not writable"
+        if found.st_uid != os.geteuid() or found.st_mode & 0o077:
+            return "the sandbox root has another owner or group/other permissions"
+        return None
+
+    def _sweep_leftovers(self) -> None:
+        """Kill what an earlier relay on this root left in its sandbox groups (a sandbox
+        whose lock nobody holds, or whose folder is gone)."""
+        assert self.tree is not None
+        swept = 0
+        for sandbox_id in self.tree.names():
+            if _lock_held(self.root / sandbox_id):
+                continue
+            try:
+                self.tree.group(sandbox_id).remove()
+                swept += 1
+            except OSError as exc:
+                log.error(
+                    "could not remove a leftover sandbox group",
+                    extra={"sandbox_id": sandbox_id, "error_class": type(exc).__name__},
+                )
+        if swept:
+            log.warning("local provider: killed %d leftover sandbox group(s)", swept)
 
     def check(self, spec: SandboxSpec) -> None:
         if spec.egress.open:
@@ -313,23 +679,43 @@ class LocalProvider:
     @asynccontextmanager
     async def sandbox(self, spec: SandboxSpec) -> AsyncIterator[LocalSandbox]:
         sandbox_id = f"lcl-{spec.run_id.removeprefix('run_')}-{secrets.token_hex(3)}"
-        home = self.root / sandbox_id
-        for part in ("work", "tmp"):
-            (home / part).mkdir(parents=True, mode=0o755)
-        tags = {**spec.tags, "created_at": time.time(), "lifetime_s": spec.lifetime_s}
-        (home / "tags.json").write_text(json.dumps(tags))
         box = LocalSandbox(self, sandbox_id, spec)
         self._live[sandbox_id] = box
         try:
+            self._create(box)
             yield box
         finally:
             await shielded(self.terminate(sandbox_id))
+
+    def _create(self, box: LocalSandbox) -> None:
+        """The sandbox's folder (tags, held lock), then its cgroup."""
+        try:
+            box.home.mkdir(mode=0o700)
+        except OSError as exc:
+            raise ProviderError("could not create the sandbox's folder") from exc
+        box.lock = os.open(box.home / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(box.lock, fcntl.LOCK_EX)
+        tags = {**box.spec.tags, "created_at": time.time(), "lifetime_s": box.spec.lifetime_s}
+        (box.home / _TAGS).write_text(json.dumps(tags))
+        if self.isolation == "none":
+            for part in ("work", "tmp"):
+                (box.home / part).mkdir(mode=0o755)
+        if self.tree is not None:
+            limits = cgroups.GroupLimits(
+                memory_bytes=(box.memory_mb + box.disk_mb) * _MIB,
+                pids=self.settings.local_pids_max,
+                cpus=box.spec.resources.cpu,
+            )
+            try:
+                box.group = self.tree.create(box.id, limits)
+            except OSError as exc:
+                raise ProviderError("could not create the sandbox's cgroup") from exc
 
     async def list_owned(self) -> list[SandboxRef]:
         owned = []
         for home in self.root.iterdir():
             with contextlib.suppress(OSError, ValueError):
-                tags = json.loads((home / "tags.json").read_text())
+                tags = json.loads((home / _TAGS).read_text())
                 if tags.get(TAG_CLUSTER) == self.cluster:
                     owned.append(SandboxRef(home.name, tags.get(TAG_RUN)))
         return owned
@@ -351,9 +737,36 @@ class LocalProvider:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
         home = self.root / sandbox_id
-        if home.is_relative_to(self.root) and home.exists():
-            await asyncio.to_thread(shutil.rmtree, home, True)
+        if PurePosixPath(sandbox_id).name != sandbox_id or sandbox_id in ("", ".", ".."):
+            raise ProviderError("not a sandbox id")
+        try:
+            if self.tree is not None:
+                group = self.tree.group(sandbox_id)
+                if group.exists:
+                    await asyncio.to_thread(group.remove)
+            if box is not None and box.lock is not None:
+                os.close(box.lock)
+                box.lock = None
+            if home.exists():
+                await asyncio.to_thread(_remove_home, home)
+        except OSError as exc:
+            self.cleanup_failures += 1
+            log.error(
+                "local sandbox cleanup failed; the reaper retries it",
+                extra={"sandbox_id": sandbox_id, "error_class": type(exc).__name__},
+            )
+            raise ProviderError("could not clean up the sandbox") from exc
 
     async def aclose(self) -> None:
         for sandbox_id in list(self._live):
             await self.terminate(sandbox_id)
+        if self.tree is not None:  # this root's folder of groups, when no relay uses it
+            for parent in self.tree.parents.values():
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+
+
+async def _join_group(box: LocalSandbox, pid: int) -> None:
+    """The first setup step: the job's processes live in the sandbox's cgroup."""
+    if box.group is not None:
+        box.group.add(pid)

@@ -130,8 +130,10 @@ async def spawn(
     env: Mapping[str, str],
     cwd: str | None,
     preexec_fn: Callable[[], None] | None,
+    pass_fds: Sequence[int] = (),
 ) -> Child:
-    """Start ``argv`` in a new session with piped stdout/stderr (and stdin if asked)."""
+    """Start ``argv`` in a new session with piped stdout/stderr (and stdin if asked);
+    ``pass_fds`` stay open in the child, under the same numbers."""
     options: dict[str, Any] = {
         "stdin": subprocess.PIPE if stdin else subprocess.DEVNULL,
         "stdout": subprocess.PIPE,
@@ -139,6 +141,7 @@ async def spawn(
         "env": dict(env),
         "cwd": cwd,
         "start_new_session": True,
+        "pass_fds": tuple(pass_fds),
     }
     if preexec_fn is not None or not PIDFDS:
         return await asyncio.create_subprocess_exec(*argv, preexec_fn=preexec_fn, **options)
