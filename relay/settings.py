@@ -6,6 +6,7 @@ Secrets are :class:`pydantic.SecretStr`, so they print as ``**********``.
 
 from __future__ import annotations
 
+from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -77,6 +78,10 @@ class Settings(BaseSettings):
     local_isolation: Literal["auto", "bwrap", "none"] = "auto"
     local_root: Path | None = None
     """Where local sandboxes get their private directories (default: a temp folder)."""
+    local_network: Literal["auto", "pasta", "slirp4netns", "off"] = "auto"
+    """The user-mode networking of ``egress = ["*"]`` sandboxes; ``off`` refuses them."""
+    local_egress_allow: Annotated[list[IPv4Network], NoDecode] = []
+    """Private or link-local ranges ``["*"]`` sandboxes may reach (host loopback never)."""
 
     # E2B
     e2b_api_key: SecretStr | None = None
@@ -101,6 +106,13 @@ class Settings(BaseSettings):
     @field_validator("providers", mode="before")
     @classmethod
     def _split_providers(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("local_egress_allow", mode="before")
+    @classmethod
+    def _split_networks(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value

@@ -3,14 +3,19 @@
 With bubblewrap (``RELAY_LOCAL_ISOLATION=bwrap``, or ``auto`` when ``bwrap`` works):
 a read-only view of the system (``/usr`` and a few harmless ``/etc`` files, never the
 relay's own folder, token file or ``.env``), a private writable ``/workspace`` and
-``/tmp``, new PID, user, IPC, UTS and network namespaces (the network is shared only for
-``egress = ["*"]``), no capabilities, and ``--die-with-parent``: if the relay dies, its
-sandboxes die with it, and when the command ends everything it spawned ends too.
+``/tmp``, new PID, user, IPC, UTS and network namespaces, no capabilities, and
+``--die-with-parent``: if the relay dies, its sandboxes die with it, and when the command
+ends everything it spawned ends too. The network namespace is always the sandbox's own:
+with ``egress = ["*"]`` it gets the private network of
+:mod:`relay.providers.private_network` (the public internet, never the host's loopback,
+private ranges or own addresses), attached between bubblewrap creating the namespaces
+(``--info-fd``) and running the command (``--block-fd``).
 
 Without it (``none``): a process group with rlimits, marked with ``SANDBOX_ID`` so a
 ``setsid`` child is still found and killed. That mode is **no security boundary** and
-cannot keep a job off the network; ``auto`` refuses to run a no-network job in it,
-while an explicit ``none`` is the operator's choice to run anyway.
+cannot keep a job off the network; ``auto`` refuses to run a job in it that asks for no
+network or for the open one (which would be the host's), while an explicit ``none`` is
+the operator's choice to run anyway.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
 from relay.errors import EgressUnsupported, ProviderError, SandboxLost
+from relay.providers import private_network
 from relay.providers.base import (
     DEFAULT_WORKDIR,
     TAG_CLUSTER,
@@ -159,21 +165,31 @@ class LocalSandbox:
             target.parent.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(target.write_bytes, content)
 
-    def _command(self, argv: Sequence[str], workdir: str) -> tuple[list[str], str | None]:
+    @property
+    def uses_private_network(self) -> bool:
+        """True when runs get the private network (bubblewrap and open egress)."""
+        return self.provider.isolation == "bwrap" and self.spec.egress.open
+
+    def _command(
+        self, argv: Sequence[str], workdir: str, fds: tuple[int, int] | None = None
+    ) -> tuple[list[str], str | None]:
         if self.provider.isolation == "none":
             return list(argv), str(self._host_path(".", workdir))
+        # Always a network namespace of its own (--unshare-all), never the host's.
         command = [self.provider.bwrap, "--die-with-parent", "--unshare-all", "--new-session"]
-        if self.spec.egress.open:
-            command.append("--share-net")
         command += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
         command += _system_binds()
+        if fds is not None:
+            info, block = fds
+            command += ["--info-fd", str(info), "--block-fd", str(block)]
+            command += ["--ro-bind", str(self.home / "resolv.conf"), "/etc/resolv.conf"]
         command += ["--bind", str(self.home / "work"), "/workspace"]
         command += ["--bind", str(self.home / "tmp"), "/tmp"]  # noqa: S108
         command += ["--chdir", workdir, "--", *argv]
         return command, None
 
     def launch(
-        self, argv: Sequence[str], workdir: str, cpu_s: int
+        self, argv: Sequence[str], workdir: str, cpu_s: int, fds: tuple[int, int] | None = None
     ) -> tuple[list[str], str | None, Callable[[], None] | None]:
         """The argv, cwd and child setup that start ``argv`` in this sandbox.
 
@@ -182,7 +198,7 @@ class LocalSandbox:
         use vfork: a ``preexec_fn`` forces a full fork of the relay, 5-10 ms for a relay
         of ~100 MB, on every run. Without bubblewrap (or prlimit) the child setup does it.
         """
-        command, cwd = self._command(argv, workdir)
+        command, cwd = self._command(argv, workdir, fds)
         memory_mb = self.spec.resources.memory_mb
         if self.provider.isolation == "bwrap" and self.provider.prlimit is not None:
             limits = [
@@ -207,19 +223,33 @@ class LocalSandbox:
         # The sandbox's own hard deadline: even a relay that hangs cannot keep it alive.
         left = max(1, int(self.created + self.spec.lifetime_s - time.monotonic()))
         cpu_s = max(1, int(self.spec.lifetime_s))
+        gate = _Gate() if self.uses_private_network else None
         command, cwd, setup = self.launch(
-            ["timeout", "-s", "KILL", str(left), *argv], workdir, cpu_s
+            ["timeout", "-s", "KILL", str(left), *argv],
+            workdir,
+            cpu_s,
+            gate.child_fds if gate is not None else None,
         )
         job_env = {**_BASE_ENV, **env, _MARKER: self.id}
         if self.provider.isolation == "none":
             job_env["HOME"] = str(self.home / "work")
         try:
             process = await spawn(
-                command, stdin=stdin is not None, env=job_env, cwd=cwd, preexec_fn=setup
+                command,
+                stdin=stdin is not None,
+                env=job_env,
+                cwd=cwd,
+                preexec_fn=setup,
+                pass_fds=gate.child_fds if gate is not None else (),
             )
         except OSError as exc:
+            if gate is not None:
+                gate.close()
             raise ProviderError(f"could not start the command: {exc.strerror}") from exc
         self.processes.append(process)
+        network: private_network.Attachment | None = None
+        if gate is not None:
+            network = await self._attach_network(process, gate)
         pumps = [
             asyncio.create_task(_pump(process.stdout, "stdout", output)),
             asyncio.create_task(_pump(process.stderr, "stderr", output)),
@@ -238,9 +268,70 @@ class LocalSandbox:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
             close_child(process)
+            if network is not None:
+                await network.close()
         if not self.home.exists():
             raise SandboxLost("the sandbox was terminated during the run")
         return ExecResult(exit_code=code if code >= 0 else 128 - code)
+
+    async def _attach_network(self, process: Child, gate: _Gate) -> private_network.Attachment:
+        """Between bubblewrap making the namespaces and running the command: attach the
+        private network to the sandbox's namespace, then let the command run."""
+        tool = self.provider.network
+        try:
+            gate.close_child_ends()
+            if tool is None:
+                raise private_network.NetworkError("no user-mode networking tool")
+            pid = await gate.child_pid()
+            state = Path(tempfile.mkdtemp(prefix="net-", dir=self.home))
+            network = await private_network.attach(pid, tool, self.provider.egress_allow, state)
+        except BaseException as exc:
+            # Closing the block fd would let the command run: kill it first.
+            _kill_group(process.pid)
+            gate.close()
+            if isinstance(exc, (private_network.NetworkError, OSError, ValueError)):
+                log.warning("sandbox %s: private network failed: %s", self.id, exc)
+                raise ProviderError("could not attach the sandbox's private network") from exc
+            raise
+        gate.release()
+        return network
+
+
+class _Gate:
+    """bubblewrap's ``--info-fd`` (it reports the sandbox's PID once the namespaces
+    exist) and ``--block-fd`` (the command waits for a byte on it)."""
+
+    def __init__(self) -> None:
+        self.info_read, self.info_write = os.pipe()
+        self.block_read, self.block_write = os.pipe()
+        self.child_fds = (self.info_write, self.block_read)
+
+    def close_child_ends(self) -> None:
+        for fd in self.child_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.child_fds = (-1, -1)
+
+    async def child_pid(self) -> int:
+        def read_all() -> bytes:
+            data = b""
+            while chunk := os.read(self.info_read, 4096):
+                data += chunk
+            return data
+
+        info = json.loads(await asyncio.wait_for(asyncio.to_thread(read_all), 10))
+        return int(info["child-pid"])
+
+    def release(self) -> None:
+        os.write(self.block_write, b"1")
+        self.close()
+
+    def close(self) -> None:
+        self.close_child_ends()
+        for fd in (self.info_read, self.block_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.info_read = self.block_write = -1
 
 
 async def _pump(stream: asyncio.StreamReader | None, name: str, output: OutputSink) -> None:
@@ -288,6 +379,8 @@ class LocalProvider:
             self.isolation = settings.local_isolation
         self.bwrap = shutil.which("bwrap") or "bwrap"
         self.prlimit = shutil.which("prlimit")
+        self.network = private_network.available(settings.local_network)
+        self.egress_allow = list(settings.local_egress_allow)
         root = settings.local_root or Path(tempfile.gettempdir()) / f"relay-local-{self.cluster}"
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -299,6 +392,16 @@ class LocalProvider:
 
     def check(self, spec: SandboxSpec) -> None:
         if spec.egress.open:
+            if self.isolation == "bwrap" and self.network is None:
+                raise EgressUnsupported(
+                    'egress ["*"] on the local provider needs user-mode networking: install '
+                    "passt (pasta) or slirp4netns, or set RELAY_LOCAL_NETWORK=auto"
+                )
+            if self.isolation == "none" and not self.explicit_none:
+                raise EgressUnsupported(
+                    'egress ["*"] on the local provider needs bubblewrap and passt (pasta) '
+                    "or slirp4netns; without them it would be the host's own network"
+                )
             return
         if not spec.egress.none:
             raise EgressUnsupported(
@@ -318,6 +421,8 @@ class LocalProvider:
             (home / part).mkdir(parents=True, mode=0o755)
         tags = {**spec.tags, "created_at": time.time(), "lifetime_s": spec.lifetime_s}
         (home / "tags.json").write_text(json.dumps(tags))
+        if self.network is not None and spec.egress.open:
+            (home / "resolv.conf").write_text(self.network.resolv_conf())
         box = LocalSandbox(self, sandbox_id, spec)
         self._live[sandbox_id] = box
         try:

@@ -130,9 +130,12 @@ async def spawn(
     env: Mapping[str, str],
     cwd: str | None,
     preexec_fn: Callable[[], None] | None,
+    pass_fds: Sequence[int] = (),
 ) -> Child:
-    """Start ``argv`` in a new session with piped stdout/stderr (and stdin if asked)."""
+    """Start ``argv`` in a new session with piped stdout/stderr (and stdin if asked);
+    ``pass_fds`` stay open in the child."""
     options: dict[str, Any] = {
+        "pass_fds": tuple(pass_fds),
         "stdin": subprocess.PIPE if stdin else subprocess.DEVNULL,
         "stdout": subprocess.PIPE,
         "stderr": subprocess.PIPE,
