@@ -319,6 +319,33 @@ def _tail(log: Path) -> str:
     return "no message"
 
 
+def _loopback_state(pid: int) -> Literal["up", "down", "unknown", "gone"]:
+    try:
+        lines = Path(f"/proc/{pid}/net/if_inet6").read_text().splitlines()
+    except FileNotFoundError:  # IPv6 is off on this host: nothing to wait on
+        return "unknown" if Path(f"/proc/{pid}").exists() else "gone"
+    return "up" if any(line.endswith(" lo") for line in lines) else "down"
+
+
+async def _loopback_ready(pid: int) -> None:
+    """Wait until bubblewrap has brought up the sandbox's loopback.
+
+    bubblewrap does it over netlink after reporting the PID, and checks that the answer
+    is addressed to its own port id (its PID, 1); a tool's netlink socket opened in the
+    namespace first can take that id, and bubblewrap then fails ("No child processes").
+    The kernel gives an up loopback its ``::1``, which ``if_inet6`` shows.
+    """
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        state = _loopback_state(pid)
+        if state == "gone":
+            raise NetworkError("the sandbox ended before its network was attached")
+        if state != "down":
+            return
+        await asyncio.sleep(_POLL_S)
+    raise NetworkError("the sandbox's loopback did not come up")
+
+
 async def attach(
     pid: int, tool: NetworkTool, allow: Sequence[IPv4Network], state: Path
 ) -> Attachment:
@@ -327,23 +354,19 @@ async def attach(
     started = time.monotonic()
     script = rules(tool, allow)
     start = _start_pasta if tool.name == "pasta" else _start_slirp
+    await _loopback_ready(pid)
     spaces = Namespaces.of(pid)
     try:
-        closing = asyncio.ensure_future(_run_rules(spaces, script))
+        # The tool first: its default route must resolve a gateway that is often in a
+        # range the rules close (a cloud VPC's 10.x or 172.31.x, slirp4netns's 10.0.2.2).
+        # The command is still blocked, so nothing runs before the rules are in.
+        attachment = Attachment(await start(tool, spaces, state), tool, 0.0)
         try:
-            process = await start(tool, spaces, state)
-        except BaseException:
-            closing.cancel()
-            with contextlib.suppress(BaseException):
-                await closing
-            raise
-        attachment = Attachment(process, tool, 0.0)
-        try:
-            await closing
+            await _run_rules(spaces, script)
         except BaseException:
             await attachment.close()
             raise
     finally:
-        spaces.close()  # the tools hold their own references now
+        spaces.close()  # the tool holds its own references now
     attachment.seconds = time.monotonic() - started
     return attachment
