@@ -6,6 +6,7 @@ Secrets are :class:`pydantic.SecretStr`, so they print as ``**********``.
 
 from __future__ import annotations
 
+from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -87,6 +88,10 @@ class Settings(BaseSettings):
     """Cap on a local sandbox's disk (each tmpfs mount), whatever its size asks."""
     local_pids_max: int = Field(256, ge=8)
     """Processes and threads one local sandbox may have at once."""
+    local_network: Literal["auto", "pasta", "slirp4netns", "off"] = "auto"
+    """The user-mode networking of ``egress = ["*"]`` sandboxes; ``off`` refuses them."""
+    local_egress_allow: Annotated[list[IPv4Network], NoDecode] = []
+    """Private or link-local ranges ``["*"]`` sandboxes may reach (host loopback never)."""
 
     # E2B
     e2b_api_key: SecretStr | None = None
@@ -111,6 +116,13 @@ class Settings(BaseSettings):
     @field_validator("providers", mode="before")
     @classmethod
     def _split_providers(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("local_egress_allow", mode="before")
+    @classmethod
+    def _split_networks(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value

@@ -7,6 +7,8 @@ set -euo pipefail
 mode="${1:-test}"
 packages=()
 command -v bwrap >/dev/null 2>&1 || packages+=(bubblewrap)
+# The private network of local sandboxes with egress ["*"] (pasta; slirp4netns also works).
+command -v pasta >/dev/null 2>&1 || command -v slirp4netns >/dev/null 2>&1 || packages+=(passt)
 if [ "$mode" = "test" ] || [ "$mode" = "bench" ]; then
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || packages+=(postgresql)
     # The load generator of `make bench` (and of its smoke test in tests/test_bench.py).

@@ -61,7 +61,7 @@ from typing import ClassVar
 
 from relay.engines import database_url
 from relay.errors import ConfigError, EgressUnsupported, ProviderError, SandboxLost
-from relay.providers import cgroups
+from relay.providers import cgroups, private_network
 from relay.providers.base import (
     DEFAULT_WORKDIR,
     TAG_CLUSTER,
@@ -294,6 +294,7 @@ class LocalSandbox:
         self.files: dict[PurePosixPath, bytes] = {}
         self.group: cgroups.SandboxGroup | None = None
         self.lock: int | None = None
+        self.network: private_network.Attachment | None = None
         self.memory_mb, self.disk_mb = provider.sizes(spec)
 
     def _host_path(self, path: str, workdir: str) -> Path:
@@ -319,8 +320,6 @@ class LocalSandbox:
         """bwrap's options (read from its --args memfd) and the file memfds they name."""
         disk = str(self.disk_mb * _MIB)
         args = ["--die-with-parent", "--unshare-all", "--new-session"]
-        if self.spec.egress.open:
-            args.append("--share-net")
         args += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
         args += _system_binds()
         for mount in (*_WRITABLE, "/dev/shm"):  # noqa: S108 (inside the sandbox)
@@ -336,6 +335,12 @@ class LocalSandbox:
             for fd in fds:
                 os.close(fd)
             raise
+        tool = self.provider.network
+        if self.spec.egress.open and tool is not None:
+            # The host's resolv.conf may name 127.0.0.53, closed to the sandbox.
+            fd = _memfd("resolv.conf", tool.resolv_conf().encode())
+            fds.append(fd)
+            args += ["--ro-bind-data", str(fd), "/etc/resolv.conf"]
         args += ["--dir", workdir, "--remount-ro", "/", "--chdir", workdir, "--clearenv"]
         for name, value in {**_BASE_ENV, **env, _MARKER: self.id}.items():
             args += ["--setenv", name, value]
@@ -392,6 +397,10 @@ class LocalSandbox:
             pid = int(str(info["child-pid"]))
             for step in self.provider.setup_steps:
                 await step(self, pid)
+        except private_network.NetworkError as exc:
+            _kill_group(process.pid)  # before the block fd closes: EOF would start the job
+            log.warning("sandbox %s: private network failed: %s", self.id, exc)
+            raise ProviderError("could not attach the sandbox's private network") from exc
         except (OSError, ValueError, KeyError) as exc:
             _kill_group(process.pid)
             raise ProviderError("could not set up the sandbox's limits") from exc
@@ -460,6 +469,9 @@ class LocalSandbox:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
             close_child(process)
+            if self.network is not None:
+                network, self.network = self.network, None
+                await network.close()
         return code
 
 
@@ -574,6 +586,8 @@ class LocalProvider:
         else:
             self.isolation = settings.local_isolation
         self.bwrap = shutil.which("bwrap", path=HOST_ENV["PATH"]) or "bwrap"
+        self.network = private_network.available(settings.local_network)
+        self.egress_allow = list(settings.local_egress_allow)
         self.prlimit = shutil.which("prlimit", path=HOST_ENV["PATH"])
         self.root = sandbox_root(settings)
         check_root(self.root)
@@ -602,6 +616,7 @@ class LocalProvider:
         else:
             self.setup_steps.append(_join_group)
             self._sweep_leftovers()
+        self.setup_steps.append(_attach_network)
 
     @property
     def limits(self) -> dict[str, str | bool]:
@@ -665,6 +680,16 @@ class LocalProvider:
 
     def check(self, spec: SandboxSpec) -> None:
         if spec.egress.open:
+            if self.isolation == "bwrap" and self.network is None:
+                raise EgressUnsupported(
+                    'egress ["*"] on the local provider needs user-mode networking: install '
+                    "passt (pasta) or slirp4netns, or set RELAY_LOCAL_NETWORK=auto"
+                )
+            if self.isolation == "none" and not self.explicit_none:
+                raise EgressUnsupported(
+                    'egress ["*"] on the local provider needs bubblewrap and passt (pasta) '
+                    "or slirp4netns; without them it would be the host's own network"
+                )
             return
         if not spec.egress.none:
             raise EgressUnsupported(
@@ -770,3 +795,14 @@ async def _join_group(box: LocalSandbox, pid: int) -> None:
     """The first setup step: the job's processes live in the sandbox's cgroup."""
     if box.group is not None:
         box.group.add(pid)
+
+
+async def _attach_network(box: LocalSandbox, pid: int) -> None:
+    """For ``egress = ["*"]``: the private network, attached to the sandbox's own network
+    namespace before the job starts (without it the sandbox has only its loopback)."""
+    tool = box.provider.network
+    if not box.spec.egress.open or tool is None:
+        return
+    state = box.home / "network"
+    state.mkdir(mode=0o700, exist_ok=True)
+    box.network = await private_network.attach(pid, tool, box.provider.egress_allow, state)

@@ -1,0 +1,1 @@
+"""Attacks on a real relay: each test is something a hostile caller tried."""

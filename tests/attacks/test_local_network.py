@@ -1,0 +1,284 @@
+"""A job with ``egress = ["*"]`` on the ``local`` provider reaches the public internet
+through its private network, never the host: not its loopback (the relay's own port),
+not its abstract unix sockets, not its interface addresses, not private or link-local
+ranges.
+
+Private and link-local destinations are test hosts this module makes itself (network
+namespaces joined to the host by veth pairs); a "public" one in 198.51.100.0/24 (a
+documentation range the block list leaves open) shows that egress works at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from relay.errors import EgressUnsupported
+from relay.providers import private_network
+from relay.providers.base import Egress, SandboxSpec
+from relay.providers.local import LocalProvider, bwrap_works
+from tests.conftest import make_settings
+from tests.relay_server import RelayProcess
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0
+    or not bwrap_works()
+    or private_network.available() is None
+    or shutil.which("ip") is None,
+    reason="needs root (for test hosts), bubblewrap and pasta or slirp4netns",
+)
+
+PORT = 8
+"""The port every test host listens on."""
+
+GREETER = """
+import socket, sys
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", int(sys.argv[1])))
+server.listen()
+print("listening", flush=True)
+while True:
+    peer, _ = server.accept()
+    peer.sendall(b"hello from " + sys.argv[2].encode() + b"\\n")
+    peer.close()
+"""
+
+PROBE = """
+import json, socket, sys
+results = {}
+for target in sys.argv[1:]:
+    try:
+        if target.startswith("@"):
+            sock = socket.socket(socket.AF_UNIX)
+            sock.settimeout(2)
+            sock.connect("\\0" + target[1:])
+        else:
+            host, port = target.rsplit(":", 1)
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=2)
+    except OSError as exc:
+        results[target] = "refused " + type(exc).__name__
+        continue
+    try:  # connected: that alone is the leak; a greeting says who answered
+        sock.settimeout(1)
+        greeting = sock.recv(100).decode(errors="replace").strip()
+    except OSError:
+        greeting = ""
+    sock.close()
+    results[target] = ("reached " + greeting).strip()
+print(json.dumps(results))
+"""
+
+
+@dataclass
+class OwnHost:
+    """A host with a greeter on ``PORT``, in its own network namespace."""
+
+    name: str
+    address: str
+    host_side: str
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def test_hosts() -> Iterator[dict[str, OwnHost]]:
+    tag = secrets.token_hex(2)
+    plan = {
+        "private": ("10.213.0.2", "10.213.0.1"),
+        "link-local": ("169.254.213.2", "169.254.213.1"),
+        "public": ("198.51.100.2", "198.51.100.1"),
+    }
+    hosts: dict[str, OwnHost] = {}
+    greeters: list[subprocess.Popen[bytes]] = []
+    try:
+        for index, (kind, (address, host_side)) in enumerate(plan.items()):
+            name = f"rtn{tag}{index}"
+            _ip("netns", "add", name)
+            hosts[kind] = OwnHost(name, address, host_side)
+            _ip("link", "add", f"{name}h", "type", "veth", "peer", "name", f"{name}n")
+            _ip("link", "set", f"{name}n", "netns", name)
+            _ip("addr", "add", f"{host_side}/24", "dev", f"{name}h")
+            _ip("link", "set", f"{name}h", "up")
+            _ip("-n", name, "addr", "add", f"{address}/24", "dev", f"{name}n")
+            _ip("-n", name, "link", "set", f"{name}n", "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+            greeter = subprocess.Popen(
+                ["ip", "netns", "exec", name, sys.executable, "-c", GREETER, str(PORT), kind],
+                stdout=subprocess.PIPE,
+            )
+            greeters.append(greeter)
+            assert greeter.stdout is not None
+            assert greeter.stdout.readline() == b"listening\n"
+        yield hosts
+    finally:
+        for greeter in greeters:
+            greeter.kill()
+            greeter.wait()
+            if greeter.stdout is not None:
+                greeter.stdout.close()
+        for host in hosts.values():
+            subprocess.run(["ip", "netns", "del", host.name], check=False, timeout=10)
+            # Deleting the namespace deleted the pair; this is for a half-made one.
+            subprocess.run(
+                ["ip", "link", "del", f"{host.name}h"],
+                check=False,
+                capture_output=True,
+                timeout=10,
+            )
+
+
+@pytest.fixture(scope="module")
+def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
+    server = RelayProcess(tmp_path_factory.mktemp("relay-net"), local_isolation="bwrap")
+    server.add_token("ops", command=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+def probe(relay: RelayProcess, *targets: str, command: list[str] | None = None) -> dict[str, str]:
+    """What a job with open egress reaches of ``targets`` (``host:port`` or ``@abstract``)."""
+    argv = command or ["python3", "probe.py", *targets]
+    body = {"command": argv, "files": {"probe.py": PROBE}, "egress": ["*"], "timeout_s": 20}
+    answer = relay.post(relay.tokens["ops"], body)
+    run = answer.json()
+    assert run.get("state") == "succeeded", run
+    if command is not None:
+        return {"stdout": run["stdout"]}
+    results: dict[str, str] = json.loads(run["stdout"])
+    return results
+
+
+class Listener:
+    """A host socket that records whether anyone connected."""
+
+    def __init__(self, family: socket.AddressFamily, address: object) -> None:
+        self.socket = socket.socket(family)
+        if family == socket.AF_INET6:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        self.socket.bind(address)
+        self.socket.listen()
+        self.socket.settimeout(0.1)
+        self.accepted = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._accept)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self.done.is_set():
+            try:
+                peer, _ = self.socket.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            peer.sendall(b"host\n")
+            peer.close()
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join()
+        self.socket.close()
+
+
+def test_test_hosts_answer_the_host(test_hosts: dict[str, OwnHost]) -> None:
+    # Without this, "unreachable from the sandbox" would prove nothing.
+    for kind, host in test_hosts.items():
+        with socket.create_connection((host.address, PORT), timeout=2) as sock:
+            assert sock.recv(100) == f"hello from {kind}\n".encode()
+
+
+def test_open_egress_reaches_a_public_host(
+    relay: RelayProcess, test_hosts: dict[str, OwnHost]
+) -> None:
+    target = f"{test_hosts['public'].address}:{PORT}"
+    assert probe(relay, target) == {target: "reached hello from public"}
+
+
+def test_private_and_link_local_hosts_are_unreachable(
+    relay: RelayProcess, test_hosts: dict[str, OwnHost]
+) -> None:
+    targets = [f"{test_hosts[kind].address}:{PORT}" for kind in ("private", "link-local")]
+    results = probe(relay, *targets)
+    assert all(result.startswith("refused") for result in results.values()), results
+
+
+def test_the_relays_own_port_on_host_loopback_is_unreachable(relay: RelayProcess) -> None:
+    targets = [f"127.0.0.1:{relay.port}", f"127.0.0.2:{relay.port}", f"[::1]:{relay.port}"]
+    results = probe(relay, *targets)
+    assert all(result.startswith("refused") for result in results.values()), results
+
+
+def test_the_hosts_own_addresses_are_unreachable(
+    relay: RelayProcess, test_hosts: dict[str, OwnHost]
+) -> None:
+    listener = Listener(socket.AF_INET6, ("::", 0))
+    port = listener.socket.getsockname()[1]
+    try:
+        addresses = [str(a) for a in private_network.host_addresses() if not a.is_loopback]
+        addresses += _host_ipv6_addresses()
+        assert test_hosts["public"].host_side in addresses  # public, yet the host's own
+        targets = [f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in addresses]
+        results = probe(relay, *targets)
+    finally:
+        listener.close()
+    assert all(result.startswith("refused") for result in results.values()), results
+    assert listener.accepted == 0
+
+
+def test_host_abstract_unix_sockets_are_unreachable(relay: RelayProcess) -> None:
+    name = f"relay-test-{secrets.token_hex(4)}"
+    listener = Listener(socket.AF_UNIX, "\0" + name)
+    try:
+        results = probe(relay, "@" + name)
+    finally:
+        listener.close()
+    assert results["@" + name].startswith("refused"), results
+    assert listener.accepted == 0
+
+
+def test_the_job_cannot_lift_the_blocks(relay: RelayProcess) -> None:
+    script = "ip rule del pref 400; ip route del default; ip rule flush; ip rule"
+    output = probe(relay, command=["sh", "-c", f"{{ {script}; }} 2>&1"])["stdout"]
+    assert output.count("Operation not permitted") == 3, output
+    assert "to 10.0.0.0/8 unreachable" in output and "to 169.254.0.0/16" in output
+
+
+def test_without_a_networking_tool_open_egress_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bwrap", "prlimit"):
+        (bin_dir / tool).symlink_to(shutil.which(tool) or tool)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    provider = LocalProvider(make_settings(tmp_path, local_isolation="bwrap"))
+    spec = SandboxSpec(run_id="run_net", cluster="test", timeout_s=5, egress=Egress(("*",)))
+    with pytest.raises(EgressUnsupported, match="passt"):
+        provider.check(spec)
+    monkeypatch.undo()
+    provider = LocalProvider(make_settings(tmp_path, local_network="off"))
+    with pytest.raises(EgressUnsupported):
+        provider.check(spec)
+
+
+def _host_ipv6_addresses() -> list[str]:
+    found = []
+    for line in Path("/proc/net/if_inet6").read_text().splitlines():
+        raw, _, _, scope, *_ = line.split()
+        if scope == "00":  # global: link-local needs a zone, loopback is the sandbox's
+            found.append(str(socket.inet_ntop(socket.AF_INET6, bytes.fromhex(raw))))
+    return found
