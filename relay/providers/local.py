@@ -373,7 +373,7 @@ class LocalSandbox:
         except BaseException:
             invocation.close()
             raise
-        command = [self.provider.bwrap, "--args", str(args_fd)]
+        command = [*self.provider.drop_root, self.provider.bwrap, "--args", str(args_fd)]
         command += ["--info-fd", str(invocation.info[1]), "--block-fd", str(invocation.block[0])]
         command += ["--", *argv]
         if self.provider.prlimit is None:
@@ -536,6 +536,20 @@ def _marked_pids(sandbox_id: str) -> list[int]:
     return found
 
 
+def _drop_root() -> list[str]:
+    """``setpriv`` to nobody (65534) when the relay runs as root, else nothing."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv", path=HOST_ENV["PATH"])
+    if setpriv is None:
+        raise ConfigError(
+            "the relay runs as root and cannot drop to an unprivileged user for bubblewrap: "
+            "install util-linux's setpriv, or run the relay as its own user"
+        )
+    ids = ["--reuid=65534", "--regid=65534", "--clear-groups"]
+    return [setpriv, *ids, "--inh-caps=-all", "--bounding-set=-all", "--"]
+
+
 def _lock_held(home: Path) -> bool:
     """True while some relay (this one included) keeps the sandbox's lock."""
     try:
@@ -589,6 +603,9 @@ class LocalProvider:
         self.network = private_network.available(settings.local_network)
         self.egress_allow = list(settings.local_egress_allow)
         self.prlimit = shutil.which("prlimit", path=HOST_ENV["PATH"])
+        self.drop_root = _drop_root()
+        """Run bwrap as nobody when the relay is root: bubblewrap maps the sandbox's user to
+        the user that starts it, so an escape would otherwise be the host's root."""
         self.root = sandbox_root(settings)
         check_root(self.root)
         self._live: dict[str, LocalSandbox] = {}

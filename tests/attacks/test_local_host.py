@@ -115,6 +115,35 @@ def test_the_sandbox_sees_no_host_path(relay: RelayProcess) -> None:
     assert str(relay.root) not in run["stdout"]  # the sandbox root and the relay's folder
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a relay running as root maps to root")
+def test_a_sandbox_of_a_root_relay_is_not_root_on_the_host(relay: RelayProcess) -> None:
+    """bubblewrap maps the sandbox's user to the user that starts it: a relay running as
+    root must start it as nobody, or an escaped job would be the host's root."""
+    marker = f"3.{int.from_bytes(os.urandom(3), 'big'):08d}"  # a duration nobody else sleeps
+    body = {"command": ["sleep", marker]}
+    answer: dict[str, Any] = {}
+    waiter = threading.Thread(
+        target=lambda: answer.update(relay.post(relay.tokens["commands"], body).json())
+    )
+    waiter.start()
+    try:
+        uids: set[int] = set()
+        deadline = time.monotonic() + 5
+        while not uids and time.monotonic() < deadline:
+            for entry in Path("/proc").iterdir():
+                try:
+                    if entry.name.isdigit() and marker in (entry / "cmdline").read_text():
+                        uids.add(entry.stat().st_uid)
+                except OSError:
+                    continue
+            time.sleep(0.05)
+        assert uids, "the job's process was not found on the host"
+        assert 0 not in uids, "the sandbox's processes run as the host's root"
+    finally:
+        waiter.join(15)
+    assert answer.get("state") == "succeeded", answer
+
+
 @needs_cgroups
 def test_a_job_past_its_memory_ends_out_of_memory_and_the_relay_lives(
     relay: RelayProcess,
