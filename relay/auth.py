@@ -16,9 +16,11 @@ max_timeout_s = 300
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import secrets
@@ -32,6 +34,10 @@ from relay.errors import ConfigError, Unauthorized
 TOKEN_PREFIX = "rly_"  # noqa: S105 - a prefix, not a secret
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _LIMIT_KEYS = ("max_timeout_s", "max_concurrent", "runs_per_day", "usd_per_day")
+TOKEN_KEYS = ("sha256", "jobs", "command", "providers", *_LIMIT_KEYS, "webhook_secret")
+"""Every key a token's table may have; any other is refused with the file and key named."""
+
+log = logging.getLogger("relay.auth")
 
 
 @dataclass(frozen=True)
@@ -71,40 +77,61 @@ def _string_set(value: Any, where: str) -> frozenset[str]:
     return frozenset(value)
 
 
+def _suggestion(key: str, known: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _parse_entry(name: str, table: Any, path: Path) -> _Entry:
     where = f"{path}: tokens.{name}"
     if not NAME_PATTERN.match(name):
         raise ConfigError(f"{where}: token names are lower-case letters, digits, '.', '_', '-'")
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a table")
+    for key in table:
+        if key not in TOKEN_KEYS:
+            # A typo must not quietly widen a token (`job =` would leave it every job).
+            raise ConfigError(f"{where}.{key}: unknown key{_suggestion(key, TOKEN_KEYS)}")
+    if not isinstance(table.get("command", False), bool):
+        raise ConfigError(f"{where}.command: must be true or false")
+    secret = table.get("webhook_secret")
+    if secret is not None and (not isinstance(secret, str) or not secret):
+        raise ConfigError(f"{where}.webhook_secret: must be a non-empty string")
     digest = table.get("sha256")
     if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
         raise ConfigError(f"{where}.sha256: must be 64 lower-case hex digits")
     limits: dict[str, Any] = {}
     for key in _LIMIT_KEYS:
         value = table.get(key)
-        if value is not None and (not isinstance(value, int | float) or value <= 0):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if value is not None and (not number or value <= 0):
             raise ConfigError(f"{where}.{key}: must be a positive number")
         limits[key] = value
-    secret = table.get("webhook_secret")
     principal = Principal(
         name=name,
         jobs=_string_set(table.get("jobs", ["*"]), f"{where}.jobs"),
-        command=bool(table.get("command", False)),
+        command=table.get("command", False),
         providers=_string_set(table.get("providers", ["*"]), f"{where}.providers"),
-        webhook_secret=secret if isinstance(secret, str) else None,
+        webhook_secret=secret,
         **limits,
     )
     return _Entry(bytes.fromhex(digest), principal)
 
 
 class TokenStore:
-    """The token file, re-read when it changes so new tokens work without a restart."""
+    """The token file, re-read when it changes so new tokens work without a restart.
+
+    It never fails open: at startup a missing or invalid file stops the relay. Later, a
+    change that does not load is logged and turns ``/readyz`` failing (:attr:`problem`);
+    the last good tokens stay only while the file exists. A deleted file revokes them all.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._entries: list[_Entry] = []
-        self._mtime: float | None = None
+        self._seen: tuple[int, int, int] | None = None
+        self.problem: str | None = None
+        """Why the file on disk is not what the relay uses (None while they agree)."""
         self.load()
 
     def load(self) -> None:
@@ -115,8 +142,15 @@ class TokenStore:
             raise ConfigError(
                 f"{self.path}: no token file; create a token with `relay tokens new NAME`"
             ) from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{self.path}: cannot be read ({type(exc).__name__})") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{self.path}: not valid TOML ({exc})") from exc
+        extra = sorted(set(data) - {"tokens"})
+        if extra:
+            raise ConfigError(
+                f"{self.path}: {extra[0]}: unknown key{_suggestion(extra[0], ('tokens',))}"
+            )
         tokens = data.get("tokens", {})
         if not isinstance(tokens, dict):
             raise ConfigError(f"{self.path}: [tokens] must be a table")
@@ -124,24 +158,42 @@ class TokenStore:
         if not entries:
             raise ConfigError(f"{self.path}: no token configured; the relay never runs open")
         self._entries = entries
-        self._mtime = stat.st_mtime
+        self._seen = _signature(stat)
+        self.problem = None
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
+        """Re-read the file if it changed since the last look."""
         try:
-            mtime = self.path.stat().st_mtime
+            seen = _signature(self.path.stat())
         except FileNotFoundError:
-            return  # keep the tokens we had rather than fail open or closed mid-flight
-        if mtime != self._mtime:
-            try:
-                self.load()
-            except ConfigError:
-                self._mtime = mtime  # a half-written file: keep the last good tokens
+            if self._entries or self.problem is None:
+                log.error("token file %s is gone: every token is revoked", self.path)
+            self._entries = []
+            self._seen = None
+            self.problem = "the token file is gone: every token is revoked"
+            return
+        except OSError:
+            seen = None
+        if seen is not None and seen == self._seen:
+            return
+        try:
+            self.load()
+        except ConfigError as exc:
+            self._seen = seen
+            self.problem = "the token file does not load; "
+            if self._entries:
+                self.problem += "the last good tokens are in use"
+            else:
+                self.problem += "no token is valid"
+            log.error("token file reload failed, %s: %s", self.problem, exc.message)
+        else:
+            log.info("token file reloaded: %d token(s)", len(self._entries))
 
     def authenticate(self, token: str | None) -> Principal:
         """The principal for ``token``; compares every hash so timing reveals nothing."""
         if not token:
             raise Unauthorized("missing token")
-        self._refresh()
+        self.refresh()
         digest = hashlib.sha256(token.encode("utf-8")).digest()
         found: Principal | None = None
         for entry in self._entries:
@@ -153,7 +205,7 @@ class TokenStore:
 
     def webhook_secret(self, name: str) -> str | None:
         """The named token's own webhook secret (re-reading a changed file), if any."""
-        self._refresh()
+        self.refresh()
         for entry in self._entries:
             if entry.principal.name == name:
                 return entry.principal.webhook_secret
@@ -162,6 +214,12 @@ class TokenStore:
     @property
     def principals(self) -> list[Principal]:
         return [entry.principal for entry in self._entries]
+
+
+def _signature(stat: os.stat_result) -> tuple[int, int, int]:
+    # Size and inode as well as mtime: a rewrite within one mtime tick, or a file
+    # renamed into place, is still a change.
+    return stat.st_mtime_ns, stat.st_size, stat.st_ino
 
 
 def _toml_value(value: Any) -> str:
@@ -184,7 +242,10 @@ def new_token(
         raise ConfigError(f"token name {name!r}: use lower-case letters, digits, '.', '_', '-'")
     existing: dict[str, Any] = {}
     if path.exists():
-        existing = tomllib.loads(path.read_text("utf-8")).get("tokens", {})
+        try:
+            existing = tomllib.loads(path.read_text("utf-8")).get("tokens", {})
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML ({exc}); fix it first") from exc
     if name in existing:
         raise ConfigError(f"{path}: a token named {name!r} exists already")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)

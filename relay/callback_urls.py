@@ -5,10 +5,13 @@ A ``callback_url`` is checked when the run is submitted (a refused URL is a 422
 resolves to can change. The rules:
 
 - ``https`` only, unless ``RELAY_WEBHOOK_ALLOW_HTTP``; no user:password in the URL;
-- every address the host resolves to must be public: loopback, private, link-local,
-  shared (CGNAT), unspecified, multicast and reserved addresses are refused unless
-  ``RELAY_WEBHOOK_ALLOW_PRIVATE`` (for tests and internal networks); IPv4 addresses
-  written inside IPv6 (``::ffff:127.0.0.1``, NAT64, 6to4) are judged as the IPv4 address;
+- the URL's literal address, or every address its host resolves to, must be global
+  unicast: loopback, private, link-local, site-local, shared (CGNAT), unspecified,
+  multicast, documentation and other special-purpose addresses are refused unless
+  ``RELAY_WEBHOOK_ALLOW_PRIVATE`` (for tests and internal networks). IPv4 written inside
+  IPv6 is judged as that IPv4 address (``::ffff:127.0.0.1``, NAT64 ``64:ff9b::/96``,
+  6to4); every other IPv6 outside ``2000::/3`` is refused (``::127.0.0.1``,
+  ``::ffff:0:7f00:1``, ``fec0::1``), and so is Teredo;
 - cloud metadata endpoints (``169.254.169.254`` and friends) are refused always.
 
 A delivery connects to the very address that was checked (see :class:`CallbackTarget`),
@@ -41,6 +44,23 @@ METADATA = frozenset(
     )
 )
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
+SIXTOFOUR = ipaddress.ip_network("2002::/16")
+GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
+NOT_GLOBAL_V6 = tuple(
+    ipaddress.ip_network(text)
+    for text in (
+        "2001::/23",  # IETF protocol assignments: Teredo, benchmarking, ORCHID, ...
+        "2001:db8::/32",  # documentation
+        "3fff::/20",  # documentation (RFC 9637)
+    )
+)
+NOT_GLOBAL_V4 = tuple(
+    ipaddress.ip_network(text)
+    for text in (
+        "192.0.0.0/24",  # IETF protocol assignments
+        "192.88.99.0/24",  # the deprecated 6to4 relay anycast
+    )
+)
 RESOLVE_TIMEOUT_S = 5.0
 
 
@@ -60,6 +80,8 @@ class CallbackTarget:
 
 
 def _embedded_ipv4(address: IPAddress) -> IPAddress:
+    """The IPv4 address a connection to ``address`` really reaches, for the forms that
+    carry one: IPv4-mapped (``::ffff:a.b.c.d``), NAT64 (``64:ff9b::/96``) and 6to4."""
     if isinstance(address, ipaddress.IPv6Address):
         if address.ipv4_mapped is not None:
             return address.ipv4_mapped
@@ -67,9 +89,21 @@ def _embedded_ipv4(address: IPAddress) -> IPAddress:
             return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
         if address.sixtofour is not None:
             return address.sixtofour
-        if address.teredo is not None:
-            return address.teredo[1]
     return address
+
+
+def _not_global_unicast(address: IPAddress) -> bool:
+    """True unless ``address`` is public unicast. IPv6 must be in 2000::/3, outside its
+    special-purpose blocks: this refuses whatever hides another address (IPv4-compatible
+    ``::a.b.c.d``, SIIT ``::ffff:0:a.b.c.d``, Teredo, local-use NAT64 ``64:ff9b:1::/48``)
+    and the deprecated site-local ``fec0::/10``, which Python calls global."""
+    if address.is_multicast or not address.is_global:
+        return True
+    if isinstance(address, ipaddress.IPv6Address):
+        if address not in GLOBAL_UNICAST_V6:
+            return True
+        return any(address in network for network in NOT_GLOBAL_V6)
+    return any(address in network for network in NOT_GLOBAL_V4)
 
 
 def forbidden_reason(address: IPAddress, *, allow_private: bool) -> str | None:
@@ -89,7 +123,7 @@ def forbidden_reason(address: IPAddress, *, allow_private: bool) -> str | None:
         return "a multicast address"
     if address.is_private:
         return "a private address"
-    if not address.is_global:
+    if _not_global_unicast(address):
         return "a non-public address"
     return None
 

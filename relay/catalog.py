@@ -10,22 +10,25 @@ See ``jobs/README.md`` for the manifest format.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from relay.errors import ConfigError, InvalidParams
 from relay.models import SIZES, Size
+from relay.providers.base import RESERVED_ENV
 
 ParamType = Literal["string", "integer", "boolean", "array"]
 OVERRIDABLE = frozenset(
     {"image", "size", "env", "stdin", "files", "workdir", "timeout_s", "egress"}
 )
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _JOB_KEYS = {
     "description",
     "command",
@@ -55,6 +58,7 @@ _PARAM_KEYS = {
     "min_items",
     "max_items",
     "env",
+    "allow_leading_dash",
 }
 MAX_JOB_FILE_BYTES = 1_048_576
 
@@ -76,6 +80,8 @@ class ParamSpec:
     min_items: int | None = None
     max_items: int | None = None
     env: str | None = None
+    allow_leading_dash: bool = False
+    """A text value may start with ``-`` (otherwise refused: it could become an option)."""
 
     def check(self, value: Any) -> Any:
         """The value if it fits, else :class:`InvalidParams` naming the param."""
@@ -116,6 +122,11 @@ class ParamSpec:
             raise InvalidParams(f"{where} is longer than {self.max_length} characters")
         if "\x00" in value:
             raise InvalidParams(f"{where} contains a NUL character")
+        if value.startswith("-") and not self.allow_leading_dash:
+            # "--version" as a whole argv element is an option to most programs.
+            raise InvalidParams(
+                f"{where} starts with '-'; this param does not allow that (allow_leading_dash)"
+            )
         if self.pattern is not None and not self.pattern.fullmatch(value):
             raise InvalidParams(f"{where} does not match {self.pattern.pattern!r}")
 
@@ -188,6 +199,12 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _suggestion(key: str, known: Iterable[str]) -> str:
+    """ " (did you mean 'x'?)" for the closest known key, or nothing."""
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _fail(path: Path, message: str) -> ConfigError:
     return ConfigError(f"{path}: {message}")
 
@@ -200,7 +217,17 @@ def _parse_param(path: Path, name: str, table: Any) -> ParamSpec:
         raise _fail(path, f"{where}: must be a table")
     extra = sorted(set(table) - _PARAM_KEYS)
     if extra:
-        raise _fail(path, f"{where}.{extra[0]}: unknown field")
+        raise _fail(path, f"{where}.{extra[0]}: unknown field{_suggestion(extra[0], _PARAM_KEYS)}")
+    for flag in ("required", "allow_leading_dash"):
+        if not isinstance(table.get(flag, False), bool):
+            raise _fail(path, f"{where}.{flag}: must be true or false")
+    variable = table.get("env")
+    if variable is not None and (
+        not isinstance(variable, str) or not _ENV_NAME.fullmatch(variable)
+    ):
+        raise _fail(path, f"{where}.env: must be a variable name")
+    if variable in RESERVED_ENV:
+        raise _fail(path, f"{where}.env: {variable} is set by the relay itself")
     kind = table.get("type")
     if kind not in ("string", "integer", "boolean", "array"):
         raise _fail(path, f"{where}.type: must be string, integer, boolean or array")
@@ -225,7 +252,8 @@ def _parse_param(path: Path, name: str, table: Any) -> ParamSpec:
         max=table.get("max"),
         min_items=table.get("min_items"),
         max_items=table.get("max_items"),
-        env=table.get("env"),
+        env=variable,
+        allow_leading_dash=table.get("allow_leading_dash", False),
     )
     if spec.default is not None:
         try:
@@ -247,7 +275,7 @@ def load_job(directory: Path) -> JobSpec:
         raise _fail(path, "the folder name is the job name: lower-case letters, digits, '-', '_'")
     extra = sorted(set(data) - _JOB_KEYS)
     if extra:
-        raise _fail(path, f"{extra[0]}: unknown field")
+        raise _fail(path, f"{extra[0]}: unknown field{_suggestion(extra[0], _JOB_KEYS)}")
     command = data.get("command")
     if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
         raise _fail(path, "command: must be a non-empty list of strings (an argv, no shell)")
@@ -278,6 +306,9 @@ def load_job(directory: Path) -> JobSpec:
     env = data.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise _fail(path, "env: must be a table of strings")
+    reserved = sorted(set(env) & RESERVED_ENV)
+    if reserved:
+        raise _fail(path, f"env: {reserved[0]} is set by the relay itself")
     files: dict[str, bytes] = {}
     for relative in data.get("files", []):
         source = (directory / relative).resolve()

@@ -38,7 +38,7 @@ def _settings() -> Settings:
 def _dev_setup(settings: Settings) -> str | None:
     """For ``serve --dev``: a token named dev, kept in .relay-dev-token, if none exists."""
     if not settings.tokens_file.exists():
-        token = new_token(settings.tokens_file, "dev", command=True)
+        token = new_token(settings.tokens_file, "dev")  # declared jobs only, never raw argv
         DEV_TOKEN_FILE.write_text(token + "\n")
         DEV_TOKEN_FILE.chmod(0o600)
         print(f"created a dev token in {settings.tokens_file} (and {DEV_TOKEN_FILE}, yours only)")

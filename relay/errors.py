@@ -21,6 +21,8 @@ a provider's response body, headers or keys are never copied into one.
     ├── ValidationFailed (422 validation_error)
     │   ├── UnknownJob (422 unknown_job)
     │   ├── InvalidParams (422 invalid_params)
+    │   ├── FileConflict (422 file_conflict)
+    │   ├── EnvConflict (422 env_conflict)
     │   ├── EgressUnsupported (422 egress_unsupported)
     │   ├── SizeUnsupported (422 size_unsupported)
     │   ├── ProviderNotEnabled (422 provider_not_enabled)
@@ -125,6 +127,16 @@ class InvalidParams(ValidationFailed):
     code, default_message = "invalid_params", "the params do not match the job"
 
 
+class FileConflict(ValidationFailed):
+    code = "file_conflict"
+    default_message = "a request file would replace one of the job's own files"
+
+
+class EnvConflict(ValidationFailed):
+    code = "env_conflict"
+    default_message = "a request variable would replace one the job or the relay sets"
+
+
 class EgressUnsupported(ValidationFailed):
     code = "egress_unsupported"
     default_message = "the provider cannot enforce this egress policy"
@@ -202,6 +214,8 @@ ERROR_CLASSES: tuple[type[RelayError], ...] = (
     ValidationFailed,
     UnknownJob,
     InvalidParams,
+    FileConflict,
+    EnvConflict,
     EgressUnsupported,
     SizeUnsupported,
     ProviderNotEnabled,

@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import enum
 import posixpath
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
 MAX_ARGV_ITEMS = 32
 MAX_ARG_CHARS = 512
@@ -19,10 +27,28 @@ MAX_ENV_VALUE_CHARS = 8192
 MAX_STDIN_BYTES = 65_536
 MAX_FILES = 32
 MAX_IDEMPOTENCY_KEY_CHARS = 255
+MAX_PATH_BYTES = 1024
+"""Longest ``files`` path or ``workdir`` (UTF-8 bytes): a host path must still fit PATH_MAX."""
+MAX_PATH_PARTS = 32
+"""Deepest ``files`` path or ``workdir``, in folders."""
+MAX_NAME_BYTES = 255
+"""Longest single file or folder name (UTF-8 bytes), as every Linux file system has it."""
 
 JobName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
-Arg = Annotated[str, StringConstraints(min_length=0, max_length=MAX_ARG_CHARS)]
+
+
+def _no_nul(value: str) -> str:
+    # A NUL cannot pass through an argv, an environment or a path: refuse it up front.
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character")
+    return value
+
+
+Arg = Annotated[str, StringConstraints(max_length=MAX_ARG_CHARS), AfterValidator(_no_nul)]
+EnvValue = Annotated[
+    str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS), AfterValidator(_no_nul)
+]
 EgressHost = Annotated[
     str, StringConstraints(pattern=r"^(\*|[A-Za-z0-9.:\-/\[\]]{1,253})$", max_length=253)
 ]
@@ -75,10 +101,35 @@ SIZES: dict[Size, tuple[float, int, int]] = {
 
 
 def _relative_path(value: str) -> str:
+    """The normalised path, or ValueError for one that escapes, or that no file system
+    could hold (a NUL, a name over 255 bytes, too long or too deep)."""
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character")
     normal = posixpath.normpath(value)
     if not value or normal.startswith("/") or normal == ".." or normal.startswith("../"):
         raise ValueError("must be a relative path inside the workdir")
+    if len(normal.encode("utf-8")) > MAX_PATH_BYTES:
+        raise ValueError(f"must be at most {MAX_PATH_BYTES} bytes")
+    parts = normal.split("/")
+    if len(parts) > MAX_PATH_PARTS:
+        raise ValueError(f"must be at most {MAX_PATH_PARTS} folders deep")
+    if any(len(part.encode("utf-8")) > MAX_NAME_BYTES for part in parts):
+        raise ValueError(f"each name in it must be at most {MAX_NAME_BYTES} bytes")
     return normal
+
+
+def path_clash(paths: Iterable[str]) -> tuple[str, str] | None:
+    """Two normalised paths that cannot both be files (the same path, or one a folder of
+    the other), or None."""
+    seen: set[str] = set()
+    for path in sorted(paths):
+        parts = path.split("/")
+        for depth in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:depth])
+            if prefix in seen:
+                return prefix, path
+        seen.add(path)
+    return None
 
 
 class RunRequest(BaseModel):
@@ -96,11 +147,9 @@ class RunRequest(BaseModel):
         description="Raw argv; only for tokens with the `command` scope.",
     )
     provider: str = Field("auto", pattern=r"^[a-z0-9_-]{1,32}$")
-    image: str | None = Field(None, max_length=255)
+    image: Annotated[str, AfterValidator(_no_nul)] | None = Field(None, max_length=255)
     size: Size | None = None
-    env: dict[EnvName, Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS)]] = Field(
-        default_factory=dict, max_length=MAX_ENV_VARS
-    )
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=MAX_ENV_VARS)
     stdin: str | None = Field(None, description=f"At most {MAX_STDIN_BYTES} bytes (UTF-8).")
     files: dict[str, str] = Field(
         default_factory=dict, max_length=MAX_FILES, description="Relative path to text content."
@@ -125,7 +174,17 @@ class RunRequest(BaseModel):
     @field_validator("files")
     @classmethod
     def _file_paths(cls, value: dict[str, str]) -> dict[str, str]:
-        return {_relative_path(path): content for path, content in value.items()}
+        files: dict[str, str] = {}
+        for path, content in value.items():
+            normal = _relative_path(path)
+            if normal == ".":
+                raise ValueError(f"{path!r} names the workdir itself, not a file")
+            files[normal] = content
+        clash = path_clash(files)
+        if clash is not None or len(files) < len(value):
+            shown = f"{clash[0]!r} and {clash[1]!r}" if clash else "two paths"
+            raise ValueError(f"{shown} name the same file, or a file and its folder")
+        return files
 
     @field_validator("workdir")
     @classmethod

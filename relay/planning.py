@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -17,13 +18,15 @@ from relay.callback_urls import parse_callback_url
 from relay.catalog import Catalog, JobSpec
 from relay.errors import (
     CallbackRefused,
+    EnvConflict,
+    FileConflict,
     Forbidden,
     ProviderNotEnabled,
     UnknownJob,
     ValidationFailed,
 )
-from relay.models import SIZES, RunRequest, Size
-from relay.providers.base import Egress, Provider, Resources, SandboxSpec
+from relay.models import SIZES, RunRequest, Size, path_clash
+from relay.providers.base import RESERVED_ENV, Egress, Provider, Resources, SandboxSpec
 from relay.settings import Settings
 
 
@@ -57,6 +60,38 @@ def image_for(
     if job is not None and provider in job.images:
         return job.images[provider] or None
     return default
+
+
+def merged_env(own: dict[str, str], asked: Mapping[str, str]) -> dict[str, str]:
+    """The job's variables plus the request's; a request never replaces one of the job's
+    (its ``env`` table and param variables) or one the relay sets itself."""
+    for name in sorted(asked):
+        if name in RESERVED_ENV:
+            raise EnvConflict(f"env {name!r} is set by the relay itself")
+        if name in own:
+            raise EnvConflict(f"env {name!r} is set by the job (its env or a param)")
+    return {**own, **asked}
+
+
+def merged_files(own: dict[str, bytes], asked: Mapping[str, str]) -> dict[str, bytes]:
+    """The job's files (and its ``params.json``) plus the request's; the job's always win,
+    so a request file may not have the same path as one of them, nor be its folder or
+    inside it."""
+    for path in sorted(asked):
+        for theirs in sorted(own):
+            if path_clash([posixpath.normpath(theirs), path]) is not None:
+                raise FileConflict(f"file {path!r} collides with the job's own {theirs!r}")
+    return {**own, **{path: text.encode("utf-8") for path, text in asked.items()}}
+
+
+def check_workdir(workdir: str | None, files: Mapping[str, bytes]) -> None:
+    """A workdir must be a folder: not one of the files, nor inside one."""
+    if workdir is None or workdir == ".":
+        return
+    for path in files:
+        normal = posixpath.normpath(path)
+        if workdir == normal or workdir.startswith(normal + "/"):
+            raise ValidationFailed(f"workdir {workdir!r} is a file ({path!r}), not a folder")
 
 
 def narrower_egress(job: tuple[str, ...], asked: list[str]) -> tuple[str, ...]:
@@ -136,8 +171,9 @@ class Planner:
             egress = narrower_egress(egress, request.egress)
         elif job is None:
             egress = ()
-        env.update(request.env)
-        files.update({path: text.encode("utf-8") for path, text in request.files.items()})
+        env = merged_env(env, request.env)
+        files = merged_files(files, request.files)
+        check_workdir(request.workdir, files)
         caps = [self.settings.max_timeout_s, base_timeout if job else self.settings.max_timeout_s]
         if principal.max_timeout_s is not None:
             caps.append(principal.max_timeout_s)

@@ -47,6 +47,8 @@ from relay.models import (
 from relay.state import AppState
 from relay.store import Usage
 
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of a request body; a run request needs four levels at most."""
 RATE_LIMITED_RETRY_AFTER_S = 10.0
 """Retry-After for a rate-limited run that has no provider hint (the provider gave none,
 or the run was recorded before schema 5 kept it)."""
@@ -138,10 +140,14 @@ async def _read_request(request: Request) -> RunRequest:
     body = await request.body()
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError as exc:
+        raise InvalidRequest(f"the body nests deeper than {MAX_JSON_DEPTH} levels") from exc
+    except ValueError as exc:  # not JSON, not UTF-8, or a number too long to convert
         raise InvalidJson() from exc
     if not isinstance(data, dict):
         raise InvalidRequest("the body must be a JSON object")
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise InvalidRequest(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         return RunRequest.model_validate_json(body)
     except ValidationError as exc:
@@ -153,6 +159,20 @@ async def _read_request(request: Request) -> RunRequest:
         raise ValidationFailed(
             f"{first['field']}: {first['message']}", details={"fields": fields}
         ) from exc
+
+
+def json_depth(value: Any) -> int:
+    """How deeply ``value`` nests (a scalar is 0), without recursion."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            pending.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            pending.extend((child, depth + 1) for child in item)
+    return deepest
 
 
 def _idempotency_key(request: Request) -> str | None:
@@ -372,6 +392,12 @@ async def readyz(request: Request) -> Response:
         if found:
             checks[name] = found
             status = "unavailable"
+    state.tokens.refresh()
+    if state.tokens.problem is not None:
+        checks["tokens"] = state.tokens.problem
+        status = "unavailable"
+    else:
+        checks["tokens"] = "ok"
     if state.reaper is not None and state.reaper.degraded:
         checks["reaper"] = f"{len(state.reaper.failing)} sandbox(es) failed to terminate"
         status = "degraded" if status == "ok" else status

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -65,4 +66,28 @@ def test_bad_entries_name_the_field(tmp_path: Path) -> None:
     path = tmp_path / "tokens.toml"
     path.write_text('[tokens.x]\nsha256 = "abc"\n')
     with pytest.raises(ConfigError, match=r"tokens\.x\.sha256"):
+        TokenStore(path)
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        ('job = ["echo"]', "tokens.x.job: unknown key (did you mean 'jobs'?)"),
+        ("max_timout_s = 5", "tokens.x.max_timout_s: unknown key (did you mean 'max_timeout_s'?)"),
+        ('command = "no"', "tokens.x.command: must be true or false"),
+        ("max_concurrent = true", "tokens.x.max_concurrent: must be a positive number"),
+        ("webhook_secret = 5", "tokens.x.webhook_secret: must be a non-empty string"),
+    ],
+)
+def test_a_typo_or_a_wrong_type_never_widens_a_token(tmp_path: Path, line: str, named: str) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(f'[tokens.x]\nsha256 = "{"0" * 64}"\n{line}\n')
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: {named}")):
+        TokenStore(path)
+
+
+def test_an_unknown_table_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(f'[token.x]\nsha256 = "{"0" * 64}"\n')
+    with pytest.raises(ConfigError, match=re.escape("token: unknown key (did you mean 'tokens'?)")):
         TokenStore(path)

@@ -4,6 +4,7 @@ receiver hears nothing), including names that resolve to loopback."""
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -48,6 +49,25 @@ FORBIDDEN = [
     ("NAT64 private", "64:ff9b::a00:1"),
     ("6to4 loopback", "2002:7f00:1::1"),
     ("documentation", "192.0.2.1"),
+    ("IPv4-compatible loopback", "::127.0.0.1"),
+    ("IPv4-compatible private", "::10.0.0.1"),
+    ("SIIT loopback (::ffff:0:0/96)", "::ffff:0:7f00:1"),
+    ("site-local v6 (deprecated)", "fec0::1"),
+    ("local-use NAT64", "64:ff9b:1::a00:1"),
+    ("6to4 private", "2002:a00:1::1"),
+    ("Teredo", "2001:0:4136:e378:8000:63bf:3fff:fdd2"),
+    ("documentation v6", "2001:db8::1"),
+    ("documentation v6 (3fff::/20)", "3fff::1"),
+    ("outside 2000::/3", "4000::1"),
+    ("6to4 relay anycast", "192.88.99.1"),
+    ("IPv4-mapped private", "::ffff:192.168.1.1"),
+]
+PUBLIC_FORMS = [
+    "93.184.216.34",
+    "2606:2800:220:1::1",
+    "::ffff:93.184.216.34",  # IPv4-mapped public
+    "64:ff9b::5db8:d822",  # NAT64 of a public address (what DNS64 answers)
+    "2002:5db8:d822::1",  # 6to4 of a public address
 ]
 
 
@@ -112,6 +132,15 @@ def test_unsafe_url_is_refused_at_submit(relay: RelayProcess, url: str, why: str
 def test_a_token_without_a_secret_cannot_ask_for_callbacks(relay: RelayProcess) -> None:
     message = refused_at_submit(relay, f"https://{PUBLIC}/hook", who="unsigned")
     assert "secret" in message
+
+
+@pytest.mark.parametrize("address", PUBLIC_FORMS)
+async def test_public_addresses_pass_the_check(address: str) -> None:
+    """The control for the table: global unicast, in every form that carries it, passes."""
+    target = await check_callback_url(
+        f"https://{literal(address)}/hook", allow_http=False, allow_private=False
+    )
+    assert ipaddress.ip_address(target.address) == ipaddress.ip_address(address)
 
 
 def test_a_public_https_url_is_accepted(relay: RelayProcess) -> None:

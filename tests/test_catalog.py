@@ -40,6 +40,25 @@ def test_the_shipped_examples_load() -> None:
         ('command = ["echo"]\nfiles = ["nope.py"]', "files"),
         ('command = ["echo"]\nfiles = ["../../etc/passwd"]', "files"),
         ('command = ["echo"]\n[params.x]\ntype = "float"', "params.x.type"),
+        ('command = ["echo"]\ncomand = ["x"]', "comand: unknown field (did you mean 'command'?)"),
+        (
+            'command = ["echo"]\n[params.x]\ntype = "string"\nmax_length = 3\nallow_dash = true',
+            "params.x.allow_dash: unknown field (did you mean 'allow_leading_dash'?)",
+        ),
+        (
+            'command = ["echo"]\n[params.x]\ntype = "string"\nmax_length = 3\n'
+            'allow_leading_dash = "yes"',
+            "params.x.allow_leading_dash: must be true or false",
+        ),
+        (
+            'command = ["echo"]\n[params.x]\ntype = "string"\nmax_length = 3\ndefault = "-v"',
+            "params.x.default",
+        ),
+        ('command = ["echo"]\nenv = { SANDBOX_ID = "x" }', "env: SANDBOX_ID"),
+        (
+            'command = ["echo"]\n[params.x]\ntype = "integer"\nenv = "SANDBOX_ID"',
+            "params.x.env",
+        ),
         ('command = ["echo"]\n[params.x]\ntype = "string"', "params.x.max_length"),
         ('command = ["echo"]\n[params.x]\ntype = "array"\nmax_length = 3', "params.x.max_items"),
         (

@@ -210,6 +210,11 @@ class Provider(Protocol):
 DEFAULT_WORKDIR = "/workspace"
 """Where a job's files land and its command starts, unless the job says otherwise."""
 
+SANDBOX_MARKER = "SANDBOX_ID"
+RESERVED_ENV = frozenset({SANDBOX_MARKER})
+"""Variables a provider sets in the sandbox itself (``local`` marks every process with
+``SANDBOX_ID`` to find and kill them); neither a job nor a request may set them."""
+
 
 T = TypeVar("T")
 

@@ -64,6 +64,7 @@ from relay.errors import ConfigError, EgressUnsupported, ProviderError, SandboxL
 from relay.providers import cgroups, private_network
 from relay.providers.base import (
     DEFAULT_WORKDIR,
+    SANDBOX_MARKER,
     TAG_CLUSTER,
     TAG_RUN,
     ExecResult,
@@ -105,7 +106,7 @@ _ETC_FILES = (
 _BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": DEFAULT_WORKDIR, "LANG": "C.UTF-8"}
 HOST_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 """The whole environment of every host-side process the relay starts with bubblewrap."""
-_MARKER = "SANDBOX_ID"
+_MARKER = SANDBOX_MARKER
 _READ_CHUNK = 65_536
 _PR_SET_PDEATHSIG = 1
 _MIB = 1024 * 1024
