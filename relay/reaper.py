@@ -8,7 +8,8 @@ Each sweep (at startup and every ``RELAY_REAP_INTERVAL_S``):
    count it, the webhook dispatcher is woken, a live events stream ends). A run is
    orphaned when the replica that owns it has stopped its heartbeat (every replica writes
    one every :attr:`Reaper.heartbeat_s`; three missed beats mean it died); on SQLite there
-   is one relay, so a run owned by an earlier process is orphaned at once;
+   is one relay, so a run owned by an earlier process is orphaned at once; a run owned
+   by this process that it no longer holds (:meth:`RunService.holds`) is orphaned too;
 2. every sandbox a provider lists as this cluster's whose run is final, unknown to the
    store, or past its deadline + grace → terminated.
 
@@ -69,10 +70,7 @@ class Reaper:
         self.failures_total = 0
 
     def _held_here(self, run_id: str) -> bool:
-        # A task that ended without writing its final state (the store failed) holds
-        # nothing: its run is reaped like any other once past its deadline.
-        task = self.service._tasks.get(run_id)
-        return task is not None and not task.done()
+        return self.service.holds(run_id)
 
     async def _terminate(self, provider: str, sandbox_id: str, report: SweepReport) -> bool:
         if self._skip.get(sandbox_id, 0) > self._sweeps:
@@ -114,8 +112,10 @@ class Reaper:
         for row in await self.store.runs_in_states(ACTIVE):
             if self._held_here(row["id"]):
                 continue
-            if self.single_replica:
-                orphaned = row["owner"] != self.service.instance_id
+            if self.single_replica or row["owner"] == self.service.instance_id:
+                # Not held here: whoever ran it (an earlier process, or a task of this one
+                # that ended without its final write) will never write its final state.
+                orphaned = True
             else:
                 orphaned = row["owner"] not in live
             if not orphaned and row["deadline"] + self.grace_s > now:
