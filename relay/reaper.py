@@ -7,7 +7,9 @@ Each sweep (at startup and every ``RELAY_REAP_INTERVAL_S``):
    service's ``finished`` event is published for it, as for any run that ends (metrics
    count it, the webhook dispatcher is woken, a live events stream ends). A run is
    orphaned when the replica that owns it has stopped its heartbeat (every replica writes
-   one every :attr:`Reaper.heartbeat_s`; three missed beats mean it died); on SQLite there
+   one every :attr:`Reaper.heartbeat_s`; three missed beats mean it died), judged only
+   once this replica has written :data:`BEATS_BEFORE_JUDGING` heartbeats since it last
+   failed to reach the store (after an outage every beat is old); on SQLite there
    is one relay, so a run owned by an earlier process is orphaned at once; a run owned
    by this process that it no longer holds (:meth:`RunService.holds`) is orphaned too;
 2. every sandbox a provider lists as this cluster's whose run is final, unknown to the
@@ -35,6 +37,13 @@ from relay.store import ACTIVE, FINAL, Store
 
 log = logging.getLogger("relay.reaper")
 
+MISSED_BEATS = 3
+"""A replica that has written no heartbeat for this many of its beats (plus a second) died."""
+BEATS_BEFORE_JUDGING = MISSED_BEATS + 1
+"""Heartbeats this replica must itself have written since it last failed to reach the
+store before it calls another replica dead: after a database outage every replica's last
+beat is old, and the others need as long as the rule gives them to write a new one."""
+
 
 @dataclass
 class SweepReport:
@@ -55,6 +64,7 @@ class Reaper:
         grace_s: float,
         single_replica: bool,
         reap_interval_s: float = 60.0,
+        beats_before_judging: int = BEATS_BEFORE_JUDGING,
     ) -> None:
         self.reap_interval_s = reap_interval_s
         self.store = store
@@ -66,6 +76,8 @@ class Reaper:
         self._skip: dict[str, int] = {}
         self._sweeps = 0
         self.heartbeat_s = min(10.0, reap_interval_s)
+        self.beats_before_judging = beats_before_judging
+        self.beats = 0  # heartbeats written since this replica last failed to reach the store
         self.terminated_total = 0
         self.failures_total = 0
 
@@ -107,7 +119,8 @@ class Reaper:
         self._sweeps += 1
         report = SweepReport()
         now = time.time()
-        live = await self.store.live_replicas(3 * self.heartbeat_s + 1)
+        live = await self.store.live_replicas(MISSED_BEATS * self.heartbeat_s + 1)
+        judging = self.beats >= self.beats_before_judging
         live.add(self.service.instance_id)
         for row in await self.store.runs_in_states(ACTIVE):
             if self._held_here(row["id"]):
@@ -117,7 +130,7 @@ class Reaper:
                 # that ended without its final write) will never write its final state.
                 orphaned = True
             else:
-                orphaned = row["owner"] not in live
+                orphaned = judging and row["owner"] not in live
             if not orphaned and row["deadline"] + self.grace_s > now:
                 continue
             report.lost_runs.append(row["id"])
@@ -169,10 +182,12 @@ class Reaper:
         while True:
             try:
                 await self.store.heartbeat(self.service.instance_id)
+                self.beats += 1
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + self.reap_interval_s
                     await self.sweep()
             except Exception as exc:
+                self.beats = 0
                 log.warning("sweep failed", extra={"error_class": type(exc).__name__})
             await asyncio.sleep(min(self.heartbeat_s, self.reap_interval_s))
 
