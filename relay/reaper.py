@@ -12,8 +12,18 @@ Each sweep (at startup and every ``RELAY_REAP_INTERVAL_S``):
    failed to reach the store (after an outage every beat is old); on SQLite there
    is one relay, so a run owned by an earlier process is orphaned at once; a run owned
    by this process that it no longer holds (:meth:`RunService.holds`) is orphaned too;
-2. every sandbox a provider lists as this cluster's whose run is final, unknown to the
-   store, or past its deadline + grace → terminated.
+2. every sandbox a provider lists as this cluster's whose run is final or past its
+   deadline + grace → terminated. A sandbox whose run the store does not know is
+   terminated only once older than the longest lifetime this relay gives
+   (``RELAY_CREATE_TIMEOUT_S`` + ``RELAY_MAX_TIMEOUT_S`` + ``RELAY_GRACE_S``): younger, it
+   may be another relay's sharing the cluster name. A ``relay probe`` sandbox (run id
+   ``probe_…``) ends itself; it is terminated once past a probe's lifetime. A provider
+   that reports no creation time (Modal) gets its unknown sandboxes left alone, each
+   counted (``relay_reaper_unknown_age_total``) and logged; its own hard lifetime ends
+   them.
+
+Every termination is logged (provider, sandbox, run, reason) and counted by reason
+(``relay_reaper_terminations_total{reason}``).
 
 On PostgreSQL one replica sweeps at a time (an advisory lock); terminate is idempotent,
 so an overlap would be harmless anyway. A terminate that fails is counted, logged
@@ -26,12 +36,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 from relay.events import RunEvent
 from relay.models import RunState
-from relay.providers.base import Provider
+from relay.probe import PROBE_PREFIX, PROBE_TIMEOUT_S
+from relay.providers.base import Provider, SandboxRef
 from relay.service import RunService
 from relay.store import ACTIVE, FINAL, Store
 
@@ -65,7 +79,9 @@ class Reaper:
         single_replica: bool,
         reap_interval_s: float = 60.0,
         beats_before_judging: int = BEATS_BEFORE_JUDGING,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        self.clock = clock
         self.reap_interval_s = reap_interval_s
         self.store = store
         self.providers = providers
@@ -79,12 +95,29 @@ class Reaper:
         self.beats_before_judging = beats_before_judging
         self.beats = 0  # heartbeats written since this replica last failed to reach the store
         self.terminated_total = 0
+        self.terminated_by_reason: Counter[str] = Counter()
+        self.unknown_age_total = 0  # sandboxes left alone: unknown run, no creation time
         self.failures_total = 0
+        settings = service.settings
+        # The longest a sandbox of this relay can live: the create call, the longest run
+        # timeout the relay gives, then the provider-side grace. Younger than that, a
+        # sandbox the store does not know may be another relay's (same cluster name) or
+        # one whose run row is not visible yet: it is left alone.
+        self.max_lifetime_s = settings.create_timeout_s + settings.max_timeout_s + grace_s
+        self.probe_lifetime_s = settings.create_timeout_s + PROBE_TIMEOUT_S + grace_s
 
     def _held_here(self, run_id: str) -> bool:
         return self.service.holds(run_id)
 
-    async def _terminate(self, provider: str, sandbox_id: str, report: SweepReport) -> bool:
+    async def _terminate(
+        self,
+        provider: str,
+        sandbox_id: str,
+        report: SweepReport,
+        *,
+        run_id: str | None,
+        reason: str,
+    ) -> bool:
         if self._skip.get(sandbox_id, 0) > self._sweeps:
             return False  # backing off after failures: try again a few sweeps later
         try:
@@ -106,8 +139,40 @@ class Reaper:
         self.failing.pop(sandbox_id, None)
         self._skip.pop(sandbox_id, None)
         self.terminated_total += 1
+        self.terminated_by_reason[reason] += 1
         report.terminated.append((provider, sandbox_id))
+        log.info(
+            "reaper terminated a sandbox",
+            extra={
+                "provider": provider,
+                "sandbox_id": sandbox_id,
+                "run_id": run_id,
+                "reason": reason,
+            },
+        )
         return True
+
+    def _reason(self, ref: SandboxRef, run: dict[str, Any] | None, now: float) -> str | None:
+        """Why a listed sandbox must end (a label for logs and metrics), or None."""
+        if run is not None:
+            if run["state"] in FINAL:
+                return "run_final"
+            if run["deadline"] + self.grace_s <= now:
+                return "run_expired"
+            return None
+        probe = (ref.run_id or "").startswith(PROBE_PREFIX)
+        if ref.created_at is None:
+            # Nothing says how old it is: it may be a live probe or another relay's run.
+            self.unknown_age_total += 1
+            log.warning(
+                "a sandbox with no known run and no creation time is left alone",
+                extra={"sandbox_id": ref.sandbox_id, "run_id": ref.run_id},
+            )
+            return None
+        age = now - _seconds(ref.created_at)
+        if probe:
+            return "probe_expired" if age > self.probe_lifetime_s else None
+        return "unknown_expired" if age > self.max_lifetime_s else None
 
     async def sweep(self, *, dry_run: bool = False) -> SweepReport:
         async with self.store.sweep_lock() as got:
@@ -118,7 +183,7 @@ class Reaper:
     async def _sweep(self, dry_run: bool) -> SweepReport:
         self._sweeps += 1
         report = SweepReport()
-        now = time.time()
+        now = self.clock()
         live = await self.store.live_replicas(MISSED_BEATS * self.heartbeat_s + 1)
         judging = self.beats >= self.beats_before_judging
         live.add(self.service.instance_id)
@@ -137,7 +202,10 @@ class Reaper:
             if dry_run:
                 continue
             if row["sandbox_id"] and row["provider"] in self.providers:
-                await self._terminate(row["provider"], row["sandbox_id"], report)
+                reason = "run_orphaned" if orphaned else "run_expired"
+                await self._terminate(
+                    row["provider"], row["sandbox_id"], report, run_id=row["id"], reason=reason
+                )
             marked = await self.store.update_run(
                 row["id"],
                 state=RunState.lost.value,
@@ -161,12 +229,15 @@ class Reaper:
                 run = runs.get(ref.run_id or "")
                 if run is not None and self._held_here(run["id"]):
                     continue
-                expired = run is not None and run["deadline"] + self.grace_s <= now
-                if run is None or run["state"] in FINAL or expired:
-                    if dry_run:
-                        report.terminated.append((name, ref.sandbox_id))
-                    else:
-                        await self._terminate(name, ref.sandbox_id, report)
+                why = self._reason(ref, run, now)
+                if why is None:
+                    continue
+                if dry_run:
+                    report.terminated.append((name, ref.sandbox_id))
+                else:
+                    await self._terminate(
+                        name, ref.sandbox_id, report, run_id=ref.run_id, reason=why
+                    )
         return report
 
     async def _publish_lost(self, run_id: str) -> None:
@@ -194,3 +265,7 @@ class Reaper:
     @property
     def degraded(self) -> bool:
         return bool(self.failing)
+
+
+def _seconds(moment: datetime | float) -> float:
+    return moment if isinstance(moment, float | int) else moment.timestamp()

@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
@@ -331,7 +332,9 @@ class LocalProvider:
             with contextlib.suppress(OSError, ValueError):
                 tags = json.loads((home / "tags.json").read_text())
                 if tags.get(TAG_CLUSTER) == self.cluster:
-                    owned.append(SandboxRef(home.name, tags.get(TAG_RUN)))
+                    stamp = tags.get("created_at")
+                    created = None if stamp is None else datetime.fromtimestamp(stamp, UTC)
+                    owned.append(SandboxRef(home.name, tags.get(TAG_RUN), created_at=created))
         return owned
 
     async def terminate(self, sandbox_id: str) -> None:
