@@ -24,7 +24,7 @@ from relay import logs
 from relay.access import AccessLog
 from relay.auth import TokenStore
 from relay.catalog import Catalog
-from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError
+from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError, StoreUnavailable
 from relay.events import EventBus
 from relay.live import LiveRuns
 from relay.metrics import Metrics
@@ -35,7 +35,7 @@ from relay.routes import routes
 from relay.service import RunService
 from relay.settings import Settings
 from relay.state import AppState
-from relay.store import Store
+from relay.store import STORE_FAILURES, Store, is_store_failure
 from relay.webhooks import WebhookDispatcher
 
 log = logging.getLogger("relay.app")
@@ -72,6 +72,17 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         )
         return error_response(request, MethodNotAllowed(headers={"Allow": ", ".join(methods)}))
     return error_response(request, NotFound("no such route"))
+
+
+STORE_RETRY_AFTER_S = 2.0
+"""The ``Retry-After`` of a ``503 store_unavailable``."""
+
+
+async def _store_error(request: Request, exc: Exception) -> Response:
+    if not is_store_failure(exc):
+        return await _unexpected(request, exc)
+    log.warning("store unavailable", extra={"error_class": type(exc).__name__})
+    return error_response(request, StoreUnavailable(retry_after=STORE_RETRY_AFTER_S))
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -201,6 +212,7 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
         exception_handlers={
             RelayError: _relay_error,
             HTTPException: _http_error,
+            **dict.fromkeys(STORE_FAILURES, _store_error),
             Exception: _unexpected,
         },
     )

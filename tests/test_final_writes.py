@@ -11,19 +11,22 @@ import asyncio
 import contextlib
 import os
 import subprocess
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from starlette.testclient import TestClient
 
-from relay.auth import Principal
+from relay.app import create_app
+from relay.auth import Principal, new_token
 from relay.catalog import Catalog
 from relay.models import RunRequest
 from relay.providers.local import LocalProvider
 from relay.reaper import Reaper
 from relay.service import RunService
-from relay.store import Store
+from relay.store import WRITE_CHECK_EVERY_S, Store
 from tests.conftest import REPO, make_settings
 
 PRINCIPAL = Principal(name="writer", command=True)
@@ -166,3 +169,31 @@ async def test_a_run_owned_here_with_no_task_is_an_orphan_for_its_own_reaper(
         assert (await reaper.sweep()).lost_runs == ["run_unheld"]
     finally:
         await store.close()
+
+
+def test_a_store_refusing_writes_is_503_store_unavailable_and_not_ready(
+    tmp_path: Path,
+) -> None:
+    """The relay's SQLite refuses writes (read-only): a new run is a 503
+    ``store_unavailable`` with ``Retry-After`` (not a 500), ``/readyz`` fails, and both
+    recover once it takes writes again."""
+    settings = make_settings(tmp_path, local_isolation="bwrap")
+    token = new_token(settings.tokens_file, "ops", command=True)
+    headers = {"Authorization": f"Bearer {token}"}
+    body = {"command": ["true"]}
+    with TestClient(create_app(settings)) as client:
+        store = client.app.state.relay.store  # type: ignore[attr-defined]
+        assert client.get("/readyz").status_code == 200
+        store.commits._driver.execute("PRAGMA query_only = 1")
+        time.sleep(WRITE_CHECK_EVERY_S)  # /readyz writes again only after this
+        answer = client.post("/v1/runs", json=body, headers=headers)
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "store_unavailable"
+        assert int(answer.headers["Retry-After"]) >= 1
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["checks"]["store"] == "not writable"
+        store.commits._driver.execute("PRAGMA query_only = 0")
+        time.sleep(WRITE_CHECK_EVERY_S)
+        assert client.get("/readyz").status_code == 200
+        answer = client.post("/v1/runs", json=body, headers=headers)
+        assert answer.status_code == 200 and answer.json()["state"] == "succeeded"
