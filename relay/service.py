@@ -111,6 +111,7 @@ class RunService:
         self._held: set[str] = set()
         # Final rows the store has refused so far, kept until a retry lands.
         self._unwritten: dict[str, dict[str, Any]] = {}
+        self._output: dict[str, OutputSink] = {}  # running runs' output so far, for a GET
         self._closing = asyncio.Event()  # set at shutdown: final writes stop retrying
         self._drain_started: float | None = None
 
@@ -207,6 +208,7 @@ class RunService:
                 RunEvent(run_id, "output", stream=stream, data=data)
             ),
         )
+        self._output[run_id] = sink
         watch = _Stopwatch()
         final: dict[str, Any] = {}
         try:
@@ -352,6 +354,7 @@ class RunService:
             "timings": json.dumps(timings),
         }
         finished = await self._write_final(row, values)
+        self._output.pop(run_id, None)
         self._tasks.pop(run_id, None)
         self._cancel_reason.pop(run_id, None)
         self._held.discard(run_id)
@@ -420,6 +423,8 @@ class RunService:
             kept = [
                 *("sandbox_id", "started_at", "sandbox_s", "cost_usd"),
                 *("ended_at", "duration_ms", "timings"),
+                # Everything printed until the cancel stays with the run.
+                *("stdout", "stderr", "stdout_truncated", "stderr_truncated"),
             ]
             values = {key: values[key] for key in kept if key in values}
             values |= {"state": RunState.canceled.value}
@@ -440,6 +445,14 @@ class RunService:
             row = await self.store.get_run(run_id)
         if row is None or row["token"] != principal.name:
             raise NotFound("no such run")  # another token's run is as good as absent
+        sink = self._output.get(run_id)
+        if sink is not None and not RunState(row["state"]).final:
+            # Running here: the output so far (kept within the same caps as the final).
+            row = {
+                **row,
+                **{stream: sink.text(stream) for stream in ("stdout", "stderr")},
+                **{f"{s}_truncated": sink.truncated(s) for s in ("stdout", "stderr")},
+            }
         return row
 
     async def wait(self, run_id: str, timeout_s: float) -> dict[str, Any]:
