@@ -1,8 +1,9 @@
 """create_app(settings) → the Starlette app; errors are mapped to JSON here, once.
 
-The lifespan opens the store, builds the providers and the run service, sweeps once
-and starts the reaper; on shutdown it drains runs, then closes everything. Token file
-and job catalog are read before the app exists, so a bad one stops startup.
+The lifespan opens the store, builds the providers and the run service, and starts the
+reaper, whose first sweep runs at once beside serving; on shutdown it drains runs, then
+closes everything. Token file and job catalog are read before the app exists, so a bad
+one stops startup.
 """
 
 from __future__ import annotations
@@ -174,11 +175,9 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
         state.live = LiveRuns(events)
         app.state.relay = state
         await store.heartbeat(service.instance_id)
-        try:
-            await reaper.sweep()
-        except Exception as exc:
-            log.warning("startup sweep failed", extra={"error_class": type(exc).__name__})
-        sweeper = asyncio.create_task(reaper.run_forever())
+        # The startup sweep runs beside serving: hundreds of orphans must not keep the
+        # relay from answering.
+        sweeper = asyncio.create_task(reaper.run_forever(sweep_first=True))
         webhooks = WebhookDispatcher(
             settings,
             store,

@@ -37,7 +37,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -53,6 +53,8 @@ log = logging.getLogger("relay.reaper")
 
 MISSED_BEATS = 3
 """A replica that has written no heartbeat for this many of its beats (plus a second) died."""
+CONCURRENT_TERMINATES = 16
+"""Terminate calls one sweep makes at a time."""
 BEATS_BEFORE_JUDGING = MISSED_BEATS + 1
 """Heartbeats this replica must itself have written since it last failed to reach the
 store before it calls another replica dead: after a database outage every replica's last
@@ -187,6 +189,7 @@ class Reaper:
         live = await self.store.live_replicas(MISSED_BEATS * self.heartbeat_s + 1)
         judging = self.beats >= self.beats_before_judging
         live.add(self.service.instance_id)
+        lost: list[tuple[dict[str, Any], bool]] = []
         for row in await self.store.runs_in_states(ACTIVE):
             if self._held_here(row["id"]):
                 continue
@@ -199,22 +202,11 @@ class Reaper:
             if not orphaned and row["deadline"] + self.grace_s > now:
                 continue
             report.lost_runs.append(row["id"])
-            if dry_run:
-                continue
-            if row["sandbox_id"] and row["provider"] in self.providers:
-                reason = "run_orphaned" if orphaned else "run_expired"
-                await self._terminate(
-                    row["provider"], row["sandbox_id"], report, run_id=row["id"], reason=reason
-                )
-            marked = await self.store.update_run(
-                row["id"],
-                state=RunState.lost.value,
-                ended_at=now,
-                error_code="sandbox_lost",
-                error_message="the relay running this job stopped; the sandbox was terminated",
+            lost.append((row, orphaned))
+        if not dry_run:
+            await self._bounded(
+                self._end_lost(row, orphaned, now, report) for row, orphaned in lost
             )
-            if marked:  # not when its owner finished it meanwhile: that one was published
-                await self._publish_lost(row["id"])
         for name, provider in self.providers.items():
             try:
                 owned = await provider.list_owned()
@@ -225,6 +217,7 @@ class Reaper:
                 )
                 continue
             runs = await self.store.runs_by_id([ref.run_id for ref in owned if ref.run_id])
+            ending: list[Awaitable[bool]] = []
             for ref in owned:
                 run = runs.get(ref.run_id or "")
                 if run is not None and self._held_here(run["id"]):
@@ -235,10 +228,40 @@ class Reaper:
                 if dry_run:
                     report.terminated.append((name, ref.sandbox_id))
                 else:
-                    await self._terminate(
-                        name, ref.sandbox_id, report, run_id=ref.run_id, reason=why
+                    ending.append(
+                        self._terminate(name, ref.sandbox_id, report, run_id=ref.run_id, reason=why)
                     )
+            await self._bounded(ending)
         return report
+
+    async def _bounded(self, work: Iterable[Awaitable[Any]]) -> None:
+        """Await every item, at most :data:`CONCURRENT_TERMINATES` at a time (hundreds of
+        orphans would take minutes one by one)."""
+        gate = asyncio.Semaphore(CONCURRENT_TERMINATES)
+
+        async def one(item: Awaitable[Any]) -> None:
+            async with gate:
+                await item
+
+        await asyncio.gather(*(one(item) for item in work))
+
+    async def _end_lost(
+        self, row: dict[str, Any], orphaned: bool, now: float, report: SweepReport
+    ) -> None:
+        if row["sandbox_id"] and row["provider"] in self.providers:
+            reason = "run_orphaned" if orphaned else "run_expired"
+            await self._terminate(
+                row["provider"], row["sandbox_id"], report, run_id=row["id"], reason=reason
+            )
+        marked = await self.store.update_run(
+            row["id"],
+            state=RunState.lost.value,
+            ended_at=now,
+            error_code="sandbox_lost",
+            error_message="the relay running this job stopped; the sandbox was terminated",
+        )
+        if marked:  # not when its owner finished it meanwhile: that one was published
+            await self._publish_lost(row["id"])
 
     async def _publish_lost(self, run_id: str) -> None:
         """Tell this replica's subscribers (metrics, webhooks, live streams) the run ended."""
@@ -247,9 +270,10 @@ class Reaper:
             event = RunEvent(run_id, "finished", state=row["state"], row=row)
             self.service.events.publish(event)
 
-    async def run_forever(self) -> None:
-        """Heartbeat every ``heartbeat_s`` and sweep every ``reap_interval_s``."""
-        next_sweep = time.monotonic() + self.reap_interval_s
+    async def run_forever(self, *, sweep_first: bool = False) -> None:
+        """Heartbeat every ``heartbeat_s`` and sweep every ``reap_interval_s`` (the first
+        time at once with ``sweep_first``: the startup sweep, while the relay serves)."""
+        next_sweep = time.monotonic() + (0 if sweep_first else self.reap_interval_s)
         while True:
             try:
                 await self.store.heartbeat(self.service.instance_id)

@@ -159,6 +159,10 @@ def test_reaper_terminations_after_a_crash(tmp_path: Path) -> None:
         server.process.send_signal(signal.SIGKILL)
         server.process.wait()
         server.start()  # the startup sweep finds the orphaned run and ends its sandbox
+        deadline = time.monotonic() + 10
+        while server.get(token, f"/v1/runs/{run['id']}").json()["state"] != "lost":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         _, samples = scrape(server)
         assert value(samples, "relay_reaper_terminations_total", reason="run_orphaned") >= 1
         assert value(samples, "relay_reaper_failures_total") == 0
@@ -189,7 +193,12 @@ def test_a_run_the_reaper_marks_lost_is_counted(tmp_path: Path) -> None:
 
     asyncio.run(seed())
     with TestClient(create_app(settings)) as client:  # the startup sweep reaps it
+        deadline = time.monotonic() + 10
         samples = parse(client.get("/metrics").text)
+        while not value(samples, "relay_runs_total", job="sleep", provider="local", state="lost"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+            samples = parse(client.get("/metrics").text)
     lost = {"job": "sleep", "provider": "local", "state": "lost"}
     assert value(samples, "relay_runs_total", **lost) == 1
     assert value(samples, "relay_spend_usd_total", provider="local") == 0.5
