@@ -1,8 +1,9 @@
 """create_app(settings) → the Starlette app; errors are mapped to JSON here, once.
 
-The lifespan opens the store, builds the providers and the run service, sweeps once
-and starts the reaper; on shutdown it drains runs, then closes everything. Token file
-and job catalog are read before the app exists, so a bad one stops startup.
+The lifespan opens the store, builds the providers and the run service, and starts the
+reaper, whose first sweep runs at once beside serving; on shutdown it drains runs, then
+closes everything. Token file and job catalog are read before the app exists, so a bad
+one stops startup.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from relay import logs
 from relay.access import AccessLog
 from relay.auth import TokenStore
 from relay.catalog import Catalog
-from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError
+from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError, StoreUnavailable
 from relay.events import EventBus
 from relay.live import LiveRuns
 from relay.metrics import Metrics
@@ -35,7 +36,7 @@ from relay.routes import routes
 from relay.service import RunService
 from relay.settings import Settings
 from relay.state import AppState
-from relay.store import Store
+from relay.store import STORE_FAILURES, Store, is_store_failure
 from relay.webhooks import WebhookDispatcher
 
 log = logging.getLogger("relay.app")
@@ -72,6 +73,17 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         )
         return error_response(request, MethodNotAllowed(headers={"Allow": ", ".join(methods)}))
     return error_response(request, NotFound("no such route"))
+
+
+STORE_RETRY_AFTER_S = 2.0
+"""The ``Retry-After`` of a ``503 store_unavailable``."""
+
+
+async def _store_error(request: Request, exc: Exception) -> Response:
+    if not is_store_failure(exc):
+        return await _unexpected(request, exc)
+    log.warning("store unavailable", extra={"error_class": type(exc).__name__})
+    return error_response(request, StoreUnavailable(retry_after=STORE_RETRY_AFTER_S))
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -167,11 +179,9 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
         state.live = LiveRuns(events)
         app.state.relay = state
         await store.heartbeat(service.instance_id)
-        try:
-            await reaper.sweep()
-        except Exception as exc:
-            log.warning("startup sweep failed", extra={"error_class": type(exc).__name__})
-        sweeper = asyncio.create_task(reaper.run_forever())
+        # The startup sweep runs beside serving: hundreds of orphans must not keep the
+        # relay from answering.
+        sweeper = asyncio.create_task(reaper.run_forever(sweep_first=True))
         webhooks = WebhookDispatcher(
             settings,
             store,
@@ -205,6 +215,7 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
         exception_handlers={
             RelayError: _relay_error,
             HTTPException: _http_error,
+            **dict.fromkeys(STORE_FAILURES, _store_error),
             Exception: _unexpected,
         },
     )

@@ -207,7 +207,15 @@ async def _reap(settings: Settings, dry_run: bool) -> int:
     store = await Store.open(settings.database_url)
     providers = load_providers(settings)
     service = RunService(settings, store, Catalog({}), providers)
-    reaper = Reaper(store, providers, service, grace_s=settings.grace_s, single_replica=False)
+    # One sweep from cron: the store was just reached, so the replicas' beats are judged.
+    reaper = Reaper(
+        store,
+        providers,
+        service,
+        grace_s=settings.grace_s,
+        single_replica=False,
+        beats_before_judging=0,
+    )
     try:
         report = await reaper.sweep(dry_run=dry_run)
     finally:

@@ -183,8 +183,20 @@ class Client:
                 delay *= 2
         raise AssertionError("unreachable")
 
-    def get(self, run_id: str) -> dict[str, Any]:
-        return self._request("GET", f"/v1/runs/{run_id}")[1]
+    def get(self, run_id: str, *, attempts: int = 4) -> dict[str, Any]:
+        """GET a run; a busy or briefly broken relay (429/502/503/504, e.g. its database
+        restarting) is asked again after its ``Retry-After``: reading is safe."""
+        delay = 1.0
+        for attempt in range(attempts):
+            try:
+                return self._request("GET", f"/v1/runs/{run_id}")[1]
+            except RelayClientError as error:
+                transient = error.status is None or error.status in RETRYABLE
+                if not transient or attempt == attempts - 1:
+                    raise
+                time.sleep(min(60.0, max(delay, error.retry_after or 0.0)))
+                delay *= 2
+        raise AssertionError("unreachable")
 
     def wait(
         self, run: dict[str, Any], *, poll_s: float = 1.0, max_wait_s: float | None = None

@@ -30,6 +30,7 @@ a provider's response body, headers or keys are never copied into one.
     ├── RateLimited (429 rate_limited)
     │   └── BudgetExceeded (429 budget_exceeded)
     ├── ShuttingDown (503 shutting_down)
+    ├── StoreUnavailable (503 store_unavailable)
     ├── ProviderError (502 provider_error)
     │   ├── ProviderAuth (502 provider_auth)
     │   ├── SandboxLost (502 sandbox_lost)
@@ -166,6 +167,13 @@ class ShuttingDown(RelayError):
     status, code, default_message = 503, "shutting_down", "the relay is shutting down"
 
 
+class StoreUnavailable(RelayError):
+    """The relay's database refused or did not answer (down, restarting, disk full)."""
+
+    status, code = 503, "store_unavailable"
+    default_message = "the relay's database is unavailable; retry later"
+
+
 class ProviderError(RelayError):
     """A fault at or on the way to the sandbox provider (never carries its body)."""
 
@@ -223,6 +231,7 @@ ERROR_CLASSES: tuple[type[RelayError], ...] = (
     RateLimited,
     BudgetExceeded,
     ShuttingDown,
+    StoreUnavailable,
     ProviderError,
     ProviderAuth,
     SandboxLost,

@@ -18,7 +18,8 @@ The series (names are stable API; dashboards depend on them):
 ``relay_sandbox_create_seconds``            histogram  provider (a run's create_ms)
 ``relay_spend_usd_total``                   counter    provider (a run's cost_usd)
 ``relay_runs_in_flight``                    gauge      (runs held by this process)
-``relay_reaper_terminations_total``         counter    (sandboxes the reaper ended)
+``relay_reaper_terminations_total``         counter    reason (sandboxes the reaper ended)
+``relay_reaper_unknown_age_total``           counter    (unknown sandboxes with no age: left)
 ``relay_reaper_failures_total``             counter    (terminates that failed)
 ``relay_reaper_failing_sandboxes``          gauge      (still failing, retried each sweep)
 ``relay_webhook_deliveries_total``          counter    outcome
@@ -78,10 +79,19 @@ class _LiveCollector(Collector):
             "Runs this process is running now (queued, starting or running).",
             value=service.active_runs if service is not None else 0,
         )
-        yield CounterMetricFamily(
+        terminations = CounterMetricFamily(
             "relay_reaper_terminations",
-            "Sandboxes the reaper terminated (orphaned, unknown or past their deadline).",
-            value=reaper.terminated_total if reaper is not None else 0,
+            "Sandboxes the reaper terminated, by reason (run_final, run_expired, "
+            "run_orphaned, unknown_expired, probe_expired).",
+            labels=("reason",),
+        )
+        for reason, count in sorted((reaper.terminated_by_reason if reaper else {}).items()):
+            terminations.add_metric((reason,), count)
+        yield terminations
+        yield CounterMetricFamily(
+            "relay_reaper_unknown_age",
+            "Sandboxes of no known run left alone because the provider gave no creation time.",
+            value=reaper.unknown_age_total if reaper is not None else 0,
         )
         yield CounterMetricFamily(
             "relay_reaper_failures",

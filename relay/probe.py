@@ -3,8 +3,9 @@ long each step took, in one dated line.
 
 It talks to the provider directly (no relay server, no store, no token), with the same
 settings and code the relay uses, so it is the first thing to run for a new provider
-or key. The sandbox is tagged like a run's (``probe_…``), so if terminating it fails, the
-reaper ends it later: it belongs to no run.
+or key. The sandbox is tagged as a probe's (run id ``probe_…``) and ended by the probe;
+a running relay's reaper leaves it alone until it is past a probe's lifetime, then ends
+it (if terminating it here failed).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from relay.errors import RelayError
 from relay.providers.base import OutputSink, Provider, SandboxSpec
 from relay.settings import Settings
 
+PROBE_PREFIX = "probe_"
+"""A probe sandbox's run id starts so: the reaper leaves it to the probe until it is past a
+probe's lifetime."""
 PROBE_TIMEOUT_S = 30.0
 """The probe sandbox's run timeout (its provider-side lifetime adds RELAY_GRACE_S)."""
 
@@ -82,7 +86,7 @@ async def probe(name: str, provider: Provider, settings: Settings) -> ProbeResul
     """Create, ``echo ok``, terminate; every step is timed, the first failure recorded."""
     result = ProbeResult(provider=name, limits=getattr(provider, "limits", None))
     spec = SandboxSpec(
-        run_id=f"probe_{secrets.token_hex(8)}",
+        run_id=f"{PROBE_PREFIX}{secrets.token_hex(8)}",
         cluster=settings.cluster,
         timeout_s=PROBE_TIMEOUT_S,
         grace_s=settings.grace_s,

@@ -383,6 +383,9 @@ async def readyz(request: Request) -> Response:
     except Exception:
         checks["store"] = "unreachable"
         status = "unavailable"
+    if status == "ok" and not await state.store.can_write(state.service.instance_id):
+        checks["store"] = "not writable"
+        status = "unavailable"
     if not state.service.accepting:
         checks["relay"] = "draining"
         status = "unavailable"

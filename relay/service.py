@@ -61,6 +61,10 @@ RUNNING_WRITE_DELAY_S = 0.05
 sooner (a quick job) is written once, final, with its sandbox id. Events (metrics, live
 streams) see `running` at once; a GET may read `starting` for this long."""
 
+FINAL_WRITE_RETRY_S = (0.1, 5.0)
+"""A final write the store refused is tried again after the first figure, doubling up to
+the second, until it lands (the outcome waits in memory meanwhile)."""
+
 
 class _Done(asyncio.Event):
     """Set when a run is final; carries the final row so a waiter needn't read it again."""
@@ -101,6 +105,14 @@ class RunService:
         self._done: dict[str, _Done] = {}
         self._cancel_reason: dict[str, str] = {}
         self._writes: set[asyncio.Task[None]] = set()  # deferred `running` writes in flight
+        # Runs this process answers for: from admission until their final state is stored
+        # (or given up at shutdown). The reaper leaves them alone; any other active run
+        # owned by this process is an orphan (its task died without a final write).
+        self._held: set[str] = set()
+        # Final rows the store has refused so far, kept until a retry lands.
+        self._unwritten: dict[str, dict[str, Any]] = {}
+        self._output: dict[str, OutputSink] = {}  # running runs' output so far, for a GET
+        self._closing = asyncio.Event()  # set at shutdown: final writes stop retrying
         self._drain_started: float | None = None
 
     async def submit(
@@ -149,15 +161,21 @@ class RunService:
             usd_per_day=principal.usd_per_day,
             now=now,
         )
+        self._held.add(run_id)  # before the row exists: a sweep now must not call it orphaned
         try:
             await self.store.admit_run(row, admission)
         except DuplicateKey:
+            self._held.discard(run_id)
             existing = await self.store.find_by_key(principal.name, idempotency_key or "")
             if existing is None:  # pragma: no cover - the unique index makes this impossible
                 raise
             return self._same_request(existing, digest), False
         except LimitReached as limit:
+            self._held.discard(run_id)
             raise refusal(limit) from None
+        except BaseException:
+            self._held.discard(run_id)
+            raise
         self._done[run_id] = _Done()
         # The run's task copies this context: its log lines carry these ids too.
         logs.bind(run_id=run_id, token=principal.name, job=plan.job, provider=plan.provider)
@@ -190,6 +208,7 @@ class RunService:
                 RunEvent(run_id, "output", stream=stream, data=data)
             ),
         )
+        self._output[run_id] = sink
         watch = _Stopwatch()
         final: dict[str, Any] = {}
         try:
@@ -344,28 +363,64 @@ class RunService:
             "duration_ms": int((now - started) * 1000) if started else None,
             "timings": json.dumps(timings),
         }
-        finished: dict[str, Any] | None = {**row, **values}
-        callback = row.get("callback_url") is not None
-        try:
-            if not await self.store.finish_run(run_id, values, callback=callback):
-                finished = await self._finish_contended(run_id, values)
-        except Exception as exc:
-            # The run stays active in the store; the reaper ends it after its deadline.
-            log.error(
-                "writing the final state failed",
-                extra={"run_id": run_id, "error_class": type(exc).__name__},
-            )
-            finished = None
-        finally:
-            self._tasks.pop(run_id, None)
-            self._cancel_reason.pop(run_id, None)
-            event = self._done.pop(run_id, None)
-            if event is not None:  # a waiter with no row reads the store instead
-                event.row = finished
-                event.set()
+        finished = await self._write_final(row, values)
+        self._output.pop(run_id, None)
+        self._tasks.pop(run_id, None)
+        self._cancel_reason.pop(run_id, None)
+        self._held.discard(run_id)
+        event = self._done.pop(run_id, None)
+        if event is not None:  # a waiter with no row reads the store instead
+            event.row = finished
+            event.set()
         if finished is not None:
             self.events.publish(RunEvent(run_id, "finished", state=finished["state"], row=finished))
             log.info("run finished", extra={"run_id": run_id, "state": finished["state"]})
+
+    async def _write_final(
+        self, row: dict[str, Any], values: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Store the final ``values``, trying again with backoff while the store refuses
+        (a full disk, a database restarting): the run is finished, its outcome must not
+        be lost. Meanwhile the outcome is kept in memory (a GET here reads it) and the run
+        stays held, so the reaper leaves it alone. Only a shutdown gives up (then the
+        reaper of the next process records the run ``lost``); None then."""
+        run_id = row["id"]
+        callback = row.get("callback_url") is not None
+        delay, longest = FINAL_WRITE_RETRY_S
+        while True:
+            try:
+                if await self.store.finish_run(run_id, values, callback=callback):
+                    finished: dict[str, Any] | None = {**row, **values}
+                else:
+                    finished = await self._finish_contended(run_id, values)
+            except Exception as exc:
+                if self._closing.is_set():
+                    log.error(
+                        "writing the final state failed; shutting down, so giving up",
+                        extra={"run_id": run_id, "error_class": type(exc).__name__},
+                    )
+                    finished = None
+                    break
+                self._unwritten[run_id] = {**row, **values}
+                log.warning(
+                    "writing the final state failed; trying again",
+                    extra={
+                        "run_id": run_id,
+                        "error_class": type(exc).__name__,
+                        "retry_in_s": delay,
+                    },
+                )
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._closing.wait()  # at shutdown: one last try at once
+                delay = min(delay * 2, longest)
+                continue
+            if run_id in self._unwritten:
+                del self._unwritten[run_id]
+                log.info("final state written after retrying", extra={"run_id": run_id})
+            break
+        self._unwritten.pop(run_id, None)
+        return finished
 
     async def _finish_contended(self, run_id: str, values: dict[str, Any]) -> dict[str, Any] | None:
         """The run was made final elsewhere (then it stays as it is), or canceled through
@@ -378,6 +433,8 @@ class RunService:
             kept = [
                 *("sandbox_id", "started_at", "sandbox_s", "cost_usd"),
                 *("ended_at", "duration_ms", "timings"),
+                # Everything printed until the cancel stays with the run.
+                *("stdout", "stderr", "stdout_truncated", "stderr_truncated"),
             ]
             values = {key: values[key] for key in kept if key in values}
             values |= {"state": RunState.canceled.value}
@@ -387,10 +444,25 @@ class RunService:
 
     # -- reading, waiting, cancelling --------------------------------------------------
 
+    def holds(self, run_id: str) -> bool:
+        """Whether this process answers for the run (admitted here, final state not yet
+        stored): the reaper must leave it alone."""
+        return run_id in self._held
+
     async def get(self, principal: Principal, run_id: str) -> dict[str, Any]:
-        row = await self.store.get_run(run_id)
+        row = self._unwritten.get(run_id)  # finished here, the store not yet told
+        if row is None:
+            row = await self.store.get_run(run_id)
         if row is None or row["token"] != principal.name:
             raise NotFound("no such run")  # another token's run is as good as absent
+        sink = self._output.get(run_id)
+        if sink is not None and not RunState(row["state"]).final:
+            # Running here: the output so far (kept within the same caps as the final).
+            row = {
+                **row,
+                **{stream: sink.text(stream) for stream in ("stdout", "stderr")},
+                **{f"{s}_truncated": sink.truncated(s) for s in ("stdout", "stderr")},
+            }
         return row
 
     async def wait(self, run_id: str, timeout_s: float) -> dict[str, Any]:
@@ -404,6 +476,8 @@ class RunService:
             if event.row is not None:
                 return event.row
         while True:
+            if run_id in self._unwritten:  # finished; its final write is being retried
+                return self._unwritten[run_id]
             row = await self.store.get_run(run_id)
             if row is None:
                 raise NotFound("no such run")
@@ -449,6 +523,9 @@ class RunService:
             await asyncio.wait(tasks, timeout=remaining)
         for run_id in list(self._tasks):
             self._stop(run_id, "shutdown")
+        # Final writes the store refuses get one more try each, then are given up: the
+        # next process's reaper records those runs lost.
+        self._closing.set()
         await self._closed(set(self._tasks))
         if self._writes:
             await asyncio.wait(set(self._writes), timeout=self.settings.create_timeout_s)

@@ -26,6 +26,7 @@ import asyncio
 import base64
 import contextlib
 import secrets
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,10 @@ from relay.schema import (
 __all__ = ["ACTIVE", "FINAL", "SCHEMA_VERSION", "DuplicateKey", "Store", "Usage"]
 
 T = TypeVar("T")
+
+WRITE_CHECK_EVERY_S = 3.0
+"""How often ``/readyz`` really writes to the store (:meth:`Store.can_write`)."""
+WRITE_CHECK_TIMEOUT_S = 2.0
 
 _LOCK_SWEEP = 7_241_002
 _LOCK_ADMIT = 7_241_003
@@ -106,6 +111,21 @@ def delivery_for_final_run(run_id: str) -> sa.Insert:
     return deliveries.insert().from_select([*columns, "created_at", "next_attempt_at"], source)
 
 
+STORE_FAILURES: tuple[type[BaseException], ...] = (
+    sa.exc.DBAPIError,
+    sa.exc.TimeoutError,  # no pool connection in time
+    sqlite3.Error,
+    ConnectionError,  # PostgreSQL refusing connections (asyncpg's own errors come wrapped)
+)
+"""What the database or its driver raises when it cannot do the work (down, restarting,
+disk full, locked): the caller should retry later. See :func:`is_store_failure`."""
+
+
+def is_store_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` means the store is unavailable (not a constraint the data broke)."""
+    return isinstance(exc, STORE_FAILURES) and not isinstance(exc, IntegrityError)
+
+
 def encode_cursor(created_at: float, run_id: str) -> str:
     return base64.urlsafe_b64encode(f"{created_at!r}|{run_id}".encode()).decode().rstrip("=")
 
@@ -132,6 +152,7 @@ class Store:
         self.engine = engine
         self.checkpointer: Checkpointer | None = None
         self._aside: sa.Engine | None = None  # SQLite file: long reads on their own connection
+        self._write_checked: tuple[float, bool] | None = None  # (monotonic time, answer)
 
     @property
     def is_sqlite(self) -> bool:
@@ -220,6 +241,24 @@ class Store:
 
     async def ping(self) -> None:
         await self.read(lambda conn: conn.execute(sa.text("SELECT 1")))
+
+    async def can_write(self, replica_id: str) -> bool:
+        """Whether the store takes a write now (the replica's heartbeat, a one-row
+        UPDATE): a database that answers reads but is full or read-only is not ready.
+        Asked at most once per :data:`WRITE_CHECK_EVERY_S`; meanwhile the last answer."""
+        now = time.monotonic()
+        last = self._write_checked
+        if last is not None and now - last[0] < WRITE_CHECK_EVERY_S:
+            return last[1]
+        self._write_checked = (now, last[1] if last is not None else True)  # one at a time
+        try:
+            async with asyncio.timeout(WRITE_CHECK_TIMEOUT_S):
+                await self.heartbeat(replica_id)
+            answer = True
+        except Exception:
+            answer = False
+        self._write_checked = (time.monotonic(), answer)
+        return answer
 
     @contextlib.asynccontextmanager
     async def sweep_lock(self) -> AsyncIterator[bool]:

@@ -271,7 +271,27 @@ def start_postgres() -> Iterator[str]:
     if external:
         yield external
         return
+    with own_postgres() as (_, url):
+        yield url
 
+
+class Outage:
+    """Stops and starts a test's own PostgreSQL (same data, same port)."""
+
+    def __init__(self, server: _Server) -> None:
+        self._server = server
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def start(self) -> None:
+        self._server.start()
+
+
+@contextlib.contextmanager
+def own_postgres() -> Iterator[tuple[Outage, str]]:
+    """A PostgreSQL of the caller's own (never the external one), which it may stop and
+    start: yields an :class:`Outage` and the URL."""
     bin_dir = _server_or_skip()
     run_as = _service_user_or_skip() if _is_root() else None
     root = Path(tempfile.mkdtemp(prefix="relay-pg-", dir=temp_base()))
@@ -285,7 +305,7 @@ def start_postgres() -> Iterator[str]:
             server.create_database()
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             _unavailable(f"could not start {bin_dir.parent.name} in {root}: {exc}")
-        yield f"postgresql+asyncpg://{SUPERUSER}@127.0.0.1:{server.port}/{DATABASE}"
+        yield Outage(server), f"postgresql+asyncpg://{SUPERUSER}@127.0.0.1:{server.port}/{DATABASE}"
     finally:
         if started:
             with contextlib.suppress(RuntimeError, OSError, subprocess.TimeoutExpired):

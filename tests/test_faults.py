@@ -270,3 +270,31 @@ def test_stream_cut_ends_in_a_final_state(fake_rig: Rig, tmp_path: Path) -> None
     finally:
         fake_rig.faults.cut_stream = False
         server.stop()
+
+
+def test_a_startup_with_many_orphans_serves_at_once(tmp_path: Path) -> None:
+    """40 orphaned sandboxes on the Vercel fake: the restarted relay answers ``/healthz``
+    while its startup sweep ends them, several at a time."""
+    if not _available("vercel"):
+        pytest.skip("the vercel SDK is not installed")
+    with vercel_rig(tmp_path) as rig:
+        server = relay_for(rig, tmp_path, max_concurrent=64)
+        server.start()
+        token = server.tokens["ops"]
+        ids = [server.post(token, sleep_body(300)).json()["id"] for _ in range(40)]
+        wait_running(server, token, ids)
+        server.kill()
+        assert len(rig.alive()) == 40
+        started = time.monotonic()
+        server.start()
+        try:
+            serving_after = time.monotonic() - started
+            assert len(rig.alive()) > 0, "the sweep ended before serving: nothing measured"
+            _eventually(lambda: rig.alive() == set(), 30, "orphans outlived the sweep")
+            swept_after = time.monotonic() - started
+            # One at a time took ~0.2 s each on this fake (8 s for 40).
+            assert swept_after - serving_after < 4, (serving_after, swept_after)
+            states = {server.get(token, f"/v1/runs/{i}").json()["state"] for i in ids}
+            assert states == {"lost"}
+        finally:
+            server.stop()

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -158,8 +159,12 @@ def test_reaper_terminations_after_a_crash(tmp_path: Path) -> None:
         server.process.send_signal(signal.SIGKILL)
         server.process.wait()
         server.start()  # the startup sweep finds the orphaned run and ends its sandbox
+        deadline = time.monotonic() + 10
+        while server.get(token, f"/v1/runs/{run['id']}").json()["state"] != "lost":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         _, samples = scrape(server)
-        assert value(samples, "relay_reaper_terminations_total") >= 1
+        assert value(samples, "relay_reaper_terminations_total", reason="run_orphaned") >= 1
         assert value(samples, "relay_reaper_failures_total") == 0
         assert server.get(token, f"/v1/runs/{run['id']}").json()["state"] == "lost"
     finally:
@@ -188,7 +193,12 @@ def test_a_run_the_reaper_marks_lost_is_counted(tmp_path: Path) -> None:
 
     asyncio.run(seed())
     with TestClient(create_app(settings)) as client:  # the startup sweep reaps it
+        deadline = time.monotonic() + 10
         samples = parse(client.get("/metrics").text)
+        while not value(samples, "relay_runs_total", job="sleep", provider="local", state="lost"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+            samples = parse(client.get("/metrics").text)
     lost = {"job": "sleep", "provider": "local", "state": "lost"}
     assert value(samples, "relay_runs_total", **lost) == 1
     assert value(samples, "relay_spend_usd_total", provider="local") == 0.5
@@ -200,7 +210,9 @@ async def test_a_run_its_owner_finished_meanwhile_is_not_counted_again(tmp_path:
     try:
         events = EventBus()
         service = RunService(settings, store, Catalog({}), {}, events=events)
-        reaper = Reaper(store, {}, service, grace_s=30, single_replica=False)
+        reaper = Reaper(
+            store, {}, service, grace_s=30, single_replica=False, beats_before_judging=0
+        )
         metrics = Metrics()
         metrics.attach(service, reaper, events, ["local"])
         await store.admit_run(orphaned_run("run_raced"))
@@ -226,7 +238,8 @@ class StuckProvider:
     name: ClassVar[str] = "stuck"
 
     async def list_owned(self) -> list[SandboxRef]:
-        return [SandboxRef("sbx-stuck", "run_unknown")]
+        long_ago = datetime(2000, 1, 1, tzinfo=UTC)  # past any lifetime: the reaper ends it
+        return [SandboxRef("sbx-stuck", "run_unknown", created_at=long_ago)]
 
     async def terminate(self, sandbox_id: str) -> None:
         raise ConnectionError("the provider is down")
@@ -249,7 +262,7 @@ async def test_reaper_failures_are_exposed(tmp_path: Path) -> None:
         samples = parse(metrics.render().decode())
         assert value(samples, "relay_reaper_failures_total") == 2
         assert value(samples, "relay_reaper_failing_sandboxes") == 1
-        assert value(samples, "relay_reaper_terminations_total") == 0
+        assert not any(name == "relay_reaper_terminations_total" for name, _ in samples)
         assert "sbx-stuck" not in metrics.render().decode()
     finally:
         await store.close()

@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from tests.conftest import new_database
+from tests.postgres import own_postgres
 from tests.relay_server import RelayProcess
 
 pytestmark = pytest.mark.postgres
@@ -122,3 +123,43 @@ def test_limits_hold_across_replicas(pair: tuple[RelayProcess, RelayProcess]) ->
         + first.get(token, "/v1/runs", state="starting").json()["runs"]
     ):
         second.delete(token, f"/v1/runs/{run['id']}")
+
+
+def test_a_database_outage_kills_no_healthy_run(tmp_path: Path) -> None:
+    """Both replicas lose the store for longer than the heartbeat window; when it is back,
+    neither judges the other dead before it could write a beat: every run lives on."""
+    import asyncio
+
+    with own_postgres() as (outage, server_url):
+        url = asyncio.run(new_database(server_url))
+        shared = {"database_url": url, "local_root": tmp_path / "sandboxes", "reap_interval_s": 1,
+                  "drain_s": 1, "local_isolation": "bwrap"}  # fmt: skip
+        first = RelayProcess(tmp_path / "a", **shared)
+        first.add_token("ops", command=True)
+        second = RelayProcess(tmp_path / "b", tokens_file=first.tokens_file, **shared)
+        second.tokens = first.tokens
+        token = first.tokens["ops"]
+        first.start()
+        second.start()
+        try:
+            runs = [
+                server.post(token, {"command": sleeping(380 + i), "wait": False}).json()
+                for i, server in enumerate([first, second] * 2)
+            ]
+            for _ in range(100):
+                if all(alive(380 + i) for i in range(4)):
+                    break
+                time.sleep(0.1)
+            time.sleep(0.5)  # the `running` writes are stored
+            outage.stop()
+            time.sleep(6)  # longer than 3 missed beats (1 s each) and a second
+            outage.start()
+            time.sleep(8)  # several sweeps on both replicas
+            assert all(alive(380 + i) for i in range(4)), "a healthy run was killed"
+            states = {first.get(token, f"/v1/runs/{r['id']}").json()["state"] for r in runs}
+            assert states == {"running"}
+            for run in runs:
+                first.delete(token, f"/v1/runs/{run['id']}")
+        finally:
+            first.stop()
+            second.stop()

@@ -56,6 +56,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
@@ -760,7 +761,9 @@ class LocalProvider:
             with contextlib.suppress(OSError, ValueError):
                 tags = json.loads((home / _TAGS).read_text())
                 if tags.get(TAG_CLUSTER) == self.cluster:
-                    owned.append(SandboxRef(home.name, tags.get(TAG_RUN)))
+                    stamp = tags.get("created_at")
+                    created = None if stamp is None else datetime.fromtimestamp(stamp, UTC)
+                    owned.append(SandboxRef(home.name, tags.get(TAG_RUN), created_at=created))
         return owned
 
     async def terminate(self, sandbox_id: str) -> None:

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import ClassVar
 
 from relay.errors import ProviderTimeout, ProviderUnavailable, SandboxLost
@@ -160,7 +161,7 @@ class MemoryProvider:
         if self.dead:
             return []
         return [
-            SandboxRef(box.id, box.run_id)
+            SandboxRef(box.id, box.run_id, created_at=datetime.fromtimestamp(box.created_at, UTC))
             for box in self.world.boxes.values()
             if box.alive and box.cluster == self.cluster
         ]
