@@ -19,6 +19,7 @@ from relay.models import (
     RunList,
     RunRequest,
     RunState,
+    RunSummary,
     UsageReport,
 )
 
@@ -94,7 +95,16 @@ def document() -> dict[str, Any]:
     _, schemas = models_json_schema(
         [
             (m, "serialization")
-            for m in (Run, RunList, ErrorBody, JobList, ProviderList, Health, UsageReport)
+            for m in (
+                Run,
+                RunSummary,
+                RunList,
+                ErrorBody,
+                JobList,
+                ProviderList,
+                Health,
+                UsageReport,
+            )
         ]
         + [(RunRequest, "validation")],
         ref_template=_REF,
@@ -168,7 +178,15 @@ def document() -> dict[str, Any]:
                     },
                     {"name": "cursor", "in": "query", "schema": {"type": "string"}},
                 ],
-                "responses": {"200": _json("RunList", "a page of runs"), **_errors(400), **common},
+                "responses": {
+                    "200": _json(
+                        "RunList",
+                        "a page of run summaries: no stdout/stderr (read them through "
+                        "GET /v1/runs/{run_id}), their sizes in stdout_bytes/stderr_bytes",
+                    ),
+                    **_errors(400),
+                    **common,
+                },
             },
         },
         "/v1/runs/{run_id}": {

@@ -39,6 +39,7 @@ from relay.models import (
     RunList,
     RunRequest,
     RunState,
+    RunSummary,
     Timings,
     TokenLimits,
     UsageReport,
@@ -74,8 +75,8 @@ def delivery_model(row: dict[str, Any]) -> Delivery:
     )
 
 
-def run_model(row: dict[str, Any], deliveries: list[dict[str, Any]] | None = None) -> Run:
-    """A stored row (and its delivery rows) as the API shows it (the same shape everywhere)."""
+def _run_fields(row: dict[str, Any], deliveries: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """What a run and a run's summary share, from its stored row and delivery rows."""
     error = None
     if row.get("error_code"):
         error = ErrorInfo(
@@ -83,26 +84,42 @@ def run_model(row: dict[str, Any], deliveries: list[dict[str, Any]] | None = Non
             message=row.get("error_message") or "",
             retry_after_s=row.get("error_retry_after_s"),
         )
+    return {
+        "id": row["id"],
+        "job": row["job"],
+        "state": RunState(row["state"]),
+        "exit_code": row.get("exit_code"),
+        "stdout_truncated": bool(row.get("stdout_truncated")),
+        "stderr_truncated": bool(row.get("stderr_truncated")),
+        "provider": row["provider"],
+        "sandbox_id": row.get("sandbox_id"),
+        "timeout_s": row["timeout_s"],
+        "created_at": _iso(row["created_at"]) or "",
+        "started_at": _iso(row.get("started_at")),
+        "ended_at": _iso(row.get("ended_at")),
+        "duration_ms": row.get("duration_ms"),
+        "cost_usd": row.get("cost_usd") or 0.0,
+        "timings": Timings(**json.loads(row.get("timings") or "{}")),
+        "error": error,
+        "deliveries": [delivery_model(delivery) for delivery in deliveries or []],
+    }
+
+
+def run_model(row: dict[str, Any], deliveries: list[dict[str, Any]] | None = None) -> Run:
+    """A stored row (and its delivery rows) as the API shows it (the same shape everywhere)."""
     return Run(
-        id=row["id"],
-        job=row["job"],
-        state=RunState(row["state"]),
-        exit_code=row.get("exit_code"),
         stdout=row.get("stdout") or "",
         stderr=row.get("stderr") or "",
-        stdout_truncated=bool(row.get("stdout_truncated")),
-        stderr_truncated=bool(row.get("stderr_truncated")),
-        provider=row["provider"],
-        sandbox_id=row.get("sandbox_id"),
-        timeout_s=row["timeout_s"],
-        created_at=_iso(row["created_at"]) or "",
-        started_at=_iso(row.get("started_at")),
-        ended_at=_iso(row.get("ended_at")),
-        duration_ms=row.get("duration_ms"),
-        cost_usd=row.get("cost_usd") or 0.0,
-        timings=Timings(**json.loads(row.get("timings") or "{}")),
-        error=error,
-        deliveries=[delivery_model(delivery) for delivery in deliveries or []],
+        **_run_fields(row, deliveries),
+    )
+
+
+def run_summary(row: dict[str, Any], deliveries: list[dict[str, Any]] | None = None) -> RunSummary:
+    """A listed row (no output, its sizes: ``Store.list_runs``) as a listing shows it."""
+    return RunSummary(
+        stdout_bytes=row.get("stdout_bytes") or 0,
+        stderr_bytes=row.get("stderr_bytes") or 0,
+        **_run_fields(row, deliveries),
     )
 
 
@@ -268,7 +285,7 @@ async def list_runs(request: Request) -> Response:
         cursor=query.get("cursor"),
     )
     found = await _deliveries(request, rows)
-    runs = [run_model(row, found.get(row["id"])) for row in rows]
+    runs = [run_summary(row, found.get(row["id"])) for row in rows]
     return _json(RunList(runs=runs, next_cursor=cursor))
 
 

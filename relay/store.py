@@ -35,6 +35,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.compiler import compiles
 
 from relay import sql
 from relay.admission import Admission, DuplicateKey, check_limits
@@ -71,6 +72,27 @@ _INSERT = runs.insert()
 _BY_KEY = sa.select(runs).where(
     runs.c.token == sa.bindparam("token"), runs.c.idempotency_key == sa.bindparam("key")
 )
+
+
+class OctetLength(sa.sql.functions.GenericFunction[int]):
+    """The size of a text in bytes: ``octet_length`` (SQLite before 3.43 lacks it)."""
+
+    type = sa.Integer()
+    name = "octet_length"
+    inherit_cache = True
+
+
+@compiles(OctetLength, "sqlite")
+def _byte_length_sqlite(element: OctetLength, compiler: Any, **options: Any) -> str:
+    return f"length(CAST({compiler.process(element.clauses, **options)} AS BLOB))"
+
+
+_SUMMARY_COLUMNS = (
+    *(column for column in runs.c if column.name not in ("stdout", "stderr")),
+    OctetLength(runs.c.stdout).label("stdout_bytes"),
+    OctetLength(runs.c.stderr).label("stderr_bytes"),
+)
+"""What a listing reads of a run: everything but its output, and the output's sizes."""
 
 
 @dataclass(frozen=True)
@@ -341,7 +363,8 @@ class Store:
         limit: int,
         cursor: str | None,
     ) -> tuple[list[dict[str, Any]], str | None]:
-        query = sa.select(runs).where(runs.c.token == token)
+        # Never the output columns: a page's memory follows ``limit``, not what runs printed.
+        query = sa.select(*_SUMMARY_COLUMNS).where(runs.c.token == token)
         if state:
             query = query.where(runs.c.state == state)
         if job:
