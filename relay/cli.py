@@ -76,10 +76,33 @@ def _print_howto(settings: Settings, token: str | None) -> None:
     print(f"  RELAY_URL={url} RELAY_TOKEN={shown} relay run echo -p message=hi\n", flush=True)
 
 
+FILES_BESIDE_CONNECTIONS = 256
+"""Descriptors the relay needs besides its connections: database, sandboxes' pipes, logs."""
+
+
+def _allow_connections(max_connections: int) -> None:
+    """Raise this process's open-file limit (up to the hard limit) so that
+    ``RELAY_MAX_CONNECTIONS`` connections fit; the cap, not the kernel, then decides."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + FILES_BESIDE_CONNECTIONS
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        if raised < wanted:
+            print(
+                f"warning: the open-file limit ({hard}) is below RELAY_MAX_CONNECTIONS + "
+                f"{FILES_BESIDE_CONNECTIONS}; lower RELAY_MAX_CONNECTIONS or raise `ulimit -Hn`",
+                file=sys.stderr,
+            )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from relay.app import create_app
+    from relay.connections import server_options
     from relay.logs import configure
 
     settings = _settings()
@@ -105,6 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 state.service.begin_drain()
             super().handle_exit(sig, frame)
 
+    _allow_connections(settings.max_connections)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -113,6 +137,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         access_log=False,
         timeout_graceful_shutdown=max(1, int(settings.drain_s)),
         server_header=False,
+        **server_options(
+            header_timeout_s=settings.header_timeout_s,
+            body_timeout_s=settings.body_timeout_s,
+            keep_alive_s=settings.keep_alive_s,
+            max_connections=settings.max_connections,
+        ),
     )
     if args.dev:
         _print_howto(settings, token)

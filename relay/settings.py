@@ -25,6 +25,14 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=1, le=65535)
     public_url: str | None = None
     """Base URL callers use (for ``Location``); defaults to the request's own."""
+    header_timeout_s: float = Field(10.0, gt=0)
+    """A request's headers must be in this long after it began (relay/connections.py)."""
+    body_timeout_s: float = Field(30.0, gt=0)
+    """A request's body must be in this long after its headers."""
+    keep_alive_s: float = Field(5.0, gt=0)
+    """An idle connection between requests is closed after this."""
+    max_connections: int = Field(1000, ge=8)
+    """Open connections; past it the oldest one still sending its headers is closed."""
 
     # Auth and catalog
     tokens_file: Path = Path("tokens.toml")

@@ -4,10 +4,15 @@ clients are dropped while ``/healthz`` answers, and event streams per token are 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import resource
+import selectors
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
+import httpx
 import pytest
 
 from relay.store import Store
@@ -64,3 +69,62 @@ def test_a_listing_reads_no_output_and_its_memory_follows_the_limit(
     assert len(listing.content) < 40 * 2048
     one = big_runs.get(token, f"/v1/runs/{runs[0]['id']}").json()
     assert len(one["stdout"]) == 1 << 20 and len(one["stderr"]) == 1 << 20
+
+
+HELD = 3000
+HEADER_TIMEOUT_S = 3.0
+
+
+def _allow_files(count: int) -> None:
+    """This test process must be able to hold ``count`` sockets."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < count:
+        assert hard >= count, f"the hard open-file limit {hard} is below {count}"
+        resource.setrlimit(resource.RLIMIT_NOFILE, (count, hard))
+
+
+def test_half_sent_requests_are_dropped_and_healthz_still_answers(tmp_path: Path) -> None:
+    _allow_files(HELD + 256)
+    relay = RelayProcess(
+        tmp_path, header_timeout_s=HEADER_TIMEOUT_S, body_timeout_s=1, max_connections=1000
+    )
+    token = relay.add_token("ops", command=True)
+    # Fewer files than held connections: on its own, the kernel limit would stop accept().
+    relay.start(open_files=2048)
+    held: list[socket.socket] = []
+    try:
+        for _ in range(HELD):
+            sock = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
+            sock.sendall(b"GET /v1/runs HTTP/1.1\r\nHost: x\r\n")  # headers never end
+            held.append(sock)
+        opened = time.monotonic()
+        stalled = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
+        head = f"POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        stalled.sendall(head.encode() + b"Content-Length: 9\r\n\r\n{")
+        held.append(stalled)  # headers in, body never
+        for _ in range(3):
+            started = time.monotonic()
+            answer = httpx.get(relay.url + "/healthz", timeout=1)
+            assert answer.status_code == 200 and time.monotonic() - started < 1
+        assert time.monotonic() - opened < HEADER_TIMEOUT_S, "too slow to test while held"
+        open_left = set(held)
+        with selectors.DefaultSelector() as selector:
+            for sock in held:
+                sock.setblocking(False)
+                selector.register(sock, selectors.EVENT_READ)
+            deadline = opened + HEADER_TIMEOUT_S + 3
+            while open_left and time.monotonic() < deadline:
+                for key, _ in selector.select(timeout=0.2):
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    with contextlib.suppress(ConnectionError):
+                        if sock.recv(4096):
+                            continue  # an answer (there should be none) before the close
+                    selector.unregister(sock)
+                    open_left.discard(sock)
+        assert not open_left, f"{len(open_left)} half-sent connections still open"
+        assert relay.get(None, "/healthz").status_code == 200
+    finally:
+        for sock in held:
+            sock.close()
+        relay.stop()
