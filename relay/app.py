@@ -31,6 +31,7 @@ from relay.metrics import Metrics
 from relay.models import ErrorBody, ErrorDetail
 from relay.providers.registry import load_providers
 from relay.reaper import Reaper
+from relay.retention import Pruner
 from relay.routes import routes
 from relay.service import RunService
 from relay.settings import Settings
@@ -176,13 +177,18 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             on_attempt=metrics.webhook_delivered,
         )
         dispatcher = asyncio.create_task(webhooks.run_forever())
+        metrics.pruner = pruner = Pruner(
+            store, retention_days=settings.retention_days, interval_s=settings.prune_interval_s
+        )
+        pruning = asyncio.create_task(pruner.run_forever())
         try:
             yield {}
         finally:
             await service.shutdown()
-            dispatcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await dispatcher
+            for task in (dispatcher, pruning):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await webhooks.aclose()
             state.live.close()
             sweeper.cancel()

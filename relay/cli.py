@@ -1,4 +1,4 @@
-"""The ``relay`` command: serve | run | tokens | jobs | probe | reap.
+"""The ``relay`` command: serve | run | tokens | jobs | probe | reap | prune.
 
 Every subcommand prints ``error: …`` and exits 2 when something is wrong, never a trace.
 """
@@ -254,6 +254,36 @@ async def _reap(settings: Settings, dry_run: bool) -> int:
     return 1 if report.failures else 0
 
 
+async def _prune(settings: Settings, older_than_days: float, dry_run: bool) -> int:
+    from relay import retention
+    from relay.store import Store
+
+    store = await Store.open(settings.database_url)
+    try:
+        before = retention.cutoff(older_than_days)
+        pruned = await retention.prune(store, before, dry_run=dry_run)
+        size = await store.read(retention.size_bytes)
+    finally:
+        await store.close()
+    verb = "would delete" if dry_run else "deleted"
+    print(
+        f"{verb} {pruned.runs} run(s) and {pruned.deliveries} delivery row(s) created before "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(before))} UTC"
+    )
+    if not dry_run and store.is_sqlite:
+        size = retention.vacuum_if_needed(settings.database_url) or size
+    print(f"store size: {size} bytes")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    settings = _settings()
+    days = settings.retention_days if args.older_than is None else args.older_than
+    if days < 1:
+        raise ConfigError("--older-than: at least 1 day (today's runs count against limits)")
+    return asyncio.run(_prune(settings, days, args.dry_run))
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
     from relay.probe import run_probe
 
@@ -317,6 +347,14 @@ def parser() -> argparse.ArgumentParser:
     reap = sub.add_parser("reap", help="one reaper sweep: terminate what outlived its run")
     reap.add_argument("--dry-run", action="store_true")
     reap.set_defaults(func=cmd_reap)
+    prune = sub.add_parser(
+        "prune", help="delete final runs older than RELAY_RETENTION_DAYS (and their deliveries)"
+    )
+    prune.add_argument(
+        "--older-than", type=float, metavar="DAYS", help="default: RELAY_RETENTION_DAYS"
+    )
+    prune.add_argument("--dry-run", action="store_true", help="only count what would go")
+    prune.set_defaults(func=cmd_prune)
     return root
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 ACTIVE = ("queued", "starting", "running")
 FINAL = ("succeeded", "failed", "timed_out", "canceled", "error", "lost")
 
@@ -62,6 +62,7 @@ runs = sa.Table(
     sa.UniqueConstraint("token", "idempotency_key", name="uq_runs_token_key"),
     sa.Index("ix_runs_token_created", "token", "created_at"),
     sa.Index("ix_runs_state", "state"),
+    sa.Index("ix_runs_created", "created_at"),
 )
 
 deliveries = sa.Table(
@@ -210,6 +211,13 @@ def _count_runs_per_day(conn: Connection) -> None:
     )
 
 
+def _index_creation_time(conn: Connection) -> None:
+    """Version 7: runs by creation time alone, what retention (relay/retention.py) deletes
+    by; on a new database ``create_all`` of version 1 made it already."""
+    index = next(index for index in runs.indexes if index.name == "ix_runs_created")
+    index.create(conn, checkfirst=True)
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _create_tables(runs, meta),
     2: _create_tables(replicas),
@@ -217,6 +225,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     4: _create_tables(deliveries),
     5: _add_columns(runs, "error_retry_after_s"),
     6: _count_runs_per_day,
+    7: _index_creation_time,
 }
 """Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
 never drops or rewrites a run. A relay refuses a database newer than it knows."""

@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     # Lifecycle
     drain_s: float = Field(20.0, ge=0)
     reap_interval_s: float = Field(60.0, gt=0)
+    retention_days: float = Field(30.0, ge=1)
+    """Final runs older than this are deleted, with their delivery rows (relay/retention.py)."""
+    prune_interval_s: float = Field(3600.0, gt=0)
 
     # Webhooks (relay/webhooks.py)
     webhook_secret: SecretStr | None = None

@@ -40,7 +40,7 @@ from sqlalchemy.ext.compiler import compiles
 from relay import sql
 from relay.admission import Admission, DuplicateKey, check_limits
 from relay.checkpoints import Checkpointer
-from relay.commits import GroupCommit
+from relay.commits import BUSY_WAIT_S, GroupCommit
 from relay.engines import database_url, sqlite_engine
 from relay.errors import ConfigError, InvalidRequest
 from relay.schema import (
@@ -154,6 +154,7 @@ class Store:
         self.engine = engine
         self.checkpointer: Checkpointer | None = None
         self._aside: sa.Engine | None = None  # SQLite file: long reads on their own connection
+        self.sqlite_path: str | None = None
 
     @property
     def is_sqlite(self) -> bool:
@@ -172,6 +173,7 @@ class Store:
                 store.checkpointer = Checkpointer(parsed.database)
                 store.checkpointer.start()
                 store._aside = sqlite_engine(parsed, poolclass=sa.pool.NullPool)
+                store.sqlite_path = parsed.database
         else:
             store = cls(engine=create_async_engine(parsed, pool_pre_ping=True))
         try:
@@ -210,6 +212,26 @@ class Store:
 
         return await asyncio.to_thread(in_thread)
 
+    async def write_aside(self, work: Callable[[Connection], T]) -> T:
+        """A long write (pruning old runs) that must not hold the event loop: on a SQLite
+        file on a worker thread with a connection of its own, which takes the write lock
+        as it begins, waiting for it on that thread; elsewhere like :meth:`run`. The
+        loop's writers wait for it in async sleeps (relay/commits.py)."""
+        aside = self._aside
+        if aside is None:
+            return await self.run(work)
+
+        def in_thread() -> T:
+            with aside.connect() as conn:
+                driver = conn.connection.driver_connection
+                assert driver is not None
+                driver.execute(f"PRAGMA busy_timeout={int(BUSY_WAIT_S * 1000)}")
+                driver.execute("BEGIN IMMEDIATE")  # SQLAlchemy's begin below only records it
+                with conn.begin():
+                    return work(conn)
+
+        return await asyncio.to_thread(in_thread)
+
     async def migrate(self) -> None:
         """Bring the schema to :data:`SCHEMA_VERSION` (relay/schema.py)."""
         # Two processes migrating at once take turns: on SQLite the write lock is taken as
@@ -243,20 +265,25 @@ class Store:
     async def ping(self) -> None:
         await self.read(lambda conn: conn.execute(sa.text("SELECT 1")))
 
-    @contextlib.asynccontextmanager
-    async def sweep_lock(self) -> AsyncIterator[bool]:
+    def sweep_lock(self) -> contextlib.AbstractAsyncContextManager[bool]:
         """Held by one replica at a time on PostgreSQL (SQLite has one relay): yields
         whether this caller got it."""
+        return self.advisory_lock(_LOCK_SWEEP)
+
+    @contextlib.asynccontextmanager
+    async def advisory_lock(self, key: int) -> AsyncIterator[bool]:
+        """Lock ``key``, held by one replica at a time on PostgreSQL (SQLite has one
+        relay): yields whether this caller got it."""
         if self.engine is None:
             yield True
             return
         async with self.engine.connect() as conn:
-            got = bool(await conn.scalar(sa.text(f"SELECT pg_try_advisory_lock({_LOCK_SWEEP})")))
+            got = bool(await conn.scalar(sa.text(f"SELECT pg_try_advisory_lock({key})")))
             try:
                 yield got
             finally:
                 if got:
-                    await conn.execute(sa.text(f"SELECT pg_advisory_unlock({_LOCK_SWEEP})"))
+                    await conn.execute(sa.text(f"SELECT pg_advisory_unlock({key})"))
                     await conn.commit()
 
     # -- replicas ----------------------------------------------------------------------
