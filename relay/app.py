@@ -161,7 +161,7 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
         )
         metrics.attach(service, reaper, events, providers)
         state = AppState(settings, tokens, catalog, store, providers, service, reaper, events)
-        state.live = LiveRuns(events)
+        state.live = LiveRuns(events, max_streams_per_token=settings.max_streams_per_token)
         app.state.relay = state
         await store.heartbeat(service.instance_id)
         try:

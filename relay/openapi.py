@@ -216,7 +216,9 @@ def document() -> dict[str, Any]:
                     "Newline-delimited JSON, one object per line, from the start of the run "
                     "whenever you connect: `{event: state, state}`, `{event: output, stream, "
                     "text}` (in order), `{event: ping}` (every 15 s of silence), and last "
-                    "`{event: run, run}` with the final run; then the stream closes."
+                    "`{event: run, run}` with the final run; then the stream closes (at the latest "
+                    "a few seconds after the run ended). A token may hold "
+                    "`RELAY_MAX_STREAMS_PER_TOKEN` streams open at once."
                 ),
                 "operationId": "runEvents",
                 "security": _AUTH,
@@ -228,6 +230,11 @@ def document() -> dict[str, Any]:
                             "application/x-ndjson": {"schema": _ref("RunEvent")},
                         },
                     },
+                    "429": _json(
+                        "ErrorBody",
+                        "error codes: too_many_streams (RELAY_MAX_STREAMS_PER_TOKEN open)",
+                        _RETRY,
+                    ),
                     **_errors(404),
                     **common,
                 },

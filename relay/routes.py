@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,6 +11,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from relay.auth import Principal
 from relay.errors import (
@@ -249,11 +251,28 @@ async def run_events(request: Request) -> Response:
     row = await state.service.get(principal, request.path_params["run_id"])
     if state.live is None:  # pragma: no cover - the app always builds one
         raise NotFound("live output is not available on this relay")
-    return StreamingResponse(
+    release = state.live.hold_stream(principal.name)  # 429 past the token's cap
+    return HeldStream(
         follow_run(state.live, state.service, state.store, row),
+        release,
         media_type="application/x-ndjson",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+class HeldStream(StreamingResponse):
+    """A streaming answer that releases what it holds (a token's stream slot) however it
+    ends: finished, the caller gone before the first line, or failed."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], **options: Any):
+        super().__init__(content, **options)
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
 
 
 async def cancel_run(request: Request) -> Response:

@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     max_timeout_s: float = Field(3600.0, gt=0)
     default_timeout_s: float = Field(60.0, gt=0)
     max_concurrent: int = Field(32, ge=1)
+    max_streams_per_token: int = Field(8, ge=1)
+    """Event streams (``GET /v1/runs/{id}/events``) one token may hold open at once."""
     cost_rates: dict[str, dict[str, float]] = {}
     """Per-provider overrides of the list prices, ``{"e2b": {"vcpu_s": …, "gib_s": …}}``."""
 
