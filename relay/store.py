@@ -87,12 +87,25 @@ def _byte_length_sqlite(element: OctetLength, compiler: Any, **options: Any) -> 
     return f"length(CAST({compiler.process(element.clauses, **options)} AS BLOB))"
 
 
+_OUTPUT = ("stdout", "stderr", "stdout_bytes", "stderr_bytes")
 _SUMMARY_COLUMNS = (
-    *(column for column in runs.c if column.name not in ("stdout", "stderr")),
-    OctetLength(runs.c.stdout).label("stdout_bytes"),
-    OctetLength(runs.c.stderr).label("stderr_bytes"),
+    *(column for column in runs.c if column.name not in _OUTPUT),
+    # Measured only for a run written without its sizes (by a relay before version 7).
+    sa.func.coalesce(runs.c.stdout_bytes, OctetLength(runs.c.stdout)).label("stdout_bytes"),
+    sa.func.coalesce(runs.c.stderr_bytes, OctetLength(runs.c.stderr)).label("stderr_bytes"),
 )
 """What a listing reads of a run: everything but its output, and the output's sizes."""
+
+
+def with_sizes(values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``values`` and, for each output among them, its size in UTF-8 bytes."""
+    if "stdout" not in values and "stderr" not in values:
+        return values
+    sized = dict(values)
+    for stream in ("stdout", "stderr"):
+        if stream in values:
+            sized[f"{stream}_bytes"] = len((values[stream] or "").encode())
+    return sized
 
 
 @dataclass(frozen=True)
@@ -328,7 +341,7 @@ class Store:
             if admission is not None:
                 check_limits(conn, row, admission)
             try:
-                sql.write(conn, _INSERT, row)
+                sql.write(conn, _INSERT, with_sizes(row))
             except IntegrityError as exc:  # the unique index: another replica got there first
                 raise DuplicateKey from exc
 
@@ -360,7 +373,7 @@ class Store:
         query = _UPDATE_ACTIVE if only_if_active else _UPDATE
 
         def work(conn: Connection) -> bool:
-            changed = bool(sql.write(conn, query, {"run_id": run_id, **values}))
+            changed = bool(sql.write(conn, query, {"run_id": run_id, **with_sizes(values)}))
             if changed and values.get("state") in FINAL:
                 conn.execute(delivery_for_final_run(run_id))
             return changed
@@ -373,7 +386,7 @@ class Store:
         caller must look at the run (final already, or canceled through another replica)."""
 
         def work(conn: Connection) -> bool:
-            if not sql.write(conn, _FINISH, {"run_id": run_id, **values}):
+            if not sql.write(conn, _FINISH, {"run_id": run_id, **with_sizes(values)}):
                 return False
             if callback:
                 conn.execute(delivery_for_final_run(run_id))

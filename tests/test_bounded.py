@@ -14,7 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
+from relay import schema
+from relay.schema import runs
 from relay.store import Store
 from tests.relay_server import RelayProcess
 from tests.rows import run_row
@@ -128,3 +131,31 @@ def test_half_sent_requests_are_dropped_and_healthz_still_answers(tmp_path: Path
         for sock in held:
             sock.close()
         relay.stop()
+
+
+async def test_output_sizes_are_kept_with_the_output_and_filled_in_by_the_migration(
+    database_url: str,
+) -> None:
+    store = await Store.open(database_url)
+    try:
+        await store.admit_run(run_row("run_sized", stdout="é\n"))
+        await store.update_run("run_sized", state="succeeded", stderr="x" * 10)
+        await store.admit_run(run_row("run_quiet"))
+        listed, _ = await store.list_runs("ops", state=None, job=None, limit=10, cursor=None)
+        sizes = {row["id"]: (row["stdout_bytes"], row["stderr_bytes"]) for row in listed}
+        assert sizes == {"run_sized": (3, 10), "run_quiet": (0, 0)}
+        assert all("stdout" not in row and "stderr" not in row for row in listed)
+
+        def forget(conn: sa.Connection) -> None:  # as a relay before version 7 left them
+            conn.execute(runs.update().values(stdout_bytes=None, stderr_bytes=None))
+
+        await store.run(forget)
+        listed, _ = await store.list_runs("ops", state=None, job=None, limit=10, cursor=None)
+        assert {row["id"]: row["stdout_bytes"] for row in listed}["run_sized"] == 3  # measured
+        await store.run(schema.MIGRATIONS[7])
+        stored = await store.read(
+            lambda conn: conn.execute(sa.select(runs.c.id, runs.c.stdout_bytes)).all()
+        )
+        assert dict(stored) == {"run_sized": 3, "run_quiet": 0}
+    finally:
+        await store.close()
