@@ -29,9 +29,11 @@ import logging
 import sqlite3
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+from sqlalchemy.ext.compiler import compiles
 
 from relay.commits import BUSY_WAIT_S
 from relay.engines import database_url
@@ -55,6 +57,26 @@ class Pruned:
     deliveries: int = 0
 
 
+class NotIndexed(sa.sql.functions.GenericFunction[str]):
+    """A column SQLite must not pick an index for (``+column``): the state index would
+    have it read every final run and sort them, where the creation-time index reads only
+    the oldest (3 ms a batch of 20 instead of 10, among 2,000 runs). Elsewhere: the column."""
+
+    type = sa.String()
+    name = "not_indexed"
+    inherit_cache = True
+
+
+@compiles(NotIndexed)
+def _column(element: NotIndexed, compiler: Any, **options: Any) -> str:
+    return str(compiler.process(element.clauses, **options))
+
+
+@compiles(NotIndexed, "sqlite")
+def _column_sqlite(element: NotIndexed, compiler: Any, **options: Any) -> str:
+    return "+" + str(compiler.process(element.clauses, **options))
+
+
 def _prunable(before: float) -> sa.ColumnElement[bool]:
     """Final runs created before ``before`` with no webhook delivery still pending."""
     pending = (
@@ -62,7 +84,8 @@ def _prunable(before: float) -> sa.ColumnElement[bool]:
         .where(deliveries.c.run_id == runs.c.id, deliveries.c.state == "pending")
         .exists()
     )
-    return sa.and_(runs.c.created_at < before, runs.c.state.in_(state_in(FINAL)), ~pending)
+    final = NotIndexed(runs.c.state).in_(state_in(FINAL))
+    return sa.and_(runs.c.created_at < before, final, ~pending)
 
 
 def count(conn: Connection, before: float) -> Pruned:
