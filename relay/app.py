@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -73,6 +73,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         )
         return error_response(request, MethodNotAllowed(headers={"Allow": ", ".join(methods)}))
     return error_response(request, NotFound("no such route"))
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """The body never came whole: the connection was closed (``RELAY_BODY_TIMEOUT_S``,
+    relay/connections.py, or the caller left). Nobody reads this answer; the access log
+    records it as 408, and it is no error of the relay's."""
+    return Response(status_code=408)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -207,6 +214,7 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
         exception_handlers={
             RelayError: _relay_error,
             HTTPException: _http_error,
+            ClientDisconnect: _client_gone,
             Exception: _unexpected,
         },
     )

@@ -131,6 +131,8 @@ def test_half_sent_requests_are_dropped_and_healthz_still_answers(tmp_path: Path
         for sock in held:
             sock.close()
         relay.stop()
+    assert "unhandled error" not in relay.log()  # a body that never came is no relay error
+    assert '"status": 408' in relay.log()
 
 
 async def test_output_sizes_are_kept_with_the_output_and_filled_in_by_the_migration(
