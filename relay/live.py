@@ -146,7 +146,7 @@ def _encode(line: Line) -> bytes:
 
 async def _final_lines(store: Store, run_id: str, *, with_output: bool) -> AsyncIterator[bytes]:
     row = await store.get_run(run_id)
-    if row is None:  # pragma: no cover - runs are never deleted
+    if row is None:  # pragma: no cover - pruned meanwhile (retention.py)
         return
     if with_output:
         for stream in ("stdout", "stderr"):
@@ -204,7 +204,7 @@ async def follow_run(
     quiet = 0.0
     while True:
         current = await store.get_run(run_id)
-        if current is None:  # pragma: no cover - runs are never deleted
+        if current is None:  # pragma: no cover - pruned meanwhile (retention.py)
             return
         if current["state"] != state:
             state = RunState(current["state"])

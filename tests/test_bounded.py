@@ -89,7 +89,11 @@ def _allow_files(count: int) -> None:
 def test_half_sent_requests_are_dropped_and_healthz_still_answers(tmp_path: Path) -> None:
     _allow_files(HELD + 256)
     relay = RelayProcess(
-        tmp_path, header_timeout_s=HEADER_TIMEOUT_S, body_timeout_s=1, max_connections=1000
+        tmp_path,
+        header_timeout_s=HEADER_TIMEOUT_S,
+        body_timeout_s=1,
+        keep_alive_s=1,
+        max_connections=1000,
     )
     token = relay.add_token("ops", command=True)
     # Fewer files than held connections: on its own, the kernel limit would stop accept().
@@ -105,6 +109,10 @@ def test_half_sent_requests_are_dropped_and_healthz_still_answers(tmp_path: Path
         head = f"POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
         stalled.sendall(head.encode() + b"Content-Length: 9\r\n\r\n{")
         held.append(stalled)  # headers in, body never
+        idle = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
+        idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert idle.recv(4096).startswith(b"HTTP/1.1 200")
+        held.append(idle)  # kept alive, then silent
         for _ in range(3):
             started = time.monotonic()
             answer = httpx.get(relay.url + "/healthz", timeout=1)
