@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench import admission, local, servers, waiting
+from bench import admission, bounded, local, servers, waiting
 from bench.load import LoadResult, run_wrk
 from bench.report import Results, machine_line, render, targets
 from relay.providers.local import bwrap_works
@@ -41,11 +41,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         action="append",
-        choices=("overhead", "waiting", "local", "admission"),
+        choices=("overhead", "waiting", "local", "admission", "bounded"),
         help="run only these benchmarks (repeatable); default: all",
     )
     args = parser.parse_args(argv)
-    args.only = set(args.only or ("overhead", "waiting", "local", "admission"))
+    args.only = set(args.only or ("overhead", "waiting", "local", "admission", "bounded"))
     smoke = args.smoke
     args.seconds = args.seconds or (1.0 if smoke else 8.0)
     args.callers = args.callers or (20 if smoke else 1000)
@@ -55,6 +55,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args.levels = (1, 10) if smoke else (1, 10, 50)
     args.day_runs = (1_000,) if smoke else (10_000, 100_000)
     args.admissions = 10 if smoke else 200
+    args.big_runs = 10 if smoke else 200  # runs with 1 MiB of stdout and of stderr
+    args.listings = 3 if smoke else 20
+    args.kept_runs = 500 if smoke else 10_000
     args.out = args.out or (
         Path(tempfile.gettempdir()) / "relay-bench-smoke.md" if smoke else RESULTS
     )
@@ -171,6 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     if "admission" in args.only:
         _say(f"admission with daily limits at {args.day_runs} runs of the day")
         results.admission = admission.run(args.day_runs, args.admissions)
+    if "bounded" in args.only:
+        _say(f"listing limit=200 over {args.big_runs} runs with 1 MiB outputs")
+        with tempfile.TemporaryDirectory(prefix="relay-bench-") as folder:
+            results.listing = bounded.listing(
+                Path(folder), runs=args.big_runs, requests=args.listings
+            )
+        _say(f"SQLite file size: {args.kept_runs} runs, then pruned")
+        results.file_size = bounded.file_size(runs=args.kept_runs, output_bytes=4096)
     results.load_after = os.getloadavg()
     results.seconds = time.monotonic() - started
     text = render(results)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 
 from bench.admission import AdmissionCost
+from bench.bounded import FileSizeResult, ListingResult
 from bench.load import LoadResult
 from bench.local import Timing
 from bench.waiting import WaitingResult
@@ -30,6 +31,8 @@ class Results:
     local: list[Timing] = field(default_factory=list)
     local_note: str = ""
     admission: list[AdmissionCost] = field(default_factory=list)
+    listing: ListingResult | None = None
+    file_size: FileSizeResult | None = None
     seconds: float = 0.0
 
 
@@ -191,7 +194,43 @@ def render(results: Results) -> str:
             f"| {p50_ratio} | {p99_ratio} |"
         )
     lines += _admission(results.admission)
+    lines += bounded_section(results.listing, results.file_size)
     return "\n".join(lines) + "\n"
+
+
+def bounded_section(listing: ListingResult | None, size: FileSizeResult | None) -> list[str]:
+    """Issue 19's figures: a listing over large outputs, and the SQLite file pruned."""
+    lines = [
+        "",
+        "## Bounded under load: listing over large outputs, SQLite file after pruning",
+        "",
+        "bench/bounded.py. Listing: `GET /v1/runs?limit=200` one at a time against a relay "
+        "whose store holds runs with 1 MiB of stdout and 1 MiB of stderr each; peak RSS is "
+        "the relay's VmHWM after the listings.",
+        "",
+        "| runs (1 MiB + 1 MiB) | listings | p50 ms | max ms | answer | RSS before | RSS peak |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    if listing is not None:
+        lines.append(
+            f"| {listing.runs} | {listing.requests} | {_ms(listing.p50_ms)} "
+            f"| {_ms(listing.max_ms)} | {listing.answer_bytes / 1024:.0f} KiB "
+            f"| {listing.rss_before_mb:.0f} MB | {listing.rss_peak_mb:.0f} MB |"
+        )
+    lines += [
+        "",
+        "SQLite file: a new store filled with ended runs older than the retention, then "
+        "`relay.retention.prune` (batches off the event loop, then incremental vacuum).",
+        "",
+        "| runs | stdout each | file after the runs | file after pruning them | prune took |",
+        "|---|---|---|---|---|",
+    ]
+    if size is not None:
+        lines.append(
+            f"| {size.runs} | {size.output_bytes} B | {size.filled_mb:.1f} MiB "
+            f"| {size.pruned_mb:.2f} MiB ({size.pruned_runs} pruned) | {size.prune_s:.2f} s |"
+        )
+    return lines
 
 
 def _admission(costs: list[AdmissionCost]) -> list[str]:

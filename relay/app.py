@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -32,6 +32,7 @@ from relay.metrics import Metrics
 from relay.models import ErrorBody, ErrorDetail
 from relay.providers.registry import load_providers
 from relay.reaper import Reaper
+from relay.retention import Pruner
 from relay.routes import routes
 from relay.service import RunService
 from relay.settings import Settings
@@ -84,6 +85,13 @@ async def _store_error(request: Request, exc: Exception) -> Response:
         return await _unexpected(request, exc)
     log.warning("store unavailable", extra={"error_class": type(exc).__name__})
     return error_response(request, StoreUnavailable(retry_after=STORE_RETRY_AFTER_S))
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """The body never came whole: the connection was closed (``RELAY_BODY_TIMEOUT_S``,
+    relay/connections.py, or the caller left). Nobody reads this answer; the access log
+    records it as 408, and it is no error of the relay's."""
+    return Response(status_code=408)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -176,7 +184,7 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
         )
         metrics.attach(service, reaper, events, providers)
         state = AppState(settings, tokens, catalog, store, providers, service, reaper, events)
-        state.live = LiveRuns(events)
+        state.live = LiveRuns(events, max_streams_per_token=settings.max_streams_per_token)
         app.state.relay = state
         await store.heartbeat(service.instance_id)
         # The startup sweep runs beside serving: hundreds of orphans must not keep the
@@ -190,13 +198,18 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             on_attempt=metrics.webhook_delivered,
         )
         dispatcher = asyncio.create_task(webhooks.run_forever())
+        metrics.pruner = pruner = Pruner(
+            store, retention_days=settings.retention_days, interval_s=settings.prune_interval_s
+        )
+        pruning = asyncio.create_task(pruner.run_forever())
         try:
             yield {}
         finally:
             await service.shutdown()
-            dispatcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await dispatcher
+            for task in (dispatcher, pruning):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await webhooks.aclose()
             state.live.close()
             sweeper.cancel()
@@ -216,6 +229,7 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             RelayError: _relay_error,
             HTTPException: _http_error,
             **dict.fromkeys(STORE_FAILURES, _store_error),
+            ClientDisconnect: _client_gone,
             Exception: _unexpected,
         },
     )

@@ -1,4 +1,4 @@
-"""The ``relay`` command: serve | run | tokens | jobs | probe | reap.
+"""The ``relay`` command: serve | run | tokens | jobs | probe | reap | prune.
 
 Every subcommand prints ``error: …`` and exits 2 when something is wrong, never a trace.
 """
@@ -76,10 +76,33 @@ def _print_howto(settings: Settings, token: str | None) -> None:
     print(f"  RELAY_URL={url} RELAY_TOKEN={shown} relay run echo -p message=hi\n", flush=True)
 
 
+FILES_BESIDE_CONNECTIONS = 256
+"""Descriptors the relay needs besides its connections: database, sandboxes' pipes, logs."""
+
+
+def _allow_connections(max_connections: int) -> None:
+    """Raise this process's open-file limit (up to the hard limit) so that
+    ``RELAY_MAX_CONNECTIONS`` connections fit; the cap, not the kernel, then decides."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + FILES_BESIDE_CONNECTIONS
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        if raised < wanted:
+            print(
+                f"warning: the open-file limit ({hard}) is below RELAY_MAX_CONNECTIONS + "
+                f"{FILES_BESIDE_CONNECTIONS}; lower RELAY_MAX_CONNECTIONS or raise `ulimit -Hn`",
+                file=sys.stderr,
+            )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from relay.app import create_app
+    from relay.connections import server_options
     from relay.logs import configure
 
     settings = _settings()
@@ -105,6 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 state.service.begin_drain()
             super().handle_exit(sig, frame)
 
+    _allow_connections(settings.max_connections)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -113,6 +137,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         access_log=False,
         timeout_graceful_shutdown=max(1, int(settings.drain_s)),
         server_header=False,
+        **server_options(
+            header_timeout_s=settings.header_timeout_s,
+            body_timeout_s=settings.body_timeout_s,
+            keep_alive_s=settings.keep_alive_s,
+            max_connections=settings.max_connections,
+        ),
     )
     if args.dev:
         _print_howto(settings, token)
@@ -232,6 +262,36 @@ async def _reap(settings: Settings, dry_run: bool) -> int:
     return 1 if report.failures else 0
 
 
+async def _prune(settings: Settings, older_than_days: float, dry_run: bool) -> int:
+    from relay import retention
+    from relay.store import Store
+
+    store = await Store.open(settings.database_url)
+    try:
+        before = retention.cutoff(older_than_days)
+        pruned = await retention.prune(store, before, dry_run=dry_run)
+        size = await store.read(retention.size_bytes)
+    finally:
+        await store.close()
+    verb = "would delete" if dry_run else "deleted"
+    print(
+        f"{verb} {pruned.runs} run(s) and {pruned.deliveries} delivery row(s) created before "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(before))} UTC"
+    )
+    if not dry_run and store.is_sqlite:
+        size = retention.vacuum_if_needed(settings.database_url) or size
+    print(f"store size: {size} bytes")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    settings = _settings()
+    days = settings.retention_days if args.older_than is None else args.older_than
+    if days < 1:
+        raise ConfigError("--older-than: at least 1 day (today's runs count against limits)")
+    return asyncio.run(_prune(settings, days, args.dry_run))
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
     from relay.probe import run_probe
 
@@ -295,6 +355,14 @@ def parser() -> argparse.ArgumentParser:
     reap = sub.add_parser("reap", help="one reaper sweep: terminate what outlived its run")
     reap.add_argument("--dry-run", action="store_true")
     reap.set_defaults(func=cmd_reap)
+    prune = sub.add_parser(
+        "prune", help="delete final runs older than RELAY_RETENTION_DAYS (and their deliveries)"
+    )
+    prune.add_argument(
+        "--older-than", type=float, metavar="DAYS", help="default: RELAY_RETENTION_DAYS"
+    )
+    prune.add_argument("--dry-run", action="store_true", help="only count what would go")
+    prune.set_defaults(func=cmd_prune)
     return root
 
 

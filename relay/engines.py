@@ -22,6 +22,10 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     # never around DDL; switch it off and let SQLAlchemy's "begin" event say BEGIN.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
+    if cursor.execute("PRAGMA page_count").fetchone()[0] == 0:
+        # A new file, before its first table (the only time this can be set without a
+        # VACUUM): the pages of pruned runs can go back to the file system (retention.py).
+        cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     # Short: the loop thread waits here; longer waits are async sleeps (relay/commits.py).

@@ -163,6 +163,10 @@ class BudgetExceeded(RateLimited):
     code, default_message = "budget_exceeded", "the token's spend budget is used up"
 
 
+class TooManyStreams(RateLimited):
+    code, default_message = "too_many_streams", "this token has too many event streams open"
+
+
 class ShuttingDown(RelayError):
     status, code, default_message = 503, "shutting_down", "the relay is shutting down"
 
@@ -230,6 +234,7 @@ ERROR_CLASSES: tuple[type[RelayError], ...] = (
     CallbackRefused,
     RateLimited,
     BudgetExceeded,
+    TooManyStreams,
     ShuttingDown,
     StoreUnavailable,
     ProviderError,

@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from relay.deliveries import Deliveries
+from relay.errors import TooManyStreams
 from relay.events import EventBus, RunEvent
 from relay.models import RunState
 from relay.routes import run_model
@@ -33,6 +35,11 @@ from relay.store import Store
 
 PING_S = 15.0
 POLL_S = 0.5
+CHECK_S = 5.0
+"""How often a stream fed by this replica's buffer, silent meanwhile, looks at the stored
+run: if it ended more than :data:`END_GRACE_S` ago and no end reached the buffer, the
+stream ends anyway (at most ``CHECK_S`` + ``END_GRACE_S`` past the run's end)."""
+END_GRACE_S = 5.0
 Line = dict[str, Any]
 
 
@@ -57,9 +64,33 @@ class _Buffer:
 class LiveRuns:
     """Replay buffers of the runs this replica is running, fed by the EventBus."""
 
-    def __init__(self, events: EventBus) -> None:
+    def __init__(self, events: EventBus, *, max_streams_per_token: int = 8) -> None:
         self._runs: dict[str, _Buffer] = {}
         self._unsubscribe = events.subscribe(self._on_event)
+        self.max_streams_per_token = max_streams_per_token
+        self._streams: dict[str, int] = {}
+
+    def hold_stream(self, token: str) -> Callable[[], None]:
+        """Count one open stream of ``token``; raises :class:`TooManyStreams` past the
+        cap. Returns the function that releases it (call it once, as the stream ends)."""
+        held = self._streams.get(token, 0)
+        if held >= self.max_streams_per_token:
+            raise TooManyStreams(
+                f"this token has {held} event streams open; close one first",
+                retry_after=CHECK_S,
+            )
+        self._streams[token] = held + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                left = self._streams.pop(token) - 1
+                if left:
+                    self._streams[token] = left
+
+        return release
 
     def close(self) -> None:
         self._unsubscribe()
@@ -115,7 +146,7 @@ def _encode(line: Line) -> bytes:
 
 async def _final_lines(store: Store, run_id: str, *, with_output: bool) -> AsyncIterator[bytes]:
     row = await store.get_run(run_id)
-    if row is None:  # pragma: no cover - runs are never deleted
+    if row is None:  # pragma: no cover - pruned meanwhile (retention.py)
         return
     if with_output:
         for stream in ("stdout", "stderr"):
@@ -124,6 +155,15 @@ async def _final_lines(store: Store, run_id: str, *, with_output: bool) -> Async
     found = await Deliveries(store).for_runs([run_id]) if row.get("callback_url") else {}
     run = run_model(row, found.get(run_id, [])).model_dump(mode="json")
     yield _encode({"event": "run", "run": run})
+
+
+async def _ended_long_ago(store: Store, run_id: str) -> bool:
+    """Whether the stored run is final and ended more than END_GRACE_S ago."""
+    row = await store.get_run(run_id)
+    if row is None:
+        return True
+    ended = row.get("ended_at") or row["created_at"]
+    return RunState(row["state"]).final and ended + END_GRACE_S <= time.time()
 
 
 async def follow_run(
@@ -136,12 +176,21 @@ async def follow_run(
         queue = live.follow(run_id, running_here=run_id in service._tasks)
     if queue is not None:
         try:
+            silent = 0.0
             while True:
                 try:
-                    line = await asyncio.wait_for(queue.get(), PING_S)
+                    line = await asyncio.wait_for(queue.get(), CHECK_S)
                 except TimeoutError:
-                    yield _encode({"event": "ping"})
+                    # The end may never reach this buffer (it was made as the run ended):
+                    # the store says when the run is over.
+                    if await _ended_long_ago(store, run_id):
+                        break
+                    silent += CHECK_S
+                    if silent >= PING_S:
+                        silent = 0.0
+                        yield _encode({"event": "ping"})
                     continue
+                silent = 0.0
                 if line is None:
                     break
                 yield _encode(line)
@@ -155,7 +204,7 @@ async def follow_run(
     quiet = 0.0
     while True:
         current = await store.get_run(run_id)
-        if current is None:  # pragma: no cover - runs are never deleted
+        if current is None:  # pragma: no cover - pruned meanwhile (retention.py)
             return
         if current["state"] != state:
             state = RunState(current["state"])

@@ -24,12 +24,16 @@ The series (names are stable API; dashboards depend on them):
 ``relay_reaper_failing_sandboxes``          gauge      (still failing, retried each sweep)
 ``relay_webhook_deliveries_total``          counter    outcome
 ``relay_local_cleanup_failures_total``      counter    (local sandbox cleanups that failed)
+``relay_pruned_rows_total``                 counter    table (runs, deliveries)
+``relay_store_bytes``                       gauge      (SQLite file pages, or PG database)
 ==========================================  =========  ===============================
 
 Run metrics come from the ``finished`` event: the run service publishes it for each run
 it ends, and the reaper for each run it marks ``lost`` (on the replica that swept). The
 in-flight and reaper numbers are read from the service and the reaper when scraped. The
-webhook dispatcher reports each delivery attempt through
+pruned rows and the store's size are the retention pass's (relay/retention.py: each
+pass on this replica, and the size after it). The webhook dispatcher reports each
+delivery attempt through
 ``on_attempt=metrics.webhook_delivered``. The app's :class:`Metrics` is
 ``app.state.metrics``.
 """
@@ -53,6 +57,7 @@ from relay.events import EventBus, RunEvent
 
 if TYPE_CHECKING:
     from relay.reaper import Reaper
+    from relay.retention import Pruner
     from relay.service import RunService
 
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
@@ -73,7 +78,7 @@ class _LiveCollector(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterable[Metric]:
-        service, reaper = self.metrics.service, self.metrics.reaper
+        service, reaper, pruner = self.metrics.service, self.metrics.reaper, self.metrics.pruner
         yield GaugeMetricFamily(
             "relay_runs_in_flight",
             "Runs this process is running now (queued, starting or running).",
@@ -109,6 +114,19 @@ class _LiveCollector(Collector):
             "Local sandboxes whose cleanup (cgroup, folder) failed; the reaper retries them.",
             value=getattr(local, "cleanup_failures", 0),
         )
+        pruned = CounterMetricFamily(
+            "relay_pruned_rows",
+            "Rows deleted by retention (RELAY_RETENTION_DAYS) on this replica, by table.",
+            labels=("table",),
+        )
+        pruned.add_metric(("runs",), pruner.pruned_runs if pruner is not None else 0)
+        pruned.add_metric(("deliveries",), pruner.pruned_deliveries if pruner is not None else 0)
+        yield pruned
+        yield GaugeMetricFamily(
+            "relay_store_bytes",
+            "Size of the store after the last retention pass (SQLite pages, or PostgreSQL).",
+            value=pruner.store_bytes if pruner is not None else 0,
+        )
 
 
 class Metrics:
@@ -120,6 +138,7 @@ class Metrics:
         self.token = token
         self.service: RunService | None = None
         self.reaper: Reaper | None = None
+        self.pruner: Pruner | None = None
         self.requests = Counter(
             "relay_http_requests",
             "HTTP requests answered, by method, route template and status.",

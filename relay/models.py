@@ -239,6 +239,33 @@ class Delivery(BaseModel):
     next_attempt_at: str | None = Field(None, description="When a pending delivery is retried.")
 
 
+class RunSummary(BaseModel):
+    """A run in a listing: every field of :class:`Run` but its output, and the output's
+    size in bytes (read the output through ``GET /v1/runs/{id}``)."""
+
+    id: str
+    job: str | None
+    state: RunState
+    exit_code: int | None = None
+    stdout_bytes: int = Field(0, description="Size of the stored stdout, in UTF-8 bytes.")
+    stderr_bytes: int = Field(0, description="Size of the stored stderr, in UTF-8 bytes.")
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    provider: str
+    sandbox_id: str | None = None
+    timeout_s: float
+    created_at: str
+    started_at: str | None = None
+    ended_at: str | None = None
+    duration_ms: int | None = None
+    cost_usd: float = 0.0
+    timings: Timings = Field(default_factory=Timings)
+    error: ErrorInfo | None = None
+    deliveries: list[Delivery] = Field(
+        default_factory=list, description="Webhook deliveries (runs with a `callback_url`)."
+    )
+
+
 class Run(BaseModel):
     """A run as every answer, poll and callback shows it."""
 
@@ -246,8 +273,8 @@ class Run(BaseModel):
     job: str | None
     state: RunState
     exit_code: int | None = None
-    stdout: str = ""
-    stderr: str = ""
+    stdout: str = Field("", description="At most `RELAY_MAX_OUTPUT_BYTES` bytes.")
+    stderr: str = Field("", description="At most `RELAY_MAX_OUTPUT_BYTES` bytes.")
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     provider: str
@@ -266,7 +293,10 @@ class Run(BaseModel):
 
 
 class RunList(BaseModel):
-    runs: list[Run]
+    """``GET /v1/runs``: summaries without output, so a page costs memory in proportion
+    to its ``limit``, whatever the runs printed."""
+
+    runs: list[RunSummary]
     next_cursor: str | None = None
 
 

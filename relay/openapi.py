@@ -19,6 +19,7 @@ from relay.models import (
     RunList,
     RunRequest,
     RunState,
+    RunSummary,
     UsageReport,
 )
 
@@ -94,7 +95,16 @@ def document() -> dict[str, Any]:
     _, schemas = models_json_schema(
         [
             (m, "serialization")
-            for m in (Run, RunList, ErrorBody, JobList, ProviderList, Health, UsageReport)
+            for m in (
+                Run,
+                RunSummary,
+                RunList,
+                ErrorBody,
+                JobList,
+                ProviderList,
+                Health,
+                UsageReport,
+            )
         ]
         + [(RunRequest, "validation")],
         ref_template=_REF,
@@ -168,7 +178,15 @@ def document() -> dict[str, Any]:
                     },
                     {"name": "cursor", "in": "query", "schema": {"type": "string"}},
                 ],
-                "responses": {"200": _json("RunList", "a page of runs"), **_errors(400), **common},
+                "responses": {
+                    "200": _json(
+                        "RunList",
+                        "a page of run summaries: no stdout/stderr (read them through "
+                        "GET /v1/runs/{run_id}), their sizes in stdout_bytes/stderr_bytes",
+                    ),
+                    **_errors(400),
+                    **common,
+                },
             },
         },
         "/v1/runs/{run_id}": {
@@ -198,7 +216,9 @@ def document() -> dict[str, Any]:
                     "Newline-delimited JSON, one object per line, from the start of the run "
                     "whenever you connect: `{event: state, state}`, `{event: output, stream, "
                     "text}` (in order), `{event: ping}` (every 15 s of silence), and last "
-                    "`{event: run, run}` with the final run; then the stream closes."
+                    "`{event: run, run}` with the final run; then the stream closes (at the latest "
+                    "a few seconds after the run ended). A token may hold "
+                    "`RELAY_MAX_STREAMS_PER_TOKEN` streams open at once."
                 ),
                 "operationId": "runEvents",
                 "security": _AUTH,
@@ -210,6 +230,11 @@ def document() -> dict[str, Any]:
                             "application/x-ndjson": {"schema": _ref("RunEvent")},
                         },
                     },
+                    "429": _json(
+                        "ErrorBody",
+                        "error codes: too_many_streams (RELAY_MAX_STREAMS_PER_TOKEN open)",
+                        _RETRY,
+                    ),
                     **_errors(404),
                     **common,
                 },

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,6 +11,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from relay.auth import Principal
 from relay.errors import (
@@ -39,6 +41,7 @@ from relay.models import (
     RunList,
     RunRequest,
     RunState,
+    RunSummary,
     Timings,
     TokenLimits,
     UsageReport,
@@ -76,8 +79,8 @@ def delivery_model(row: dict[str, Any]) -> Delivery:
     )
 
 
-def run_model(row: dict[str, Any], deliveries: list[dict[str, Any]] | None = None) -> Run:
-    """A stored row (and its delivery rows) as the API shows it (the same shape everywhere)."""
+def _run_fields(row: dict[str, Any], deliveries: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """What a run and a run's summary share, from its stored row and delivery rows."""
     error = None
     if row.get("error_code"):
         error = ErrorInfo(
@@ -85,26 +88,42 @@ def run_model(row: dict[str, Any], deliveries: list[dict[str, Any]] | None = Non
             message=row.get("error_message") or "",
             retry_after_s=row.get("error_retry_after_s"),
         )
+    return {
+        "id": row["id"],
+        "job": row["job"],
+        "state": RunState(row["state"]),
+        "exit_code": row.get("exit_code"),
+        "stdout_truncated": bool(row.get("stdout_truncated")),
+        "stderr_truncated": bool(row.get("stderr_truncated")),
+        "provider": row["provider"],
+        "sandbox_id": row.get("sandbox_id"),
+        "timeout_s": row["timeout_s"],
+        "created_at": _iso(row["created_at"]) or "",
+        "started_at": _iso(row.get("started_at")),
+        "ended_at": _iso(row.get("ended_at")),
+        "duration_ms": row.get("duration_ms"),
+        "cost_usd": row.get("cost_usd") or 0.0,
+        "timings": Timings(**json.loads(row.get("timings") or "{}")),
+        "error": error,
+        "deliveries": [delivery_model(delivery) for delivery in deliveries or []],
+    }
+
+
+def run_model(row: dict[str, Any], deliveries: list[dict[str, Any]] | None = None) -> Run:
+    """A stored row (and its delivery rows) as the API shows it (the same shape everywhere)."""
     return Run(
-        id=row["id"],
-        job=row["job"],
-        state=RunState(row["state"]),
-        exit_code=row.get("exit_code"),
         stdout=row.get("stdout") or "",
         stderr=row.get("stderr") or "",
-        stdout_truncated=bool(row.get("stdout_truncated")),
-        stderr_truncated=bool(row.get("stderr_truncated")),
-        provider=row["provider"],
-        sandbox_id=row.get("sandbox_id"),
-        timeout_s=row["timeout_s"],
-        created_at=_iso(row["created_at"]) or "",
-        started_at=_iso(row.get("started_at")),
-        ended_at=_iso(row.get("ended_at")),
-        duration_ms=row.get("duration_ms"),
-        cost_usd=row.get("cost_usd") or 0.0,
-        timings=Timings(**json.loads(row.get("timings") or "{}")),
-        error=error,
-        deliveries=[delivery_model(delivery) for delivery in deliveries or []],
+        **_run_fields(row, deliveries),
+    )
+
+
+def run_summary(row: dict[str, Any], deliveries: list[dict[str, Any]] | None = None) -> RunSummary:
+    """A listed row (no output, its sizes: ``Store.list_runs``) as a listing shows it."""
+    return RunSummary(
+        stdout_bytes=row.get("stdout_bytes") or 0,
+        stderr_bytes=row.get("stderr_bytes") or 0,
+        **_run_fields(row, deliveries),
     )
 
 
@@ -252,11 +271,28 @@ async def run_events(request: Request) -> Response:
     row = await state.service.get(principal, request.path_params["run_id"])
     if state.live is None:  # pragma: no cover - the app always builds one
         raise NotFound("live output is not available on this relay")
-    return StreamingResponse(
+    release = state.live.hold_stream(principal.name)  # 429 past the token's cap
+    return HeldStream(
         follow_run(state.live, state.service, state.store, row),
+        release,
         media_type="application/x-ndjson",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+class HeldStream(StreamingResponse):
+    """A streaming answer that releases what it holds (a token's stream slot) however it
+    ends: finished, the caller gone before the first line, or failed."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], **options: Any):
+        super().__init__(content, **options)
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
 
 
 async def cancel_run(request: Request) -> Response:
@@ -288,7 +324,7 @@ async def list_runs(request: Request) -> Response:
         cursor=query.get("cursor"),
     )
     found = await _deliveries(request, rows)
-    runs = [run_model(row, found.get(row["id"])) for row in rows]
+    runs = [run_summary(row, found.get(row["id"])) for row in rows]
     return _json(RunList(runs=runs, next_cursor=cursor))
 
 

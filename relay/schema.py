@@ -12,7 +12,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 ACTIVE = ("queued", "starting", "running")
 FINAL = ("succeeded", "failed", "timed_out", "canceled", "error", "lost")
 
@@ -39,6 +39,10 @@ runs = sa.Table(
     sa.Column("exit_code", sa.Integer),
     sa.Column("stdout", sa.Text, nullable=False, default=""),
     sa.Column("stderr", sa.Text, nullable=False, default=""),
+    # Their sizes in UTF-8 bytes, written with them (Store), so a listing reads no output;
+    # NULL for a run written without output (or by a relay older than version 7).
+    sa.Column("stdout_bytes", sa.Integer),
+    sa.Column("stderr_bytes", sa.Integer),
     sa.Column("stdout_truncated", sa.Boolean, nullable=False, default=False),
     sa.Column("stderr_truncated", sa.Boolean, nullable=False, default=False),
     sa.Column("timeout_s", sa.Float, nullable=False),
@@ -62,6 +66,7 @@ runs = sa.Table(
     sa.UniqueConstraint("token", "idempotency_key", name="uq_runs_token_key"),
     sa.Index("ix_runs_token_created", "token", "created_at"),
     sa.Index("ix_runs_state", "state"),
+    sa.Index("ix_runs_created", "created_at"),
 )
 
 deliveries = sa.Table(
@@ -210,6 +215,23 @@ def _count_runs_per_day(conn: Connection) -> None:
     )
 
 
+def _bound_listings_and_retention(conn: Connection) -> None:
+    """Version 7: the output's sizes beside it (a listing shows them without reading the
+    output), filled in for the runs there are; and an index of runs by creation time
+    alone, what retention (relay/retention.py) deletes by."""
+    _add_columns(runs, "stdout_bytes", "stderr_bytes")(conn)
+    size = {
+        "sqlite": "length(CAST({} AS BLOB))",
+        "postgresql": "octet_length({})",
+    }[conn.dialect.name]
+    conn.exec_driver_sql(
+        f"UPDATE runs SET stdout_bytes = {size.format('stdout')}, "  # noqa: S608 - constant
+        f"stderr_bytes = {size.format('stderr')}"
+    )
+    index = next(index for index in runs.indexes if index.name == "ix_runs_created")
+    index.create(conn, checkfirst=True)
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _create_tables(runs, meta),
     2: _create_tables(replicas),
@@ -217,6 +239,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     4: _create_tables(deliveries),
     5: _add_columns(runs, "error_retry_after_s"),
     6: _count_runs_per_day,
+    7: _bound_listings_and_retention,
 }
 """Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
 never drops or rewrites a run. A relay refuses a database newer than it knows."""

@@ -26,6 +26,14 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=1, le=65535)
     public_url: str | None = None
     """Base URL callers use (for ``Location``); defaults to the request's own."""
+    header_timeout_s: float = Field(10.0, gt=0)
+    """A request's headers must be in this long after it began (relay/connections.py)."""
+    body_timeout_s: float = Field(30.0, gt=0)
+    """A request's body must be in this long after its headers."""
+    keep_alive_s: float = Field(5.0, gt=0)
+    """An idle connection between requests is closed after this."""
+    max_connections: int = Field(1000, ge=8)
+    """Open connections; past it the oldest one still sending its headers is closed."""
 
     # Auth and catalog
     tokens_file: Path = Path("tokens.toml")
@@ -50,12 +58,17 @@ class Settings(BaseSettings):
     max_timeout_s: float = Field(3600.0, gt=0)
     default_timeout_s: float = Field(60.0, gt=0)
     max_concurrent: int = Field(32, ge=1)
+    max_streams_per_token: int = Field(8, ge=1)
+    """Event streams (``GET /v1/runs/{id}/events``) one token may hold open at once."""
     cost_rates: dict[str, dict[str, float]] = {}
     """Per-provider overrides of the list prices, ``{"e2b": {"vcpu_s": …, "gib_s": …}}``."""
 
     # Lifecycle
     drain_s: float = Field(20.0, ge=0)
     reap_interval_s: float = Field(60.0, gt=0)
+    retention_days: float = Field(30.0, ge=1)
+    """Final runs older than this are deleted, with their delivery rows (relay/retention.py)."""
+    prune_interval_s: float = Field(3600.0, gt=0)
 
     # Webhooks (relay/webhooks.py)
     webhook_secret: SecretStr | None = None

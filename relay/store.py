@@ -36,11 +36,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.compiler import compiles
 
 from relay import sql
 from relay.admission import Admission, DuplicateKey, check_limits
 from relay.checkpoints import Checkpointer
-from relay.commits import GroupCommit
+from relay.commits import BUSY_WAIT_S, GroupCommit
 from relay.engines import database_url, sqlite_engine
 from relay.errors import ConfigError, InvalidRequest
 from relay.schema import (
@@ -76,6 +77,40 @@ _INSERT = runs.insert()
 _BY_KEY = sa.select(runs).where(
     runs.c.token == sa.bindparam("token"), runs.c.idempotency_key == sa.bindparam("key")
 )
+
+
+class OctetLength(sa.sql.functions.GenericFunction[int]):
+    """The size of a text in bytes: ``octet_length`` (SQLite before 3.43 lacks it)."""
+
+    type = sa.Integer()
+    name = "octet_length"
+    inherit_cache = True
+
+
+@compiles(OctetLength, "sqlite")
+def _byte_length_sqlite(element: OctetLength, compiler: Any, **options: Any) -> str:
+    return f"length(CAST({compiler.process(element.clauses, **options)} AS BLOB))"
+
+
+_OUTPUT = ("stdout", "stderr", "stdout_bytes", "stderr_bytes")
+_SUMMARY_COLUMNS = (
+    *(column for column in runs.c if column.name not in _OUTPUT),
+    # Measured only for a run written without its sizes (by a relay before version 7).
+    sa.func.coalesce(runs.c.stdout_bytes, OctetLength(runs.c.stdout)).label("stdout_bytes"),
+    sa.func.coalesce(runs.c.stderr_bytes, OctetLength(runs.c.stderr)).label("stderr_bytes"),
+)
+"""What a listing reads of a run: everything but its output, and the output's sizes."""
+
+
+def with_sizes(values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``values`` and, for each output among them, its size in UTF-8 bytes."""
+    if "stdout" not in values and "stderr" not in values:
+        return values
+    sized = dict(values)
+    for stream in ("stdout", "stderr"):
+        if stream in values:
+            sized[f"{stream}_bytes"] = len((values[stream] or "").encode())
+    return sized
 
 
 @dataclass(frozen=True)
@@ -153,6 +188,7 @@ class Store:
         self.checkpointer: Checkpointer | None = None
         self._aside: sa.Engine | None = None  # SQLite file: long reads on their own connection
         self._write_checked: tuple[float, bool] | None = None  # (monotonic time, answer)
+        self.sqlite_path: str | None = None
 
     @property
     def is_sqlite(self) -> bool:
@@ -171,6 +207,7 @@ class Store:
                 store.checkpointer = Checkpointer(parsed.database)
                 store.checkpointer.start()
                 store._aside = sqlite_engine(parsed, poolclass=sa.pool.NullPool)
+                store.sqlite_path = parsed.database
         else:
             store = cls(engine=create_async_engine(parsed, pool_pre_ping=True))
         try:
@@ -206,6 +243,26 @@ class Store:
         def in_thread() -> T:
             with aside.connect() as conn, conn.begin():
                 return work(conn)
+
+        return await asyncio.to_thread(in_thread)
+
+    async def write_aside(self, work: Callable[[Connection], T]) -> T:
+        """A long write (pruning old runs) that must not hold the event loop: on a SQLite
+        file on a worker thread with a connection of its own, which takes the write lock
+        as it begins, waiting for it on that thread; elsewhere like :meth:`run`. The
+        loop's writers wait for it in async sleeps (relay/commits.py)."""
+        aside = self._aside
+        if aside is None:
+            return await self.run(work)
+
+        def in_thread() -> T:
+            with aside.connect() as conn:
+                driver = conn.connection.driver_connection
+                assert driver is not None
+                driver.execute(f"PRAGMA busy_timeout={int(BUSY_WAIT_S * 1000)}")
+                driver.execute("BEGIN IMMEDIATE")  # SQLAlchemy's begin below only records it
+                with conn.begin():
+                    return work(conn)
 
         return await asyncio.to_thread(in_thread)
 
@@ -260,20 +317,25 @@ class Store:
         self._write_checked = (time.monotonic(), answer)
         return answer
 
-    @contextlib.asynccontextmanager
-    async def sweep_lock(self) -> AsyncIterator[bool]:
+    def sweep_lock(self) -> contextlib.AbstractAsyncContextManager[bool]:
         """Held by one replica at a time on PostgreSQL (SQLite has one relay): yields
         whether this caller got it."""
+        return self.advisory_lock(_LOCK_SWEEP)
+
+    @contextlib.asynccontextmanager
+    async def advisory_lock(self, key: int) -> AsyncIterator[bool]:
+        """Lock ``key``, held by one replica at a time on PostgreSQL (SQLite has one
+        relay): yields whether this caller got it."""
         if self.engine is None:
             yield True
             return
         async with self.engine.connect() as conn:
-            got = bool(await conn.scalar(sa.text(f"SELECT pg_try_advisory_lock({_LOCK_SWEEP})")))
+            got = bool(await conn.scalar(sa.text(f"SELECT pg_try_advisory_lock({key})")))
             try:
                 yield got
             finally:
                 if got:
-                    await conn.execute(sa.text(f"SELECT pg_advisory_unlock({_LOCK_SWEEP})"))
+                    await conn.execute(sa.text(f"SELECT pg_advisory_unlock({key})"))
                     await conn.commit()
 
     # -- replicas ----------------------------------------------------------------------
@@ -318,7 +380,7 @@ class Store:
             if admission is not None:
                 check_limits(conn, row, admission)
             try:
-                sql.write(conn, _INSERT, row)
+                sql.write(conn, _INSERT, with_sizes(row))
             except IntegrityError as exc:  # the unique index: another replica got there first
                 raise DuplicateKey from exc
 
@@ -350,7 +412,7 @@ class Store:
         query = _UPDATE_ACTIVE if only_if_active else _UPDATE
 
         def work(conn: Connection) -> bool:
-            changed = bool(sql.write(conn, query, {"run_id": run_id, **values}))
+            changed = bool(sql.write(conn, query, {"run_id": run_id, **with_sizes(values)}))
             if changed and values.get("state") in FINAL:
                 conn.execute(delivery_for_final_run(run_id))
             return changed
@@ -363,7 +425,7 @@ class Store:
         caller must look at the run (final already, or canceled through another replica)."""
 
         def work(conn: Connection) -> bool:
-            if not sql.write(conn, _FINISH, {"run_id": run_id, **values}):
+            if not sql.write(conn, _FINISH, {"run_id": run_id, **with_sizes(values)}):
                 return False
             if callback:
                 conn.execute(delivery_for_final_run(run_id))
@@ -380,7 +442,8 @@ class Store:
         limit: int,
         cursor: str | None,
     ) -> tuple[list[dict[str, Any]], str | None]:
-        query = sa.select(runs).where(runs.c.token == token)
+        # Never the output columns: a page's memory follows ``limit``, not what runs printed.
+        query = sa.select(*_SUMMARY_COLUMNS).where(runs.c.token == token)
         if state:
             query = query.where(runs.c.state == state)
         if job:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -102,7 +103,13 @@ class RelayProcess:
         self.tokens[name] = token
         return token
 
-    def start(self, timeout_s: float = 20.0) -> RelayProcess:
+    def start(self, timeout_s: float = 20.0, *, open_files: int | None = None) -> RelayProcess:
+        """Start the relay and wait for /healthz; ``open_files``: its RLIMIT_NOFILE."""
+
+        def limit_files() -> None:
+            if open_files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "relay", "serve"],
@@ -110,6 +117,7 @@ class RelayProcess:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=limit_files if open_files is not None else None,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

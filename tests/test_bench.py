@@ -26,7 +26,14 @@ def test_smoke_run_writes_every_section_and_every_request_succeeds(tmp_path: Pat
     )
     assert result.returncode == 0, result.stderr[-3000:]
     text = out.read_text()
-    headings = ("## Targets", "## (1) Overhead", "## (2) Waiting", "## (3) Local", "## Admission")
+    headings = (
+        "## Targets",
+        "## (1) Overhead",
+        "## (2) Waiting",
+        "## (3) Local",
+        "## Admission",
+        "## Bounded under load",
+    )
     for heading in headings:
         assert heading in text
     admitted = re.findall(
@@ -44,4 +51,6 @@ def test_smoke_run_writes_every_section_and_every_request_succeeds(tmp_path: Pat
     assert all(errors == "0" for _, _, errors in overhead), overhead
     waiting = re.findall(r"^\| (relay|baseline) \| 20 \| (\d+) \| (\d+) \|", text, re.M)
     assert sorted(waiting) == [("baseline", "20", "0"), ("relay", "20", "0")]
+    assert re.search(r"^\| 10 \| 3 \| [\d.]+ \| [\d.]+ \| \d+ KiB \|", text, re.M)
+    assert re.search(r"^\| 500 \| 4096 B \| [\d.]+ MiB \| [\d.]+ MiB \(500 pruned\)", text, re.M)
     assert "written to" in result.stdout

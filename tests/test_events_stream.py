@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from relay import live
 from relay.catalog import Catalog
 from relay.events import EventBus, RunEvent
 from relay.live import LiveRuns, follow_run
@@ -213,3 +214,67 @@ async def test_a_followed_run_the_reaper_marks_lost_ends_its_stream(tmp_path: Pa
         live.close()
     finally:
         await store.close()
+
+
+async def test_a_stream_whose_end_never_reaches_its_buffer_closes_after_a_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A buffer made for a run this replica holds, just as it ended (its ``finished``
+    event already passed): the stream ends once the stored run is long over."""
+    monkeypatch.setattr(live, "CHECK_S", 0.2)
+    monkeypatch.setattr(live, "END_GRACE_S", 0.5)
+    store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
+    try:
+        service = RunService(make_settings(tmp_path), store, Catalog.load(REPO / "jobs"), {})
+        row = run_row("run_missed", job=None)
+        await store.admit_run(row)
+        await store.update_run("run_missed", state="succeeded", ended_at=time.time())
+        service._tasks["run_missed"] = asyncio.get_running_loop().create_future()  # held here
+        events = EventBus()
+        live_runs = LiveRuns(events)
+        reader, lines = following(live_runs, service, store, row)
+        await asyncio.wait_for(reader, 3)
+        assert [line["event"] for line in lines] == ["run"]
+        assert lines[0]["run"]["state"] == "succeeded"
+        live_runs.close()
+    finally:
+        service._tasks.clear()
+        await store.close()
+
+
+def test_a_token_holds_at_most_its_streams(tmp_path: Path) -> None:
+    relay = RelayProcess(tmp_path, max_streams_per_token=2, local_isolation="none")
+    relay.add_token("ops", command=True)
+    relay.add_token("other", command=True)
+    relay.start()
+    try:
+        run_id = start(relay, ["sleep", "30"])
+        followers = [Follower(relay, run_id) for _ in range(2)]
+        deadline = time.monotonic() + 10
+        while not all(f.status == 200 for f in followers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        refused = relay.get(relay.tokens["ops"], f"/v1/runs/{run_id}/events")
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "too_many_streams"
+        assert "retry-after" in refused.headers
+        other = start_as(relay, "other", ["sleep", "30"])
+        with httpx.stream(
+            "GET", f"{relay.url}/v1/runs/{other}/events",
+            headers=relay.headers(relay.tokens["other"]), timeout=10,
+        ) as answer:  # fmt: skip
+            assert answer.status_code == 200  # the cap is per token
+        relay.delete(relay.tokens["other"], f"/v1/runs/{other}")
+        relay.delete(relay.tokens["ops"], f"/v1/runs/{run_id}")
+        for follower in followers:
+            assert follower.closed.wait(10)
+        again = Follower(relay, run_id)  # the slots were given back
+        assert again.closed.wait(10) and again.status == 200
+    finally:
+        relay.stop()
+
+
+def start_as(relay: RelayProcess, who: str, command: list[str]) -> str:
+    answer = relay.post(relay.tokens[who], {"command": command, "wait": False})
+    assert answer.status_code == 202, answer.text
+    run_id: str = answer.json()["id"]
+    return run_id

@@ -1,0 +1,117 @@
+"""The HTTP connections the relay serves: slow or idle clients are dropped, and their
+number is capped without shutting out a new caller.
+
+uvicorn (0.54, its httptools protocol) closes a connection idle *between* requests after
+``timeout_keep_alive``, but arms no timer before the first request nor while a request's
+headers or body trickle in: a client that connects and never finishes its headers is
+held for ever. Its ``limit_concurrency`` answers 503 to every new request once that many
+connections are open, ``/healthz`` included, so it cannot keep the relay answering. Hence
+:func:`guarded_protocol`, a small subclass of uvicorn's protocol that adds what is
+missing:
+
+- **header deadline**: a request's headers must be complete within ``header_timeout_s``
+  of the connection opening (or of the first byte of a later request on it); otherwise
+  the connection is closed. A deadline, not an idle timer, so trickling a byte at a time
+  does not extend it;
+- **body deadline**: once the headers are in, the whole body must arrive within
+  ``body_timeout_s``; otherwise the connection is closed (the handler sees a disconnect);
+- **connection cap**: past ``max_connections`` open connections, a new one makes room by
+  closing the oldest connection still waiting for its headers (the cheapest to lose, and
+  what a flood of half-sent requests is made of); if every connection is busy with a
+  request, the new one is closed at once. A fresh ``/healthz`` therefore always gets in.
+
+Keep-alive between requests stays uvicorn's ``timeout_keep_alive``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+def guarded_protocol(
+    *, header_timeout_s: float, body_timeout_s: float, max_connections: int
+) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with the deadlines and the cap above (one class per
+    server: the connections waiting for their headers are its own)."""
+    waiting: OrderedDict[GuardedProtocol, None] = OrderedDict()
+
+    class GuardedProtocol(HttpToolsProtocol):
+        """One connection, with its header or body deadline."""
+
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > max_connections and not self._make_room():
+                transport.close()
+                return
+            self._await_headers()
+
+        def _make_room(self) -> bool:
+            """Close the oldest connection still sending its headers; False if none."""
+            while waiting:
+                oldest, _ = waiting.popitem(last=False)
+                if not oldest.transport.is_closing():
+                    oldest._close()
+                    return True
+            return False
+
+        def _await_headers(self) -> None:
+            self._arm(header_timeout_s)
+            waiting[self] = None
+
+        def _arm(self, seconds: float) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(seconds, self._close)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _close(self) -> None:
+            self._disarm()
+            waiting.pop(self, None)
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self not in waiting:  # a later request on a kept-alive connection
+                self._await_headers()
+
+        def on_headers_complete(self) -> None:
+            waiting.pop(self, None)
+            self._arm(body_timeout_s)
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            super().on_message_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            waiting.pop(self, None)
+            super().connection_lost(exc)
+
+    return GuardedProtocol
+
+
+def server_options(
+    *,
+    header_timeout_s: float,
+    body_timeout_s: float,
+    keep_alive_s: float,
+    max_connections: int,
+) -> dict[str, Any]:
+    """The uvicorn.Config options that bound the relay's connections."""
+    protocol = guarded_protocol(
+        header_timeout_s=header_timeout_s,
+        body_timeout_s=body_timeout_s,
+        max_connections=max_connections,
+    )
+    return {"http": protocol, "timeout_keep_alive": keep_alive_s}
