@@ -35,7 +35,7 @@ class Rig:
 @contextlib.contextmanager
 def local_rig(tmp: Path) -> Iterator[Rig]:
     root = tmp / "sandboxes"
-    root.mkdir(parents=True)
+    root.mkdir(parents=True, mode=0o700)
     seen: set[str] = set()
 
     def alive() -> set[str]:
