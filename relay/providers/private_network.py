@@ -215,7 +215,12 @@ async def _run_rules(spaces: Namespaces, script: str) -> None:
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
         pass_fds=spaces.fds,
     )
-    _, error = await asyncio.wait_for(process.communicate(script.encode()), _READY_TIMEOUT_S)
+    try:
+        communicate = process.communicate(script.encode())
+        _, error = await asyncio.wait_for(communicate, _READY_TIMEOUT_S)
+    except BaseException:  # a cancel (DELETE during creation) or a hang: not left behind
+        await _stop(process)
+        raise
     if process.returncode != 0:
         raise NetworkError(f"could not close the sandbox's network: {error.decode()[-300:]}")
 
@@ -253,11 +258,14 @@ async def _start_pasta(
         )
     # In the foreground pasta writes its PID file once the tap is configured.
     deadline = time.monotonic() + _READY_TIMEOUT_S
-    while not (pidfile.exists() and pidfile.stat().st_size > 0):
-        if process.returncode is not None or time.monotonic() > deadline:
-            await _stop(process)
-            raise NetworkError(f"pasta did not start: {_tail(state / 'network.log')}")
-        await asyncio.sleep(_POLL_S)
+    try:
+        while not (pidfile.exists() and pidfile.stat().st_size > 0):
+            if process.returncode is not None or time.monotonic() > deadline:
+                raise NetworkError(f"pasta did not start: {_tail(state / 'network.log')}")
+            await asyncio.sleep(_POLL_S)
+    except BaseException:  # also a cancel (DELETE during creation): pasta would stay
+        await _stop(process)
+        raise
     return process
 
 
@@ -290,12 +298,15 @@ async def _start_slirp(
         ready_write = -1
         reader = asyncio.to_thread(os.read, ready_read, 1)
         try:
-            ready = await asyncio.wait_for(reader, _READY_TIMEOUT_S)
-        except TimeoutError:
-            ready = b""
-        if ready != b"1":
+            try:
+                ready = await asyncio.wait_for(reader, _READY_TIMEOUT_S)
+            except TimeoutError:
+                ready = b""
+            if ready != b"1":
+                raise NetworkError(f"slirp4netns did not start: {_tail(state / 'network.log')}")
+        except BaseException:  # also a cancel (DELETE during creation)
             await _stop(process)
-            raise NetworkError(f"slirp4netns did not start: {_tail(state / 'network.log')}")
+            raise
         return process
     finally:
         os.close(ready_read)
