@@ -10,7 +10,14 @@ import enum
 import posixpath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 MAX_ARGV_ITEMS = 32
 MAX_ARG_CHARS = 512
@@ -18,6 +25,8 @@ MAX_ENV_VARS = 64
 MAX_ENV_VALUE_CHARS = 8192
 MAX_STDIN_BYTES = 65_536
 MAX_FILES = 32
+MAX_PATH_BYTES = 1024
+MAX_NAME_BYTES = 255  # a file system's NAME_MAX
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 
 JobName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
@@ -78,7 +87,26 @@ def _relative_path(value: str) -> str:
     normal = posixpath.normpath(value)
     if not value or normal.startswith("/") or normal == ".." or normal.startswith("../"):
         raise ValueError("must be a relative path inside the workdir")
+    if "\0" in value:
+        raise ValueError("must not contain a NUL byte")
+    if len(normal.encode()) > MAX_PATH_BYTES:
+        raise ValueError(f"must be at most {MAX_PATH_BYTES} bytes")
+    if any(len(part.encode()) > MAX_NAME_BYTES for part in normal.split("/")):
+        raise ValueError(f"each name in the path must be at most {MAX_NAME_BYTES} bytes")
     return normal
+
+
+def _file_path(value: str) -> str:
+    normal = _relative_path(value)
+    if normal == ".":
+        raise ValueError("must name a file, not the workdir itself")
+    return normal
+
+
+def _ancestors(path: str) -> set[str]:
+    """``a/b/c`` -> ``{"a", "a/b"}``: the folders a file at ``path`` needs."""
+    parts = path.split("/")
+    return {"/".join(parts[:end]) for end in range(1, len(parts))}
 
 
 class RunRequest(BaseModel):
@@ -125,7 +153,19 @@ class RunRequest(BaseModel):
     @field_validator("files")
     @classmethod
     def _file_paths(cls, value: dict[str, str]) -> dict[str, str]:
-        return {_relative_path(path): content for path, content in value.items()}
+        files = {_file_path(path): content for path, content in value.items()}
+        folders = set().union(*(_ancestors(path) for path in files))
+        if clash := sorted(folders & files.keys()):
+            raise ValueError(f"{clash[0]} is both a file and a folder of another file")
+        return files
+
+    @model_validator(mode="after")
+    def _workdir_not_a_file(self) -> RunRequest:
+        if self.workdir is not None and self.workdir != ".":
+            clash = ({self.workdir} | _ancestors(self.workdir)) & self.files.keys()
+            if clash:
+                raise ValueError(f"files: {min(clash)} is a file, but the workdir needs a folder")
+        return self
 
     @field_validator("workdir")
     @classmethod

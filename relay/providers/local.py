@@ -401,6 +401,11 @@ class LocalSandbox:
             _kill_group(process.pid)  # before the block fd closes: EOF would start the job
             log.warning("sandbox %s: private network failed: %s", self.id, exc)
             raise ProviderError("could not attach the sandbox's private network") from exc
+        except ProcessLookupError:
+            # bwrap's child ended during its own setup (a file it could not create):
+            # nothing can run, and bwrap's exit and stderr tell the run why.
+            _kill_group(process.pid)
+            return
         except (OSError, ValueError, KeyError) as exc:
             _kill_group(process.pid)
             raise ProviderError("could not set up the sandbox's limits") from exc
