@@ -827,4 +827,8 @@ async def _attach_network(box: LocalSandbox, pid: int) -> None:
         return
     state = box.home / "network"
     state.mkdir(mode=0o700, exist_ok=True)
-    box.network = await private_network.attach(pid, tool, box.provider.egress_allow, state)
+    # The tool is a host process that holds the sandbox's namespace open and outlives a
+    # relay that dies: in the sandbox's group it ends with the sandbox, also when the next
+    # relay sweeps the groups an earlier one left.
+    adopt = box.group.add if box.group is not None else (lambda pid: None)
+    box.network = await private_network.attach(pid, tool, box.provider.egress_allow, state, adopt)

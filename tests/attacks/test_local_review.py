@@ -40,16 +40,21 @@ needs_network = pytest.mark.skipif(
 )
 
 
-def _children(pid: int) -> list[str]:
-    """The command names of ``pid``'s child processes."""
-    names = []
+def _child_pids(pid: int) -> list[tuple[int, str]]:
+    """``pid``'s child processes and their command names."""
+    found = []
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and (entry / "stat").read_text().split()[3] == str(pid):
-                names.append((entry / "comm").read_text().strip())
+                found.append((int(entry.name), (entry / "comm").read_text().strip()))
         except (OSError, IndexError):
             continue
-    return names
+    return found
+
+
+def _children(pid: int) -> list[str]:
+    """The command names of ``pid``'s child processes."""
+    return [name for _, name in _child_pids(pid)]
 
 
 @needs_network
@@ -89,3 +94,34 @@ def test_upload_paths_a_sandbox_cannot_hold_are_422(
     answer = relay.post(relay.tokens["commands"], {"command": ["true"], **body})
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"]["code"] == "validation_error"
+
+
+@needs_network
+@pytest.mark.skipif(
+    not os.access("/sys/fs/cgroup/memory", os.W_OK), reason="no writable cgroup v1 here"
+)
+def test_a_relay_killed_mid_run_leaves_no_networking_process_after_restart(
+    tmp_path: Path,
+) -> None:
+    """pasta outlived a relay killed with SIGKILL, and the next relay's start too."""
+    server = RelayProcess(tmp_path / "relay", **LIMITS)
+    token = server.add_token("commands", command=True)
+    server.start()
+    try:
+        body = {"command": ["sleep", "20"], "egress": ["*"], "wait": False}
+        server.post(token, body)
+        assert server.process is not None
+        deadline = time.monotonic() + 5
+        tools: list[int] = []
+        while not tools and time.monotonic() < deadline:
+            tools = [pid for pid, name in _child_pids(server.process.pid) if name != "bwrap"]
+            time.sleep(0.05)
+        assert tools, "the run's network never started"
+        server.kill()  # as early as it can be: the tool has only just started
+        server.start()
+        deadline = time.monotonic() + 5
+        while any(Path(f"/proc/{pid}").exists() for pid in tools):
+            assert time.monotonic() < deadline, "the networking process outlived its relay"
+            time.sleep(0.05)
+    finally:
+        server.stop()
