@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from relay.providers.local import _marked_pids
+from relay.reaper import BEATS_BEFORE_JUDGING
 from tests.relay_server import RelayProcess
 
 FINAL = {"succeeded", "failed", "timed_out", "canceled", "error", "lost"}
@@ -143,7 +144,11 @@ def test_kill_9_mid_runs_then_restart_reaps_everything(rig: Rig, tmp_path: Path)
     server.start()
     try:
         _eventually(
-            lambda: rig.alive() == set(), REAP_INTERVAL_S + 5, "sandboxes outlived the relay"
+            # The restarted relay judges the killed one dead after BEATS_BEFORE_JUDGING
+            # heartbeats of its own, then reaps within a sweep.
+            lambda: rig.alive() == set(),
+            REAP_INTERVAL_S * (BEATS_BEFORE_JUDGING + 1) + 10,
+            "sandboxes outlived the relay",
         )
         states = {server.get(token, f"/v1/runs/{i}").json()["state"] for i in ids}
         assert states == {"lost"}

@@ -403,6 +403,11 @@ class LocalSandbox:
             _kill_group(process.pid)  # before the block fd closes: EOF would start the job
             log.warning("sandbox %s: private network failed: %s", self.id, exc)
             raise ProviderError("could not attach the sandbox's private network") from exc
+        except ProcessLookupError:
+            # bwrap's child ended during its own setup (a file it could not create):
+            # nothing can run, and bwrap's exit and stderr tell the run why.
+            _kill_group(process.pid)
+            return
         except (OSError, ValueError, KeyError) as exc:
             _kill_group(process.pid)
             raise ProviderError("could not set up the sandbox's limits") from exc
@@ -826,4 +831,8 @@ async def _attach_network(box: LocalSandbox, pid: int) -> None:
         return
     state = box.home / "network"
     state.mkdir(mode=0o700, exist_ok=True)
-    box.network = await private_network.attach(pid, tool, box.provider.egress_allow, state)
+    # The tool is a host process that holds the sandbox's namespace open and outlives a
+    # relay that dies: in the sandbox's group it ends with the sandbox, also when the next
+    # relay sweeps the groups an earlier one left.
+    adopt = box.group.add if box.group is not None else (lambda pid: None)
+    box.network = await private_network.attach(pid, tool, box.provider.egress_allow, state, adopt)

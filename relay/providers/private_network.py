@@ -32,7 +32,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
@@ -215,13 +215,30 @@ async def _run_rules(spaces: Namespaces, script: str) -> None:
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
         pass_fds=spaces.fds,
     )
-    _, error = await asyncio.wait_for(process.communicate(script.encode()), _READY_TIMEOUT_S)
+    try:
+        communicate = process.communicate(script.encode())
+        _, error = await asyncio.wait_for(communicate, _READY_TIMEOUT_S)
+    except BaseException:  # a cancel (DELETE during creation) or a hang: not left behind
+        await _stop(process)
+        raise
     if process.returncode != 0:
         raise NetworkError(f"could not close the sandbox's network: {error.decode()[-300:]}")
 
 
+Adopt = Callable[[int], None]
+"""Called with the tool's pid as soon as it exists (to put it in the sandbox's cgroup)."""
+
+
+def _adopted(process: asyncio.subprocess.Process, adopt: Adopt) -> None:
+    try:
+        adopt(process.pid)
+    except BaseException:
+        process.kill()
+        raise
+
+
 async def _start_pasta(
-    tool: NetworkTool, spaces: Namespaces, state: Path
+    tool: NetworkTool, spaces: Namespaces, state: Path, adopt: Adopt
 ) -> asyncio.subprocess.Process:
     pidfile = state / "pasta.pid"
     pidfile.unlink(missing_ok=True)
@@ -251,18 +268,22 @@ async def _start_pasta(
             stderr=log,
             pass_fds=spaces.fds,
         )
+    _adopted(process, adopt)
     # In the foreground pasta writes its PID file once the tap is configured.
     deadline = time.monotonic() + _READY_TIMEOUT_S
-    while not (pidfile.exists() and pidfile.stat().st_size > 0):
-        if process.returncode is not None or time.monotonic() > deadline:
-            await _stop(process)
-            raise NetworkError(f"pasta did not start: {_tail(state / 'network.log')}")
-        await asyncio.sleep(_POLL_S)
+    try:
+        while not (pidfile.exists() and pidfile.stat().st_size > 0):
+            if process.returncode is not None or time.monotonic() > deadline:
+                raise NetworkError(f"pasta did not start: {_tail(state / 'network.log')}")
+            await asyncio.sleep(_POLL_S)
+    except BaseException:  # also a cancel (DELETE during creation): pasta would stay
+        await _stop(process)
+        raise
     return process
 
 
 async def _start_slirp(
-    tool: NetworkTool, spaces: Namespaces, state: Path
+    tool: NetworkTool, spaces: Namespaces, state: Path, adopt: Adopt
 ) -> asyncio.subprocess.Process:
     ready_read, ready_write = os.pipe()
     try:
@@ -286,16 +307,20 @@ async def _start_slirp(
                 stderr=log,
                 pass_fds=(ready_write, *spaces.fds),
             )
+        _adopted(process, adopt)
         os.close(ready_write)
         ready_write = -1
         reader = asyncio.to_thread(os.read, ready_read, 1)
         try:
-            ready = await asyncio.wait_for(reader, _READY_TIMEOUT_S)
-        except TimeoutError:
-            ready = b""
-        if ready != b"1":
+            try:
+                ready = await asyncio.wait_for(reader, _READY_TIMEOUT_S)
+            except TimeoutError:
+                ready = b""
+            if ready != b"1":
+                raise NetworkError(f"slirp4netns did not start: {_tail(state / 'network.log')}")
+        except BaseException:  # also a cancel (DELETE during creation)
             await _stop(process)
-            raise NetworkError(f"slirp4netns did not start: {_tail(state / 'network.log')}")
+            raise
         return process
     finally:
         os.close(ready_read)
@@ -347,10 +372,15 @@ async def _loopback_ready(pid: int) -> None:
 
 
 async def attach(
-    pid: int, tool: NetworkTool, allow: Sequence[IPv4Network], state: Path
+    pid: int,
+    tool: NetworkTool,
+    allow: Sequence[IPv4Network],
+    state: Path,
+    adopt: Adopt = lambda pid: None,
 ) -> Attachment:
     """Give the namespace of host process ``pid`` the private network; ``state`` is a
-    host-only folder for the tool's PID file and log. Close the result when done."""
+    host-only folder for the tool's PID file and log, ``adopt`` sees the tool's pid first
+    thing. Close the result when done."""
     started = time.monotonic()
     script = rules(tool, allow)
     start = _start_pasta if tool.name == "pasta" else _start_slirp
@@ -360,7 +390,7 @@ async def attach(
         # The tool first: its default route must resolve a gateway that is often in a
         # range the rules close (a cloud VPC's 10.x or 172.31.x, slirp4netns's 10.0.2.2).
         # The command is still blocked, so nothing runs before the rules are in.
-        attachment = Attachment(await start(tool, spaces, state), tool, 0.0)
+        attachment = Attachment(await start(tool, spaces, state, adopt), tool, 0.0)
         try:
             await _run_rules(spaces, script)
         except BaseException:
