@@ -28,6 +28,7 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff check relay tests bench jobs
 	$(BIN)/ruff format --check relay tests bench jobs
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: $(VENV)/.dev
 	$(BIN)/ruff format relay tests bench jobs

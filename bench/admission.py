@@ -1,7 +1,7 @@
 """Benchmark (5): what admitting a run costs as a token's runs of the day grow.
 
 A SQLite store (a real file) is filled with ``day_runs`` ended runs of one token, all of
-today; then runs are admitted one at a time through :meth:`relay.store.Store.admit_run`,
+today; then runs are admitted one at a time through :meth:`relay.store.database.Store.admit_run`,
 as the service admits them, under three sets of limits: none, ``runs_per_day`` and
 ``usd_per_day`` (both high enough never to refuse). The baseline is the admission without
 a daily limit, measured in the same store: the ratio says what a daily limit adds, and
@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from relay.admission import Admission, day_start
-from relay.schema import runs
-from relay.store import Store
+from relay.store.database import Store
+from relay.store.limits import Admission, day_start
+from relay.store.schema import runs
 from tests.rows import run_row
 
 LIMITS = ("none", "runs_per_day", "usd_per_day")

@@ -7,7 +7,7 @@ the SQLite file as runs accumulate and are pruned.
   the relay's peak RSS (``VmHWM``) against its RSS before the first listing.
 - **SQLite file size**: a new store (``auto_vacuum=INCREMENTAL``, as the relay makes it)
   filled with ``runs`` ended runs, each with ``output_bytes`` of stdout, all older than
-  the retention; the file's size after a checkpoint, then after ``relay.retention.prune``
+  the retention; the file's size after a checkpoint, then after ``relay.store.retention.prune``
   deleted them all (and after the checkpoint that truncates the file).
 """
 
@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 
 from bench import servers
-from relay import retention
-from relay.schema import runs as runs_table
-from relay.store import Store
+from relay.store import retention
+from relay.store.database import Store
+from relay.store.schema import runs as runs_table
 from tests.rows import run_row
 
 MIB = 1 << 20

@@ -1,10 +1,10 @@
 """The floor: the least any relay built on this stack must do for a run, done the cheapest way.
 
 ``POST /v1/runs`` looks the bearer token's SHA-256 up in a dict, validates the body as
-:class:`relay.models.RunRequest`, admits the run through the relay's own
-:class:`relay.store.Store` (the global run limit counted in the database, then the
+:class:`relay.runs.models.RunRequest`, admits the run through the relay's own
+:class:`relay.store.database.Store` (the global run limit counted in the database, then the
 INSERT), writes its final state (the conditional UPDATE), and answers the run as
-:class:`relay.models.Run` JSON. The same uvicorn settings as the baseline and the relay.
+:class:`relay.runs.models.Run` JSON. The same uvicorn settings as the baseline and the relay.
 
 What it leaves out is what makes it a relay: the catalog and the plan, the run's own task
 (which outlives a caller that hangs up), the provider's context, the timeouts, the log
@@ -30,10 +30,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bench.baseline import serve
-from relay.admission import Admission
-from relay.models import RunRequest
-from relay.routes import run_model
-from relay.store import Store
+from relay.runs.models import RunRequest
+from relay.runs.view import run_model
+from relay.store.database import Store
+from relay.store.limits import Admission
 
 TOKENS: dict[str, str] = {}
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.client import KeepAliveClient
-from relay.models import SIZES, Size
 from relay.providers.base import OutputSink, Resources, SandboxSpec
-from relay.providers.local import LocalProvider, LocalSandbox
+from relay.providers.local.provider import LocalProvider, LocalSandbox
+from relay.runs.models import SIZES, Size
 from relay.settings import Settings
 
 MESSAGE = "hello from the benchmark"

@@ -220,7 +220,7 @@ def bounded_section(listing: ListingResult | None, size: FileSizeResult | None) 
     lines += [
         "",
         "SQLite file: a new store filled with ended runs older than the retention, then "
-        "`relay.retention.prune` (batches off the event loop, then incremental vacuum).",
+        "`relay.store.retention.prune` (batches off the event loop, then incremental vacuum).",
         "",
         "| runs | stdout each | file after the runs | file after pruning them | prune took |",
         "|---|---|---|---|---|",

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 
 from relay import client as relay_client
 from relay.auth import TokenStore, new_token
-from relay.catalog import Catalog
 from relay.errors import ConfigError
+from relay.runs.catalog import Catalog
 from relay.settings import Settings
 
 DEV_TOKEN_FILE = Path(".relay-dev-token")
@@ -50,7 +50,7 @@ def _dev_setup(settings: Settings) -> str | None:
 def _dev_isolation(settings: Settings) -> Settings:
     """``serve --dev`` on a machine without bubblewrap: say so loudly and run unisolated,
     so the first try works; a real deployment keeps ``auto``, which refuses instead."""
-    from relay.providers.local import bwrap_works
+    from relay.providers.local.provider import bwrap_works
 
     if settings.local_isolation != "auto" or "local" not in settings.providers or bwrap_works():
         return settings
@@ -101,8 +101,8 @@ def _allow_connections(max_connections: int) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from relay.app import create_app
-    from relay.connections import server_options
+    from relay.http.app import create_app
+    from relay.http.connections import server_options
     from relay.logs import configure
 
     settings = _settings()
@@ -192,8 +192,8 @@ def cmd_tokens(args: argparse.Namespace) -> int:
 
 
 async def _usage_today(settings: Settings, names: list[str]) -> dict[str, tuple[int, float]]:
-    from relay.admission import day_start
-    from relay.store import Store
+    from relay.store.database import Store
+    from relay.store.limits import day_start
 
     store = await Store.open(settings.database_url)
     try:
@@ -230,9 +230,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 async def _reap(settings: Settings, dry_run: bool) -> int:
     from relay.providers.registry import load_providers
-    from relay.reaper import Reaper
-    from relay.service import RunService
-    from relay.store import Store
+    from relay.runs.reaper import Reaper
+    from relay.runs.service import RunService
+    from relay.store.database import Store
 
     store = await Store.open(settings.database_url)
     providers = load_providers(settings)
@@ -263,8 +263,8 @@ async def _reap(settings: Settings, dry_run: bool) -> int:
 
 
 async def _prune(settings: Settings, older_than_days: float, dry_run: bool) -> int:
-    from relay import retention
-    from relay.store import Store
+    from relay.store import retention
+    from relay.store.database import Store
 
     store = await Store.open(settings.database_url)
     try:
@@ -293,7 +293,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from relay.probe import run_probe
+    from relay.providers.probe import run_probe
 
     result = asyncio.run(run_probe(args.provider, _settings()))
     print(result.line(), flush=True)

@@ -6,12 +6,15 @@ Secrets are :class:`pydantic.SecretStr`, so they print as ``**********``.
 
 from __future__ import annotations
 
+import contextlib
 from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 
 class Settings(BaseSettings):
@@ -27,7 +30,7 @@ class Settings(BaseSettings):
     public_url: str | None = None
     """Base URL callers use (for ``Location``); defaults to the request's own."""
     header_timeout_s: float = Field(10.0, gt=0)
-    """A request's headers must be in this long after it began (relay/connections.py)."""
+    """A request's headers must be in this long after it began (relay/http/connections.py)."""
     body_timeout_s: float = Field(30.0, gt=0)
     """A request's body must be in this long after its headers."""
     keep_alive_s: float = Field(5.0, gt=0)
@@ -67,10 +70,11 @@ class Settings(BaseSettings):
     drain_s: float = Field(20.0, ge=0)
     reap_interval_s: float = Field(60.0, gt=0)
     retention_days: float = Field(30.0, ge=1)
-    """Final runs older than this are deleted, with their delivery rows (relay/retention.py)."""
+    """Final runs older than this are deleted, with their delivery rows
+    (relay/store/retention.py)."""
     prune_interval_s: float = Field(3600.0, gt=0)
 
-    # Webhooks (relay/webhooks.py)
+    # Webhooks (relay/webhooks/dispatcher.py)
     webhook_secret: SecretStr | None = None
     """Signs callbacks of tokens that have no ``webhook_secret`` of their own."""
     webhook_max_attempts: int = Field(8, ge=1, le=100)
@@ -125,6 +129,17 @@ class Settings(BaseSettings):
     vercel_team_id: str | None = None
     vercel_project_id: str | None = None
     vercel_base_url: str | None = None
+
+    def state_directory(self) -> Path:
+        """The relay's own folder: ``RELAY_STATE_DIR``, else the SQLite file's folder, else
+        the working directory (with PostgreSQL)."""
+        if self.state_dir is not None:
+            return self.state_dir
+        with contextlib.suppress(ArgumentError):
+            url = make_url(self.database_url)
+            if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+                return Path(str(url.database)).absolute().parent
+        return Path.cwd()
 
     @field_validator("providers", mode="before")
     @classmethod

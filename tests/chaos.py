@@ -6,7 +6,7 @@ schedules), or a real provider SDK against its protocol-level fake (``tests/fake
 A crash abandons a relay process the way ``kill -9`` does: its provider client and store
 writes stop dead, its sandboxes stay alive at the provider, and a new relay process starts
 on the same database. At the end every sandbox must be terminated and every run final.
-Used by ``tests/test_chaos.py`` and by the leak report (``bench/leaks.py``).
+Used by ``tests/runs/test_chaos.py`` and by the leak report (``bench/leaks.py``).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, get_args
 
 from relay.auth import Principal
-from relay.catalog import Catalog
 from relay.errors import RelayError
-from relay.models import FINAL_STATES, RunRequest, RunState
 from relay.providers.base import ExecResult, Provider, SandboxRef, SandboxSpec
 from relay.providers.registry import load_provider
-from relay.reaper import Reaper
-from relay.service import RunService
+from relay.runs.catalog import Catalog
+from relay.runs.models import FINAL_STATES, RunRequest, RunState
+from relay.runs.reaper import Reaper
+from relay.runs.service import RunService
 from relay.settings import Settings
-from relay.store import Store
+from relay.store.database import Store
 from tests.conftest import make_settings
 from tests.contract.harness import Fault
 from tests.fakes.memory import MemoryProvider, MemoryWorld

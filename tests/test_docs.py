@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from relay.errors import ERROR_CLASSES
-from relay.openapi import document
-from relay.routes import routes
+from relay.http.openapi import document
+from relay.http.routes import routes
 from relay.settings import Settings
 from tests.conftest import REPO
 

@@ -21,7 +21,7 @@ class Entry:
 
 
 PROVIDERS: dict[str, Entry] = {
-    "local": Entry("relay.providers.local:LocalProvider", None),
+    "local": Entry("relay.providers.local.provider:LocalProvider", None),
     "e2b": Entry("relay.providers.e2b:E2BProvider", "e2b"),
     "modal": Entry("relay.providers.modal:ModalProvider", "modal"),
     "vercel": Entry("relay.providers.vercel:VercelProvider", "vercel"),

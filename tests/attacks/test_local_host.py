@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from relay.providers import cgroups
-from relay.providers.local import bwrap_works
+from relay.providers.local import cgroups
+from relay.providers.local.provider import bwrap_works
 from tests.relay_server import RelayProcess
 
 pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")

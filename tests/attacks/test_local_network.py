@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from relay.errors import EgressUnsupported
-from relay.providers import private_network
 from relay.providers.base import Egress, SandboxSpec
-from relay.providers.local import LocalProvider, bwrap_works
+from relay.providers.local import private_network
+from relay.providers.local.provider import LocalProvider, bwrap_works
 from tests.conftest import make_settings
 from tests.relay_server import RelayProcess
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.providers import private_network
-from relay.providers.local import bwrap_works
+from relay.providers.local import private_network
+from relay.providers.local.provider import bwrap_works
 from tests.relay_server import RelayProcess
 
 pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from relay.providers.local import LocalProvider, _marked_pids
+from relay.providers.local.provider import LocalProvider, _marked_pids
 from tests.conftest import make_settings
 from tests.contract.harness import Harness
 

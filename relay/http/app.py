@@ -1,0 +1,239 @@
+"""create_app(settings) → the Starlette app; errors are mapped to JSON here, once.
+
+The lifespan opens the store, builds the providers and the run service, and starts the
+reaper, whose first sweep runs at once beside serving; on shutdown it drains runs, then
+closes everything. Token file and job catalog are read before the app exists, so a bad
+one stops startup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from relay import logs
+from relay.auth import TokenStore
+from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError, StoreUnavailable
+from relay.http.access_log import AccessLog
+from relay.http.app_state import AppState
+from relay.http.metrics import Metrics
+from relay.http.routes import routes
+from relay.http.run_stream import LiveRuns
+from relay.providers.registry import load_providers
+from relay.runs.catalog import Catalog
+from relay.runs.event_bus import EventBus
+from relay.runs.models import ErrorBody, ErrorDetail
+from relay.runs.reaper import Reaper
+from relay.runs.service import RunService
+from relay.settings import Settings
+from relay.store.database import STORE_FAILURES, Store, is_store_failure
+from relay.store.retention import Pruner
+from relay.webhooks.dispatcher import WebhookDispatcher
+
+log = logging.getLogger("relay.app")
+
+
+def error_response(request: Request, error: RelayError) -> Response:
+    detail = ErrorDetail(
+        code=error.code,
+        message=error.message,
+        request_id=getattr(request.state, "request_id", ""),
+        run_id=error.details.get("run_id"),
+        fields=error.details.get("fields"),
+    )
+    return Response(
+        ErrorBody(error=detail).model_dump_json(exclude_none=True),
+        status_code=error.status,
+        headers=error.response_headers(),
+        media_type="application/json",
+    )
+
+
+async def _relay_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RelayError)
+    return error_response(request, exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        # Every method the path answers to (a path may be split over several routes).
+        path = request.url.path
+        methods = sorted(
+            {m for r in request.app.routes if r.path_regex.match(path) for m in r.methods or ()}
+        )
+        return error_response(request, MethodNotAllowed(headers={"Allow": ", ".join(methods)}))
+    return error_response(request, NotFound("no such route"))
+
+
+STORE_RETRY_AFTER_S = 2.0
+"""The ``Retry-After`` of a ``503 store_unavailable``."""
+
+
+async def _store_error(request: Request, exc: Exception) -> Response:
+    if not is_store_failure(exc):
+        return await _unexpected(request, exc)
+    log.warning("store unavailable", extra={"error_class": type(exc).__name__})
+    return error_response(request, StoreUnavailable(retry_after=STORE_RETRY_AFTER_S))
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """The body never came whole: the connection was closed (``RELAY_BODY_TIMEOUT_S``,
+    relay/http/connections.py, or the caller left). Nobody reads this answer; the access log
+    records it as 408, and it is no error of the relay's."""
+    return Response(status_code=408)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error", extra={"error_class": type(exc).__name__})
+    return error_response(request, RelayError())
+
+
+class RequestContext:
+    """Request id (honours a sane ``X-Request-Id``) and the body size limit, as raw ASGI.
+
+    The limit is enforced while the body streams in, so an oversized body is refused
+    with 413 before it is read whole.
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        incoming = headers.get(b"x-request-id", b"").decode("latin-1")
+        request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else ""
+        request_id = request_id or "req_" + secrets.token_hex(8)
+        scope.setdefault("state", {})["request_id"] = request_id
+        logs.bind(request_id=request_id)
+        limit = self.max_body_bytes
+        length = headers.get(b"content-length")
+        too_large = False
+        if length is not None:
+            try:
+                too_large = int(length) > limit
+            except ValueError:
+                too_large = True
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(f"the body is over {limit} bytes")
+            return message
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        if too_large:
+            request = Request(scope)
+            response = error_response(request, BodyTooLarge(f"the body is over {limit} bytes"))
+            response.headers["Connection"] = "close"
+            await response(scope, receive, send_with_id)
+            return
+        await self.app(scope, limited_receive, send_with_id)
+
+
+def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlette:
+    """The relay app; raises ConfigError at once for a bad token file or job manifest."""
+    tokens = TokenStore(settings.tokens_file)
+    catalog = Catalog.load(settings.jobs_dir)
+    if "local" in settings.providers:
+        from relay.providers.local.provider import check_root, sandbox_root
+
+        check_root(sandbox_root(settings))  # refuse an untrusted root before serving
+    metrics_token = settings.metrics_token
+    metrics = Metrics(metrics_token.get_secret_value() if metrics_token else None)
+    logs.redact_settings(settings)  # a key that still reaches a log line reads [redacted]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        store = await Store.open(settings.database_url)
+        providers = load_providers(settings)
+        events = EventBus()
+        service = RunService(
+            settings, store, catalog, providers, instance_id=instance_id, events=events
+        )
+        reaper = Reaper(
+            store,
+            providers,
+            service,
+            grace_s=settings.grace_s,
+            single_replica=store.is_sqlite,
+            reap_interval_s=settings.reap_interval_s,
+        )
+        metrics.attach(service, reaper, events, providers)
+        state = AppState(settings, tokens, catalog, store, providers, service, reaper, events)
+        state.live = LiveRuns(events, max_streams_per_token=settings.max_streams_per_token)
+        app.state.relay = state
+        await store.heartbeat(service.instance_id)
+        # The startup sweep runs beside serving: hundreds of orphans must not keep the
+        # relay from answering.
+        sweeper = asyncio.create_task(reaper.run_forever(sweep_first=True))
+        webhooks = WebhookDispatcher(
+            settings,
+            store,
+            secret_for=tokens.webhook_secret,
+            events=events,
+            on_attempt=metrics.webhook_delivered,
+        )
+        dispatcher = asyncio.create_task(webhooks.run_forever())
+        metrics.pruner = pruner = Pruner(
+            store, retention_days=settings.retention_days, interval_s=settings.prune_interval_s
+        )
+        pruning = asyncio.create_task(pruner.run_forever())
+        try:
+            yield {}
+        finally:
+            await service.shutdown()
+            for task in (dispatcher, pruning):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await webhooks.aclose()
+            state.live.close()
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            with contextlib.suppress(Exception):
+                await store.forget_replica(service.instance_id)
+            for provider in providers.values():
+                with contextlib.suppress(Exception):
+                    await provider.aclose()
+            await store.close()
+
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            RelayError: _relay_error,
+            HTTPException: _http_error,
+            **dict.fromkeys(STORE_FAILURES, _store_error),
+            ClientDisconnect: _client_gone,
+            Exception: _unexpected,
+        },
+    )
+    app.add_middleware(RequestContext, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(AccessLog, metrics=metrics)  # outermost: sees every answer
+    app.state.metrics = metrics
+    return app

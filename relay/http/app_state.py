@@ -1,0 +1,40 @@
+"""What the running app holds: settings, tokens, catalog, store, providers, service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+
+from relay.auth import TokenStore
+from relay.providers.base import Provider
+from relay.runs.catalog import Catalog
+from relay.runs.event_bus import EventBus
+from relay.runs.reaper import Reaper
+from relay.runs.service import RunService
+from relay.settings import Settings
+from relay.store.database import Store
+
+if TYPE_CHECKING:
+    from relay.http.run_stream import LiveRuns  # live.py imports routes, which import this module
+
+
+@dataclass
+class AppState:
+    """Built by the app's lifespan; handlers reach it as ``request.app.state.relay``."""
+
+    settings: Settings
+    tokens: TokenStore
+    catalog: Catalog
+    store: Store
+    providers: dict[str, Provider]
+    service: RunService
+    reaper: Reaper | None = None
+    events: EventBus | None = None
+    live: LiveRuns | None = None
+
+    def base_url(self, request: Request) -> str:
+        if self.settings.public_url:
+            return self.settings.public_url.rstrip("/")
+        return str(request.base_url).rstrip("/")

@@ -1,0 +1,265 @@
+"""Prometheus metrics, served at ``GET /metrics``, one registry per app.
+
+Each app gets its own :class:`prometheus_client.CollectorRegistry` (never the global
+one), so two apps in one process, or one test after another, never share a counter.
+
+Labels are low-cardinality by construction: a route is its path *template*
+(``/v1/runs/{run_id}``), a method outside the usual seven reads ``other``, a job is a
+name declared in ``jobs/`` (``(command)`` for a raw argv), a provider is an enabled
+provider's name. No run id, token, header or other caller input is ever a label.
+
+The series (names are stable API; dashboards depend on them):
+
+==========================================  =========  ===============================
+``relay_http_requests_total``               counter    method, route, status
+``relay_http_request_duration_seconds``     histogram  method, route
+``relay_runs_total``                        counter    job, provider, state (final)
+``relay_run_duration_seconds``              histogram  provider (a run's duration_ms)
+``relay_sandbox_create_seconds``            histogram  provider (a run's create_ms)
+``relay_spend_usd_total``                   counter    provider (a run's cost_usd)
+``relay_runs_in_flight``                    gauge      (runs held by this process)
+``relay_reaper_terminations_total``         counter    reason (sandboxes the reaper ended)
+``relay_reaper_unknown_age_total``           counter    (unknown sandboxes with no age: left)
+``relay_reaper_failures_total``             counter    (terminates that failed)
+``relay_reaper_failing_sandboxes``          gauge      (still failing, retried each sweep)
+``relay_webhook_deliveries_total``          counter    outcome
+``relay_local_cleanup_failures_total``      counter    (local sandbox cleanups that failed)
+``relay_pruned_rows_total``                 counter    table (runs, deliveries)
+``relay_store_bytes``                       gauge      (SQLite file pages, or PG database)
+==========================================  =========  ===============================
+
+Run metrics come from the ``finished`` event: the run service publishes it for each run
+it ends, and the reaper for each run it marks ``lost`` (on the replica that swept). The
+in-flight and reaper numbers are read from the service and the reaper when scraped. The
+pruned rows and the store's size are the retention pass's (relay/store/retention.py: each
+pass on this replica, and the size after it). The webhook dispatcher reports each
+delivery attempt through
+``on_attempt=metrics.webhook_delivered``. The app's :class:`Metrics` is
+``app.state.metrics``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+
+from relay.errors import Unauthorized
+from relay.runs.event_bus import EventBus, RunEvent
+
+if TYPE_CHECKING:
+    from relay.runs.reaper import Reaper
+    from relay.runs.service import RunService
+    from relay.store.retention import Pruner
+
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+COMMAND_JOB = "(command)"
+"""The ``job`` label of a raw-argv run (no declared job can have this name)."""
+UNMATCHED_ROUTE = "(unmatched)"
+"""The ``route`` label of a request that matched no route (a 404)."""
+
+_REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_RUN_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+_CREATE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 8, 13, 20, 30, 60)
+
+
+class _LiveCollector(Collector):
+    """Numbers read at scrape time from the objects that own them."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        service, reaper, pruner = self.metrics.service, self.metrics.reaper, self.metrics.pruner
+        yield GaugeMetricFamily(
+            "relay_runs_in_flight",
+            "Runs this process is running now (queued, starting or running).",
+            value=service.active_runs if service is not None else 0,
+        )
+        terminations = CounterMetricFamily(
+            "relay_reaper_terminations",
+            "Sandboxes the reaper terminated, by reason (run_final, run_expired, "
+            "run_orphaned, unknown_expired, probe_expired).",
+            labels=("reason",),
+        )
+        for reason, count in sorted((reaper.terminated_by_reason if reaper else {}).items()):
+            terminations.add_metric((reason,), count)
+        yield terminations
+        yield CounterMetricFamily(
+            "relay_reaper_unknown_age",
+            "Sandboxes of no known run left alone because the provider gave no creation time.",
+            value=reaper.unknown_age_total if reaper is not None else 0,
+        )
+        yield CounterMetricFamily(
+            "relay_reaper_failures",
+            "Terminate calls by the reaper that failed (each is retried on the next sweep).",
+            value=reaper.failures_total if reaper is not None else 0,
+        )
+        yield GaugeMetricFamily(
+            "relay_reaper_failing_sandboxes",
+            "Sandboxes whose terminate is failing now; /readyz is degraded while above 0.",
+            value=len(reaper.failing) if reaper is not None else 0,
+        )
+        local = service.providers.get("local") if service is not None else None
+        yield CounterMetricFamily(
+            "relay_local_cleanup_failures",
+            "Local sandboxes whose cleanup (cgroup, folder) failed; the reaper retries them.",
+            value=getattr(local, "cleanup_failures", 0),
+        )
+        pruned = CounterMetricFamily(
+            "relay_pruned_rows",
+            "Rows deleted by retention (RELAY_RETENTION_DAYS) on this replica, by table.",
+            labels=("table",),
+        )
+        pruned.add_metric(("runs",), pruner.pruned_runs if pruner is not None else 0)
+        pruned.add_metric(("deliveries",), pruner.pruned_deliveries if pruner is not None else 0)
+        yield pruned
+        yield GaugeMetricFamily(
+            "relay_store_bytes",
+            "Size of the store after the last retention pass (SQLite pages, or PostgreSQL).",
+            value=pruner.store_bytes if pruner is not None else 0,
+        )
+
+
+class Metrics:
+    """The relay's metrics; made by ``create_app``, fed by middleware and run events."""
+
+    def __init__(self, token: str | None = None) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: noise
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.token = token
+        self.service: RunService | None = None
+        self.reaper: Reaper | None = None
+        self.pruner: Pruner | None = None
+        self.requests = Counter(
+            "relay_http_requests",
+            "HTTP requests answered, by method, route template and status.",
+            ("method", "route", "status"),
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "relay_http_request_duration_seconds",
+            "Time to answer an HTTP request (a waiting POST holds until its run ends).",
+            ("method", "route"),
+            buckets=_REQUEST_BUCKETS,
+            registry=self.registry,
+        )
+        self.runs = Counter(
+            "relay_runs",
+            "Runs that reached a final state, by job, provider and state.",
+            ("job", "provider", "state"),
+            registry=self.registry,
+        )
+        self.run_seconds = Histogram(
+            "relay_run_duration_seconds",
+            "Run duration from sandbox start to end (the run's duration_ms).",
+            ("provider",),
+            buckets=_RUN_BUCKETS,
+            registry=self.registry,
+        )
+        self.create_seconds = Histogram(
+            "relay_sandbox_create_seconds",
+            "Time the provider took to create a sandbox (the run's timings.create_ms).",
+            ("provider",),
+            buckets=_CREATE_BUCKETS,
+            registry=self.registry,
+        )
+        self.spend = Counter(
+            "relay_spend_usd",
+            "Estimated provider spend in US dollars (the finished runs' cost_usd).",
+            ("provider",),
+            registry=self.registry,
+        )
+        self.webhook_deliveries = Counter(
+            "relay_webhook_deliveries",
+            "Webhook (callback) delivery attempts, by outcome.",
+            ("outcome",),
+            registry=self.registry,
+        )
+        self.registry.register(_LiveCollector(self))
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _labels(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, remembered: every label here has few values, and
+        looking a child up is most of what counting a request costs."""
+        key = (id(metric), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
+    def attach(
+        self,
+        service: RunService,
+        reaper: Reaper | None,
+        events: EventBus,
+        providers: Iterable[str],
+    ) -> Callable[[], None]:
+        """Follow this app's runs; returns the unsubscribe function."""
+        self.service, self.reaper = service, reaper
+        for name in providers:  # so every enabled provider shows, at zero, from the start
+            self.spend.labels(provider=name)
+            self.run_seconds.labels(provider=name)
+            self.create_seconds.labels(provider=name)
+        return events.subscribe(self.on_event)
+
+    def on_event(self, event: RunEvent) -> None:
+        if event.kind != "finished" or event.row is None:
+            return
+        self.record_run(event.row)
+
+    def record_run(self, row: Mapping[str, Any]) -> None:
+        """Count one finished run (its stored row)."""
+        provider = str(row.get("provider") or "")
+        job = row.get("job") or COMMAND_JOB
+        self._labels(self.runs, job, provider, str(row.get("state"))).inc()
+        if row.get("duration_ms") is not None:
+            self._labels(self.run_seconds, provider).observe(row["duration_ms"] / 1000)
+        timings = row.get("timings") or {}
+        if isinstance(timings, str):
+            try:
+                timings = json.loads(timings)
+            except ValueError:
+                timings = {}
+        if isinstance(timings, dict) and timings.get("create_ms") is not None:
+            self._labels(self.create_seconds, provider).observe(timings["create_ms"] / 1000)
+        cost = row.get("cost_usd") or 0.0
+        if cost > 0:
+            self._labels(self.spend, provider).inc(cost)
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        method = method if method in METHODS else "other"
+        self._labels(self.requests, method, route, str(status)).inc()
+        self._labels(self.request_seconds, method, route).observe(seconds)
+
+    def webhook_delivered(self, outcome: str) -> None:
+        """Count one webhook delivery attempt; ``outcome`` is a fixed word such as
+        ``delivered``, ``retrying`` or ``failed``, never a URL or a status text."""
+        self.webhook_deliveries.labels(outcome=outcome).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def check_access(self, request: Request) -> None:
+        """With ``RELAY_METRICS_TOKEN`` set, a scrape must send it as a bearer token."""
+        if self.token is None:
+            return
+        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+        given = credentials.strip().encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, self.token.encode()):
+            raise Unauthorized("use `Authorization: Bearer <RELAY_METRICS_TOKEN>`")
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    """``GET /metrics``: the Prometheus text format."""
+    metrics: Metrics = request.app.state.metrics
+    metrics.check_access(request)
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,321 @@
+"""The OpenAPI 3.1 document, generated from the same pydantic models the handlers use."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from relay import __version__
+from relay.errors import ERROR_CLASSES
+from relay.runs.models import (
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    ErrorBody,
+    Health,
+    JobList,
+    ProviderList,
+    Run,
+    RunList,
+    RunRequest,
+    RunState,
+    RunSummary,
+    UsageReport,
+)
+
+_REF = "#/components/schemas/{model}"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF.format(model=name)}
+
+
+def _json(
+    name: str,
+    description: str,
+    headers: dict[str, Any] | None = None,
+    links: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": _ref(name)}},
+    }
+    if headers:
+        answer["headers"] = headers
+    if links:
+        answer["links"] = links
+    return answer
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    answers = {}
+    for status in statuses:
+        codes = sorted({cls.code for cls in ERROR_CLASSES if cls.status == status})
+        answers[str(status)] = _json("ErrorBody", "error codes: " + ", ".join(codes))
+    return answers
+
+
+_AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
+_RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_LOCATION = {"Location": {"schema": {"type": "string"}, "description": "the run's URL"}}
+_RUN_LINKS = {
+    "GetRun": {"operationId": "getRun", "parameters": {"run_id": "$response.body#/id"}},
+    "CancelRun": {"operationId": "cancelRun", "parameters": {"run_id": "$response.body#/id"}},
+}
+"""A run answer leads to the run's own URL (clients and fuzzers follow these)."""
+_RETRY = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
+_RATE_LIMIT = {
+    name: {"schema": {"type": "integer"}, "description": text}
+    for name, text in (
+        ("RateLimit-Limit", "the limit that was reached"),
+        ("RateLimit-Remaining", "what is left of it (0)"),
+        ("RateLimit-Reset", "seconds until it resets"),
+    )
+}
+
+
+_RUN_EVENT: dict[str, Any] = {
+    "title": "RunEvent",
+    "description": "One line of GET /v1/runs/{run_id}/events.",
+    "type": "object",
+    "required": ["event"],
+    "properties": {
+        "event": {"type": "string", "enum": ["state", "output", "ping", "run"]},
+        "state": {"type": "string", "description": "for `state`: the run's new state"},
+        "stream": {"type": "string", "enum": ["stdout", "stderr"]},
+        "text": {"type": "string", "description": "for `output`: the next chunk, in order"},
+        "run": {**_ref("Run"), "description": "for `run`: the final run; the last line"},
+    },
+}
+
+
+@cache
+def document() -> dict[str, Any]:
+    """The whole document; cached, since it depends on code only."""
+    _, schemas = models_json_schema(
+        [
+            (m, "serialization")
+            for m in (
+                Run,
+                RunSummary,
+                RunList,
+                ErrorBody,
+                JobList,
+                ProviderList,
+                Health,
+                UsageReport,
+            )
+        ]
+        + [(RunRequest, "validation")],
+        ref_template=_REF,
+    )
+    common = _errors(401, 405, 500)
+    paths: dict[str, Any] = {
+        "/v1/runs": {
+            "post": {
+                "summary": "Submit a run (waits for it unless `wait` is false)",
+                "operationId": "createRun",
+                "security": _AUTH,
+                "parameters": [
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "required": False,
+                        "description": "A retry with the same key returns the same run.",
+                        "schema": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_IDEMPOTENCY_KEY_CHARS,
+                            "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$",
+                        },
+                    },
+                ],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": _ref("RunRequest"),
+                            "examples": {
+                                "job": {"value": {"job": "echo", "params": {"message": "hi"}}},
+                                "async": {
+                                    "value": {
+                                        "job": "echo",
+                                        "params": {"message": "later"},
+                                        "wait": False,
+                                    }
+                                },
+                            },
+                        }
+                    },
+                },
+                "responses": {
+                    "200": _json("Run", "the finished run", _LOCATION, _RUN_LINKS),
+                    "429": _json(
+                        "ErrorBody",
+                        "error codes: rate_limited, budget_exceeded",
+                        {**_RETRY, **_RATE_LIMIT},
+                    ),
+                    "202": _json("Run", "accepted; poll Location", _LOCATION, _RUN_LINKS),
+                    **_errors(400, 403, 409, 413, 415, 422, 502, 503, 504),
+                    **common,
+                },
+            },
+            "get": {
+                "summary": "This token's runs, newest first",
+                "operationId": "listRuns",
+                "security": _AUTH,
+                "parameters": [
+                    {
+                        "name": "state",
+                        "in": "query",
+                        "schema": {"type": "string", "enum": [s.value for s in RunState]},
+                    },
+                    {"name": "job", "in": "query", "schema": {"type": "string"}},
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 200},
+                    },
+                    {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": _json(
+                        "RunList",
+                        "a page of run summaries: no stdout/stderr (read them through "
+                        "GET /v1/runs/{run_id}), their sizes in stdout_bytes/stderr_bytes",
+                    ),
+                    **_errors(400),
+                    **common,
+                },
+            },
+        },
+        "/v1/runs/{run_id}": {
+            "get": {
+                "summary": "One run",
+                "operationId": "getRun",
+                "security": _AUTH,
+                "parameters": [_RUN_ID],
+                "responses": {"200": _json("Run", "the run"), **_errors(404), **common},
+            },
+            "delete": {
+                "summary": "Cancel a run: its sandbox is terminated now",
+                "operationId": "cancelRun",
+                "security": _AUTH,
+                "parameters": [_RUN_ID],
+                "responses": {
+                    "200": _json("Run", "the canceled run"),
+                    **_errors(404, 409),
+                    **common,
+                },
+            },
+        },
+        "/v1/runs/{run_id}/events": {
+            "get": {
+                "summary": "The run's state changes and output as they happen, then the run",
+                "description": (
+                    "Newline-delimited JSON, one object per line, from the start of the run "
+                    "whenever you connect: `{event: state, state}`, `{event: output, stream, "
+                    "text}` (in order), `{event: ping}` (every 15 s of silence), and last "
+                    "`{event: run, run}` with the final run; then the stream closes (at the latest "
+                    "a few seconds after the run ended). A token may hold "
+                    "`RELAY_MAX_STREAMS_PER_TOKEN` streams open at once."
+                ),
+                "operationId": "runEvents",
+                "security": _AUTH,
+                "parameters": [_RUN_ID],
+                "responses": {
+                    "200": {
+                        "description": "an NDJSON stream ending with the final run",
+                        "content": {
+                            "application/x-ndjson": {"schema": _ref("RunEvent")},
+                        },
+                    },
+                    "429": _json(
+                        "ErrorBody",
+                        "error codes: too_many_streams (RELAY_MAX_STREAMS_PER_TOKEN open)",
+                        _RETRY,
+                    ),
+                    **_errors(404),
+                    **common,
+                },
+            }
+        },
+        "/v1/jobs": {
+            "get": {
+                "summary": "Jobs this token may run",
+                "operationId": "listJobs",
+                "security": _AUTH,
+                "responses": {"200": _json("JobList", "jobs"), **common},
+            }
+        },
+        "/v1/usage": {
+            "get": {
+                "summary": "This token's runs, sandbox seconds and spend today and this month",
+                "operationId": "getUsage",
+                "security": _AUTH,
+                "responses": {"200": _json("UsageReport", "usage and limits"), **common},
+            }
+        },
+        "/v1/providers": {
+            "get": {
+                "summary": "Enabled providers",
+                "operationId": "listProviders",
+                "security": _AUTH,
+                "responses": {"200": _json("ProviderList", "providers"), **common},
+            }
+        },
+        "/healthz": {
+            "get": {
+                "summary": "Liveness",
+                "operationId": "healthz",
+                "security": [],
+                "responses": {"200": {"description": "alive"}},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "summary": "Readiness",
+                "operationId": "readyz",
+                "security": [],
+                "responses": {
+                    "200": _json("Health", "ready or degraded"),
+                    "503": _json("Health", "not ready", _RETRY),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (bearer RELAY_METRICS_TOKEN when that is set)",
+                "operationId": "metrics",
+                "security": [{}, {"metrics": []}],
+                "responses": {
+                    "200": {
+                        "description": "the Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **_errors(401),
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "operationId": "openapi",
+                "security": [],
+                "responses": {"200": {"description": "OpenAPI 3.1"}},
+            }
+        },
+    }
+    schemas["$defs"]["RunEvent"] = _RUN_EVENT
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "relay", "version": __version__},
+        "paths": paths,
+        "components": {
+            "schemas": schemas["$defs"],
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "metrics": {"type": "http", "scheme": "bearer"},
+            },
+        },
+    }

@@ -1,0 +1,390 @@
+"""Thin HTTP handlers: parse → service → JSON. No provider is touched from here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from relay.auth import Principal
+from relay.errors import (
+    InvalidJson,
+    InvalidRequest,
+    NotFound,
+    ProviderError,
+    ProviderRateLimited,
+    Unauthorized,
+    UnsupportedMediaType,
+    ValidationFailed,
+    error_for_code,
+)
+from relay.http.app_state import AppState
+from relay.http.metrics import metrics_endpoint
+from relay.runs.models import (
+    MAX_IDEMPOTENCY_KEY_CHARS,
+    Health,
+    JobInfo,
+    JobList,
+    ParamInfo,
+    ProviderInfo,
+    ProviderList,
+    RunList,
+    RunRequest,
+    RunState,
+    TokenLimits,
+    UsageReport,
+    UsageWindow,
+)
+from relay.runs.view import run_model, run_summary
+from relay.store.database import Usage
+
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of a request body; a run request needs four levels at most."""
+RATE_LIMITED_RETRY_AFTER_S = 10.0
+"""Retry-After for a rate-limited run that has no provider hint (the provider gave none,
+or the run was recorded before schema 5 kept it)."""
+
+
+def _json(model: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        model.model_dump_json(), status_code=status, headers=headers, media_type="application/json"
+    )
+
+
+def _state(request: Request) -> AppState:
+    state: AppState = request.app.state.relay
+    return state
+
+
+def authenticate(request: Request) -> Principal:
+    state = _state(request)
+    header = state.settings.auth_header
+    raw = request.headers.get(header)
+    if raw is not None and header.lower() == "authorization":
+        scheme, _, credentials = raw.partition(" ")
+        if scheme.lower() != "bearer" or not credentials.strip():
+            raise Unauthorized("use `Authorization: Bearer <token>`")
+        raw = credentials.strip()
+    principal = state.tokens.authenticate(raw)
+    request.state.token_name = principal.name
+    return principal
+
+
+async def _read_request(request: Request) -> RunRequest:
+    content_type = request.headers.get("content-type", "application/json")
+    if content_type.split(";")[0].strip().lower() not in ("application/json", ""):
+        raise UnsupportedMediaType()
+    body = await request.body()
+    try:
+        data = json.loads(body)
+    except RecursionError as exc:
+        raise InvalidRequest(f"the body nests deeper than {MAX_JSON_DEPTH} levels") from exc
+    except ValueError as exc:  # not JSON, not UTF-8, or a number too long to convert
+        raise InvalidJson() from exc
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise InvalidRequest(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return RunRequest.model_validate_json(body)
+    except ValidationError as exc:
+        fields = [
+            {"field": ".".join(str(part) for part in err["loc"]) or "body", "message": err["msg"]}
+            for err in exc.errors(include_input=False, include_url=False)
+        ]
+        first = fields[0]
+        raise ValidationFailed(
+            f"{first['field']}: {first['message']}", details={"fields": fields}
+        ) from exc
+
+
+def json_depth(value: Any) -> int:
+    """How deeply ``value`` nests (a scalar is 0), without recursion."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            pending.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            pending.extend((child, depth + 1) for child in item)
+    return deepest
+
+
+def _idempotency_key(request: Request) -> str | None:
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS or not key.isprintable():
+        raise InvalidRequest(
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} printable characters"
+        )
+    return key
+
+
+async def _deliveries(request: Request, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Delivery rows of the runs that have a callback_url (one query for a page)."""
+    from relay.store.deliveries import Deliveries
+
+    ids = [row["id"] for row in rows if row.get("callback_url")]
+    return await Deliveries(_state(request).store).for_runs(ids) if ids else {}
+
+
+async def _run_json(request: Request, row: dict[str, Any]) -> Response:
+    """A run, with its deliveries, as a 200 answer."""
+    found = await _deliveries(request, [row])
+    return _json(run_model(row, found.get(row["id"])))
+
+
+def _run_answer(
+    request: Request, row: dict[str, Any], deliveries: list[dict[str, Any]] | None = None
+) -> Response:
+    run = run_model(row, deliveries)
+    state = _state(request)
+    location = f"{state.base_url(request)}/v1/runs/{run.id}"
+    if not run.state.final:
+        return _json(run, 202, {"Location": location})
+    if run.state == RunState.error and run.error is not None:
+        error = error_for_code(run.error.code)
+        if issubclass(error, ProviderError):
+            # The request did not succeed: answer with the provider fault's status, and
+            # name the run so the caller can still read it.
+            retry_after = run.error.retry_after_s
+            if retry_after is None and issubclass(error, ProviderRateLimited):
+                retry_after = RATE_LIMITED_RETRY_AFTER_S
+            raise error(
+                run.error.message,
+                details={"run_id": run.id},
+                headers={"Location": location},
+                retry_after=retry_after,
+            )
+    return _json(run, 200, {"Location": location})
+
+
+async def create_run(request: Request) -> Response:
+    principal = authenticate(request)
+    key = _idempotency_key(request)
+    body = await _read_request(request)
+    state = _state(request)
+    row, _created = await state.service.submit(principal, body, key)
+    if body.wait and not RunState(row["state"]).final:
+        row = await state.service.wait(row["id"], state.settings.max_wait_s)
+    found = await _deliveries(request, [row])
+    return _run_answer(request, row, found.get(row["id"]))
+
+
+async def get_run(request: Request) -> Response:
+    principal = authenticate(request)
+    row = await _state(request).service.get(principal, request.path_params["run_id"])
+    return await _run_json(request, row)
+
+
+async def run_events(request: Request) -> Response:
+    """The run's state changes and output as NDJSON lines, ending with the final run."""
+    from relay.http.run_stream import follow_run
+
+    principal = authenticate(request)
+    state = _state(request)
+    row = await state.service.get(principal, request.path_params["run_id"])
+    if state.live is None:  # pragma: no cover - the app always builds one
+        raise NotFound("live output is not available on this relay")
+    release = state.live.hold_stream(principal.name)  # 429 past the token's cap
+    return HeldStream(
+        follow_run(state.live, state.service, state.store, row),
+        release,
+        media_type="application/x-ndjson",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+class HeldStream(StreamingResponse):
+    """A streaming answer that releases what it holds (a token's stream slot) however it
+    ends: finished, the caller gone before the first line, or failed."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], **options: Any):
+        super().__init__(content, **options)
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
+async def cancel_run(request: Request) -> Response:
+    principal = authenticate(request)
+    row = await _state(request).service.cancel(principal, request.path_params["run_id"])
+    return await _run_json(request, row)
+
+
+async def list_runs(request: Request) -> Response:
+    principal = authenticate(request)
+    query = request.query_params
+    unknown = sorted(set(query) - {"state", "job", "limit", "cursor"})
+    if unknown:
+        raise InvalidRequest(f"unknown query parameter {unknown[0]!r}")
+    state_filter = query.get("state")
+    if state_filter is not None and state_filter not in {s.value for s in RunState}:
+        raise InvalidRequest(f"state must be one of {[s.value for s in RunState]}")
+    try:
+        limit = int(query.get("limit", "50"))
+    except ValueError as exc:
+        raise InvalidRequest("limit must be an integer from 1 to 200") from exc
+    if not 1 <= limit <= 200:
+        raise InvalidRequest("limit must be an integer from 1 to 200")
+    rows, cursor = await _state(request).store.list_runs(
+        principal.name,
+        state=state_filter,
+        job=query.get("job"),
+        limit=limit,
+        cursor=query.get("cursor"),
+    )
+    found = await _deliveries(request, rows)
+    runs = [run_summary(row, found.get(row["id"])) for row in rows]
+    return _json(RunList(runs=runs, next_cursor=cursor))
+
+
+async def list_jobs(request: Request) -> Response:
+    principal = authenticate(request)
+    jobs = []
+    for job in _state(request).catalog.jobs.values():
+        if not principal.may_run_job(job.name):
+            continue
+        params = [
+            ParamInfo(
+                name=p.name,
+                type=p.type,
+                required=p.required,
+                description=p.description,
+                default=p.default,
+            )
+            for p in job.params.values()
+        ]
+        jobs.append(
+            JobInfo(
+                name=job.name,
+                description=job.description,
+                provider=job.provider,
+                timeout_s=job.timeout_s,
+                egress=list(job.egress),
+                params=params,
+            )
+        )
+    return _json(JobList(jobs=jobs))
+
+
+async def list_providers(request: Request) -> Response:
+    authenticate(request)
+    state = _state(request)
+    infos = [
+        ProviderInfo(
+            name=name,
+            enabled=True,
+            isolation=getattr(provider, "isolation", None),
+            limits=getattr(provider, "limits", None),
+        )
+        for name, provider in state.providers.items()
+    ]
+    return _json(ProviderList(providers=infos))
+
+
+def usage_window(usage: Usage) -> UsageWindow:
+    return UsageWindow(
+        runs=usage.runs,
+        sandbox_seconds=round(usage.sandbox_s, 3),
+        usd=round(usage.usd, 6),
+        active=usage.active,
+    )
+
+
+def token_limits(principal: Principal) -> TokenLimits:
+    return TokenLimits(
+        jobs=sorted(principal.jobs),
+        command=principal.command,
+        providers=sorted(principal.providers),
+        max_timeout_s=principal.max_timeout_s,
+        max_concurrent=principal.max_concurrent,
+        runs_per_day=principal.runs_per_day,
+        usd_per_day=principal.usd_per_day,
+    )
+
+
+async def usage(request: Request) -> Response:
+    principal = authenticate(request)
+    today, month = await _state(request).service.usage(principal)
+    report = UsageReport(
+        token=principal.name,
+        today=usage_window(today),
+        month=usage_window(month),
+        limits=token_limits(principal),
+    )
+    return _json(report)
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    state = _state(request)
+    checks: dict[str, str] = {}
+    status = "ok"
+    try:
+        await state.store.ping()
+        checks["store"] = "ok"
+    except Exception:
+        checks["store"] = "unreachable"
+        status = "unavailable"
+    if status == "ok" and not await state.store.can_write(state.service.instance_id):
+        checks["store"] = "not writable"
+        status = "unavailable"
+    if not state.service.accepting:
+        checks["relay"] = "draining"
+        status = "unavailable"
+    for name, provider in state.providers.items():
+        problem = getattr(provider, "problem", None)
+        found = problem() if callable(problem) else None
+        if found:
+            checks[name] = found
+            status = "unavailable"
+    state.tokens.refresh()
+    if state.tokens.problem is not None:
+        checks["tokens"] = state.tokens.problem
+        status = "unavailable"
+    else:
+        checks["tokens"] = "ok"
+    if state.reaper is not None and state.reaper.degraded:
+        checks["reaper"] = f"{len(state.reaper.failing)} sandbox(es) failed to terminate"
+        status = "degraded" if status == "ok" else status
+    code = 503 if status == "unavailable" else 200
+    return _json(Health(status=status, checks=checks), code)
+
+
+async def openapi(request: Request) -> Response:
+    from relay.http.openapi import document
+
+    return JSONResponse(document())
+
+
+routes = [
+    Route("/v1/runs", create_run, methods=["POST"]),
+    Route("/v1/runs", list_runs, methods=["GET"]),
+    Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
+    Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),
+    Route("/v1/runs/{run_id}", cancel_run, methods=["DELETE"]),
+    Route("/v1/jobs", list_jobs, methods=["GET"]),
+    Route("/v1/usage", usage, methods=["GET"]),
+    Route("/v1/providers", list_providers, methods=["GET"]),
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
+    Route("/openapi.json", openapi, methods=["GET"]),
+    Route("/metrics", metrics_endpoint, methods=["GET"]),
+]

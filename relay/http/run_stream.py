@@ -1,0 +1,222 @@
+"""Live output of a run: ``GET /v1/runs/{id}/events``, one JSON object per line (NDJSON).
+
+::
+
+    {"event": "state", "state": "running"}
+    {"event": "output", "stream": "stdout", "text": "sleeping\\n"}
+    {"event": "ping"}                                   (every 15 s of silence)
+    {"event": "run", "run": {…the final run, as GET /v1/runs/{id}…}}
+
+The stream starts from the beginning of the run whenever the caller connects, and
+ends with the final run. On the replica that runs the job, :class:`LiveRuns` (a
+subscriber of the run EventBus) keeps each running run's events — output at most
+``RELAY_MAX_OUTPUT_BYTES`` per stream, as the run itself keeps — and forgets them when
+the run ends. A caller connected to another replica, or to a run that has ended, gets
+the state changes polled from the store and the stored output when the run ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from relay.errors import TooManyStreams
+from relay.runs.event_bus import EventBus, RunEvent
+from relay.runs.models import RunState
+from relay.runs.service import RunService
+from relay.runs.view import run_model
+from relay.store.database import Store
+from relay.store.deliveries import Deliveries
+
+PING_S = 15.0
+POLL_S = 0.5
+CHECK_S = 5.0
+"""How often a stream fed by this replica's buffer, silent meanwhile, looks at the stored
+run: if it ended more than :data:`END_GRACE_S` ago and no end reached the buffer, the
+stream ends anyway (at most ``CHECK_S`` + ``END_GRACE_S`` past the run's end)."""
+END_GRACE_S = 5.0
+Line = dict[str, Any]
+
+
+@dataclass
+class _Buffer:
+    """One running run's events so far, and the queues of callers following it."""
+
+    events: list[Line] = field(default_factory=list)
+    followers: list[asyncio.Queue[Line | None]] = field(default_factory=list)
+    decoders: dict[str, codecs.IncrementalDecoder] = field(default_factory=dict)
+
+    def add(self, line: Line) -> None:
+        self.events.append(line)
+        for queue in self.followers:
+            queue.put_nowait(line)
+
+    def text(self, stream: str, data: bytes, final: bool = False) -> str:
+        decoder = self.decoders.setdefault(stream, codecs.getincrementaldecoder("utf-8")("replace"))
+        return decoder.decode(data, final)
+
+
+class LiveRuns:
+    """Replay buffers of the runs this replica is running, fed by the EventBus."""
+
+    def __init__(self, events: EventBus, *, max_streams_per_token: int = 8) -> None:
+        self._runs: dict[str, _Buffer] = {}
+        self._unsubscribe = events.subscribe(self._on_event)
+        self.max_streams_per_token = max_streams_per_token
+        self._streams: dict[str, int] = {}
+
+    def hold_stream(self, token: str) -> Callable[[], None]:
+        """Count one open stream of ``token``; raises :class:`TooManyStreams` past the
+        cap. Returns the function that releases it (call it once, as the stream ends)."""
+        held = self._streams.get(token, 0)
+        if held >= self.max_streams_per_token:
+            raise TooManyStreams(
+                f"this token has {held} event streams open; close one first",
+                retry_after=CHECK_S,
+            )
+        self._streams[token] = held + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                left = self._streams.pop(token) - 1
+                if left:
+                    self._streams[token] = left
+
+        return release
+
+    def close(self) -> None:
+        self._unsubscribe()
+        for run_id in list(self._runs):
+            self._end(run_id)
+
+    def _on_event(self, event: RunEvent) -> None:
+        if event.kind == "finished":
+            self._end(event.run_id)
+            return
+        buffer = self._runs.setdefault(event.run_id, _Buffer())
+        if event.kind == "state":
+            buffer.add({"event": "state", "state": event.state})
+        elif event.kind == "output" and event.stream:
+            text = buffer.text(event.stream, event.data)
+            if text:
+                buffer.add({"event": "output", "stream": event.stream, "text": text})
+
+    def _end(self, run_id: str) -> None:
+        buffer = self._runs.pop(run_id, None)
+        if buffer is None:
+            return
+        for stream in list(buffer.decoders):
+            tail = buffer.text(stream, b"", final=True)
+            if tail:
+                buffer.add({"event": "output", "stream": stream, "text": tail})
+        for queue in buffer.followers:
+            queue.put_nowait(None)
+
+    def follow(self, run_id: str, *, running_here: bool) -> asyncio.Queue[Line | None] | None:
+        """A queue holding the run's events so far, then each new one, then None at the
+        end; None when this replica is not running the run."""
+        buffer = self._runs.get(run_id)
+        if buffer is None:
+            if not running_here:
+                return None
+            buffer = self._runs[run_id] = _Buffer()  # no event yet: it is about to start
+        queue: asyncio.Queue[Line | None] = asyncio.Queue()
+        for line in buffer.events:
+            queue.put_nowait(line)
+        buffer.followers.append(queue)
+        return queue
+
+    def unfollow(self, run_id: str, queue: asyncio.Queue[Line | None]) -> None:
+        buffer = self._runs.get(run_id)
+        if buffer is not None and queue in buffer.followers:
+            buffer.followers.remove(queue)
+
+
+def _encode(line: Line) -> bytes:
+    return json.dumps(line, separators=(",", ":")).encode() + b"\n"
+
+
+async def _final_lines(store: Store, run_id: str, *, with_output: bool) -> AsyncIterator[bytes]:
+    row = await store.get_run(run_id)
+    if row is None:  # pragma: no cover - pruned meanwhile (retention.py)
+        return
+    if with_output:
+        for stream in ("stdout", "stderr"):
+            if row.get(stream):
+                yield _encode({"event": "output", "stream": stream, "text": row[stream]})
+    found = await Deliveries(store).for_runs([run_id]) if row.get("callback_url") else {}
+    run = run_model(row, found.get(run_id, [])).model_dump(mode="json")
+    yield _encode({"event": "run", "run": run})
+
+
+async def _ended_long_ago(store: Store, run_id: str) -> bool:
+    """Whether the stored run is final and ended more than END_GRACE_S ago."""
+    row = await store.get_run(run_id)
+    if row is None:
+        return True
+    ended = row.get("ended_at") or row["created_at"]
+    return RunState(row["state"]).final and ended + END_GRACE_S <= time.time()
+
+
+async def follow_run(
+    live: LiveRuns, service: RunService, store: Store, row: dict[str, Any]
+) -> AsyncIterator[bytes]:
+    """The NDJSON lines of one run, from its start to its final state."""
+    run_id = row["id"]
+    queue = None
+    if not RunState(row["state"]).final:
+        queue = live.follow(run_id, running_here=run_id in service._tasks)
+    if queue is not None:
+        try:
+            silent = 0.0
+            while True:
+                try:
+                    line = await asyncio.wait_for(queue.get(), CHECK_S)
+                except TimeoutError:
+                    # The end may never reach this buffer (it was made as the run ended):
+                    # the store says when the run is over.
+                    if await _ended_long_ago(store, run_id):
+                        break
+                    silent += CHECK_S
+                    if silent >= PING_S:
+                        silent = 0.0
+                        yield _encode({"event": "ping"})
+                    continue
+                silent = 0.0
+                if line is None:
+                    break
+                yield _encode(line)
+        finally:
+            live.unfollow(run_id, queue)
+        async for chunk in _final_lines(store, run_id, with_output=False):
+            yield chunk
+        return
+    # Not running here: state changes from the store; output once the run has ended.
+    state: RunState | None = None
+    quiet = 0.0
+    while True:
+        current = await store.get_run(run_id)
+        if current is None:  # pragma: no cover - pruned meanwhile (retention.py)
+            return
+        if current["state"] != state:
+            state = RunState(current["state"])
+            quiet = 0.0
+            if not state.final:
+                yield _encode({"event": "state", "state": state.value})
+        if state is not None and state.final:
+            break
+        await asyncio.sleep(POLL_S)
+        quiet += POLL_S
+        if quiet >= PING_S:
+            quiet = 0.0
+            yield _encode({"event": "ping"})
+    async for chunk in _final_lines(store, run_id, with_output=True):
+        yield chunk

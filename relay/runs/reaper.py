@@ -1,0 +1,295 @@
+"""The reaper: nothing outlives its run's deadline, whatever failed.
+
+Each sweep (at startup and every ``RELAY_REAP_INTERVAL_S``):
+
+1. runs that are not final, not held by this process, and either past their deadline +
+   grace or orphaned → their sandbox is terminated and the run reads ``lost``; the run
+   service's ``finished`` event is published for it, as for any run that ends (metrics
+   count it, the webhook dispatcher is woken, a live events stream ends). A run is
+   orphaned when the replica that owns it has stopped its heartbeat (every replica writes
+   one every :attr:`Reaper.heartbeat_s`; three missed beats mean it died), judged only
+   once this replica has written :data:`BEATS_BEFORE_JUDGING` heartbeats since it last
+   failed to reach the store (after an outage every beat is old); on SQLite there
+   is one relay, so a run owned by an earlier process is orphaned at once; a run owned
+   by this process that it no longer holds (:meth:`RunService.holds`) is orphaned too;
+2. every sandbox a provider lists as this cluster's whose run is final or past its
+   deadline + grace → terminated. A sandbox whose run the store does not know is
+   terminated only once older than the longest lifetime this relay gives
+   (``RELAY_CREATE_TIMEOUT_S`` + ``RELAY_MAX_TIMEOUT_S`` + ``RELAY_GRACE_S``): younger, it
+   may be another relay's sharing the cluster name. A ``relay probe`` sandbox (run id
+   ``probe_…``) ends itself; it is terminated once past a probe's lifetime. A provider
+   that reports no creation time (Modal) gets its unknown sandboxes left alone, each
+   counted (``relay_reaper_unknown_age_total``) and logged; its own hard lifetime ends
+   them.
+
+Every termination is logged (provider, sandbox, run, reason) and counted by reason
+(``relay_reaper_terminations_total{reason}``).
+
+On PostgreSQL one replica sweeps at a time (an advisory lock); terminate is idempotent,
+so an overlap would be harmless anyway. A terminate that fails is counted, logged
+(provider, sandbox id, error class) and tried again with backoff (the next sweep, then
+after 1, 3 and at most 3 skipped sweeps); ``/readyz`` reads degraded until it succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from relay.providers.base import Provider, SandboxRef
+from relay.providers.probe import PROBE_PREFIX, PROBE_TIMEOUT_S
+from relay.runs.event_bus import RunEvent
+from relay.runs.models import RunState
+from relay.runs.service import RunService
+from relay.store.database import ACTIVE, FINAL, Store
+
+log = logging.getLogger("relay.reaper")
+
+MISSED_BEATS = 3
+"""A replica that has written no heartbeat for this many of its beats (plus a second) died."""
+CONCURRENT_TERMINATES = 16
+"""Terminate calls one sweep makes at a time."""
+BEATS_BEFORE_JUDGING = MISSED_BEATS + 1
+"""Heartbeats this replica must itself have written since it last failed to reach the
+store before it calls another replica dead: after a database outage every replica's last
+beat is old, and the others need as long as the rule gives them to write a new one."""
+
+
+@dataclass
+class SweepReport:
+    terminated: list[tuple[str, str]] = field(default_factory=list)
+    lost_runs: list[str] = field(default_factory=list)
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+
+class Reaper:
+    """Finds and ends sandboxes and runs that nobody will end otherwise."""
+
+    def __init__(
+        self,
+        store: Store,
+        providers: Mapping[str, Provider],
+        service: RunService,
+        *,
+        grace_s: float,
+        single_replica: bool,
+        reap_interval_s: float = 60.0,
+        beats_before_judging: int = BEATS_BEFORE_JUDGING,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.clock = clock
+        self.reap_interval_s = reap_interval_s
+        self.store = store
+        self.providers = providers
+        self.service = service
+        self.grace_s = grace_s
+        self.single_replica = single_replica
+        self.failing: dict[str, int] = {}
+        self._skip: dict[str, int] = {}
+        self._sweeps = 0
+        self.heartbeat_s = min(10.0, reap_interval_s)
+        self.beats_before_judging = beats_before_judging
+        self.beats = 0  # heartbeats written since this replica last failed to reach the store
+        self.terminated_total = 0
+        self.terminated_by_reason: Counter[str] = Counter()
+        self.unknown_age_total = 0  # sandboxes left alone: unknown run, no creation time
+        self.failures_total = 0
+        settings = service.settings
+        # The longest a sandbox of this relay can live: the create call, the longest run
+        # timeout the relay gives, then the provider-side grace. Younger than that, a
+        # sandbox the store does not know may be another relay's (same cluster name) or
+        # one whose run row is not visible yet: it is left alone.
+        self.max_lifetime_s = settings.create_timeout_s + settings.max_timeout_s + grace_s
+        self.probe_lifetime_s = settings.create_timeout_s + PROBE_TIMEOUT_S + grace_s
+
+    def _held_here(self, run_id: str) -> bool:
+        return self.service.holds(run_id)
+
+    async def _terminate(
+        self,
+        provider: str,
+        sandbox_id: str,
+        report: SweepReport,
+        *,
+        run_id: str | None,
+        reason: str,
+    ) -> bool:
+        if self._skip.get(sandbox_id, 0) > self._sweeps:
+            return False  # backing off after failures: try again a few sweeps later
+        try:
+            await self.providers[provider].terminate(sandbox_id)
+        except Exception as exc:
+            attempts = self.failing[sandbox_id] = self.failing.get(sandbox_id, 0) + 1
+            self._skip[sandbox_id] = self._sweeps + min(2 ** (attempts - 1), 4)
+            self.failures_total += 1
+            report.failures.append((provider, sandbox_id))
+            log.warning(
+                "terminate failed; will retry",
+                extra={
+                    "provider": provider,
+                    "sandbox_id": sandbox_id,
+                    "error_class": type(exc).__name__,
+                },
+            )
+            return False
+        self.failing.pop(sandbox_id, None)
+        self._skip.pop(sandbox_id, None)
+        self.terminated_total += 1
+        self.terminated_by_reason[reason] += 1
+        report.terminated.append((provider, sandbox_id))
+        log.info(
+            "reaper terminated a sandbox",
+            extra={
+                "provider": provider,
+                "sandbox_id": sandbox_id,
+                "run_id": run_id,
+                "reason": reason,
+            },
+        )
+        return True
+
+    def _reason(self, ref: SandboxRef, run: dict[str, Any] | None, now: float) -> str | None:
+        """Why a listed sandbox must end (a label for logs and metrics), or None."""
+        if run is not None:
+            if run["state"] in FINAL:
+                return "run_final"
+            if run["deadline"] + self.grace_s <= now:
+                return "run_expired"
+            return None
+        probe = (ref.run_id or "").startswith(PROBE_PREFIX)
+        if ref.created_at is None:
+            # Nothing says how old it is: it may be a live probe or another relay's run.
+            self.unknown_age_total += 1
+            log.warning(
+                "a sandbox with no known run and no creation time is left alone",
+                extra={"sandbox_id": ref.sandbox_id, "run_id": ref.run_id},
+            )
+            return None
+        age = now - _seconds(ref.created_at)
+        if probe:
+            return "probe_expired" if age > self.probe_lifetime_s else None
+        return "unknown_expired" if age > self.max_lifetime_s else None
+
+    async def sweep(self, *, dry_run: bool = False) -> SweepReport:
+        async with self.store.sweep_lock() as got:
+            if not got:
+                return SweepReport()
+            return await self._sweep(dry_run)
+
+    async def _sweep(self, dry_run: bool) -> SweepReport:
+        self._sweeps += 1
+        report = SweepReport()
+        now = self.clock()
+        live = await self.store.live_replicas(MISSED_BEATS * self.heartbeat_s + 1)
+        judging = self.beats >= self.beats_before_judging
+        live.add(self.service.instance_id)
+        lost: list[tuple[dict[str, Any], bool]] = []
+        for row in await self.store.runs_in_states(ACTIVE):
+            if self._held_here(row["id"]):
+                continue
+            if self.single_replica or row["owner"] == self.service.instance_id:
+                # Not held here: whoever ran it (an earlier process, or a task of this one
+                # that ended without its final write) will never write its final state.
+                orphaned = True
+            else:
+                orphaned = judging and row["owner"] not in live
+            if not orphaned and row["deadline"] + self.grace_s > now:
+                continue
+            report.lost_runs.append(row["id"])
+            lost.append((row, orphaned))
+        if not dry_run:
+            await self._bounded(
+                self._end_lost(row, orphaned, now, report) for row, orphaned in lost
+            )
+        for name, provider in self.providers.items():
+            try:
+                owned = await provider.list_owned()
+            except Exception as exc:
+                log.warning(
+                    "listing sandboxes failed",
+                    extra={"provider": name, "error_class": type(exc).__name__},
+                )
+                continue
+            runs = await self.store.runs_by_id([ref.run_id for ref in owned if ref.run_id])
+            ending: list[Awaitable[bool]] = []
+            for ref in owned:
+                run = runs.get(ref.run_id or "")
+                if run is not None and self._held_here(run["id"]):
+                    continue
+                why = self._reason(ref, run, now)
+                if why is None:
+                    continue
+                if dry_run:
+                    report.terminated.append((name, ref.sandbox_id))
+                else:
+                    ending.append(
+                        self._terminate(name, ref.sandbox_id, report, run_id=ref.run_id, reason=why)
+                    )
+            await self._bounded(ending)
+        return report
+
+    async def _bounded(self, work: Iterable[Awaitable[Any]]) -> None:
+        """Await every item, at most :data:`CONCURRENT_TERMINATES` at a time (hundreds of
+        orphans would take minutes one by one)."""
+        gate = asyncio.Semaphore(CONCURRENT_TERMINATES)
+
+        async def one(item: Awaitable[Any]) -> None:
+            async with gate:
+                await item
+
+        await asyncio.gather(*(one(item) for item in work))
+
+    async def _end_lost(
+        self, row: dict[str, Any], orphaned: bool, now: float, report: SweepReport
+    ) -> None:
+        if row["sandbox_id"] and row["provider"] in self.providers:
+            reason = "run_orphaned" if orphaned else "run_expired"
+            await self._terminate(
+                row["provider"], row["sandbox_id"], report, run_id=row["id"], reason=reason
+            )
+        marked = await self.store.update_run(
+            row["id"],
+            state=RunState.lost.value,
+            ended_at=now,
+            error_code="sandbox_lost",
+            error_message="the relay running this job stopped; the sandbox was terminated",
+        )
+        if marked:  # not when its owner finished it meanwhile: that one was published
+            await self._publish_lost(row["id"])
+
+    async def _publish_lost(self, run_id: str) -> None:
+        """Tell this replica's subscribers (metrics, webhooks, live streams) the run ended."""
+        row = await self.store.get_run(run_id)
+        if row is not None:
+            event = RunEvent(run_id, "finished", state=row["state"], row=row)
+            self.service.events.publish(event)
+
+    async def run_forever(self, *, sweep_first: bool = False) -> None:
+        """Heartbeat every ``heartbeat_s`` and sweep every ``reap_interval_s`` (the first
+        time at once with ``sweep_first``: the startup sweep, while the relay serves)."""
+        next_sweep = time.monotonic() + (0 if sweep_first else self.reap_interval_s)
+        while True:
+            try:
+                await self.store.heartbeat(self.service.instance_id)
+                self.beats += 1
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self.reap_interval_s
+                    await self.sweep()
+            except Exception as exc:
+                self.beats = 0
+                log.warning("sweep failed", extra={"error_class": type(exc).__name__})
+            await asyncio.sleep(min(self.heartbeat_s, self.reap_interval_s))
+
+    @property
+    def degraded(self) -> bool:
+        return bool(self.failing)
+
+
+def _seconds(moment: datetime | float) -> float:
+    return moment if isinstance(moment, float | int) else moment.timestamp()

@@ -1,0 +1,483 @@
+"""Run state in SQL: SQLAlchemy Core, SQLite (WAL) by default, PostgreSQL for replicas.
+
+The store knows nothing of providers. Everything that must hold across replicas
+(idempotency, limits, final states written once) is decided here by the database: a
+unique index on ``(token, idempotency_key)``, limit checks in the inserting transaction
+(under an advisory lock on PostgreSQL) and conditional updates that never overwrite a
+final state.
+
+How a transaction runs: each store method is one short transaction written as a plain
+function of a SQLAlchemy :class:`~sqlalchemy.engine.Connection` (:meth:`Store.run`).
+
+- **SQLite**: the relay holds one connection and calls that function on the event-loop
+  thread. A statement on a local WAL file takes tens of microseconds, less than handing
+  it to a thread: through aiosqlite each statement was several thread hops and GIL
+  hand-offs, which cost more than the rest of a run together (bench/README.md). The
+  writes of one turn of the loop share one commit (relay/store/sqlite/group_commit.py), and a lock
+  held by another process (``relay reap`` from cron) is waited for with ``asyncio.sleep``, never
+  by blocking the loop for long.
+- **PostgreSQL**: the same function runs on the asyncpg engine (``run_sync``), which
+  awaits the network under it, so every replica shares one code path with SQLite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import secrets
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.compiler import compiles
+
+from relay.errors import ConfigError, InvalidRequest
+from relay.store.connection import database_url, sqlite_engine
+from relay.store.limits import Admission, DuplicateKey, check_limits
+from relay.store.schema import (
+    ACTIVE,
+    FINAL,
+    SCHEMA_VERSION,
+    NewerSchema,
+    deliveries,
+    meta,
+    migrate,
+    replicas,
+    runs,
+    state_in,
+)
+from relay.store.sqlite import fast_path
+from relay.store.sqlite.group_commit import BUSY_WAIT_S, GroupCommit
+from relay.store.sqlite.wal_checkpointer import Checkpointer
+
+__all__ = ["ACTIVE", "FINAL", "SCHEMA_VERSION", "DuplicateKey", "Store", "Usage"]
+
+T = TypeVar("T")
+
+WRITE_CHECK_EVERY_S = 3.0
+"""How often ``/readyz`` really writes to the store (:meth:`Store.can_write`)."""
+WRITE_CHECK_TIMEOUT_S = 2.0
+
+_LOCK_SWEEP = 7_241_002
+_LOCK_ADMIT = 7_241_003
+
+# Statements built once: SQLAlchemy then reuses their compiled form on every call.
+_RUN = sa.select(runs).where(runs.c.id == sa.bindparam("run_id"))
+_UPDATE = runs.update().where(runs.c.id == sa.bindparam("run_id"))
+_UPDATE_ACTIVE = _UPDATE.where(runs.c.state.not_in(state_in(FINAL)))
+_FINISH = _UPDATE_ACTIVE.where(runs.c.cancel_requested == sa.false())
+_INSERT = runs.insert()
+_BY_KEY = sa.select(runs).where(
+    runs.c.token == sa.bindparam("token"), runs.c.idempotency_key == sa.bindparam("key")
+)
+
+
+class OctetLength(sa.sql.functions.GenericFunction[int]):
+    """The size of a text in bytes: ``octet_length`` (SQLite before 3.43 lacks it)."""
+
+    type = sa.Integer()
+    name = "octet_length"
+    inherit_cache = True
+
+
+@compiles(OctetLength, "sqlite")
+def _byte_length_sqlite(element: OctetLength, compiler: Any, **options: Any) -> str:
+    return f"length(CAST({compiler.process(element.clauses, **options)} AS BLOB))"
+
+
+_OUTPUT = ("stdout", "stderr", "stdout_bytes", "stderr_bytes")
+_SUMMARY_COLUMNS = (
+    *(column for column in runs.c if column.name not in _OUTPUT),
+    # Measured only for a run written without its sizes (by a relay before version 7).
+    sa.func.coalesce(runs.c.stdout_bytes, OctetLength(runs.c.stdout)).label("stdout_bytes"),
+    sa.func.coalesce(runs.c.stderr_bytes, OctetLength(runs.c.stderr)).label("stderr_bytes"),
+)
+"""What a listing reads of a run: everything but its output, and the output's sizes."""
+
+
+def with_sizes(values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``values`` and, for each output among them, its size in UTF-8 bytes."""
+    if "stdout" not in values and "stderr" not in values:
+        return values
+    sized = dict(values)
+    for stream in ("stdout", "stderr"):
+        if stream in values:
+            sized[f"{stream}_bytes"] = len((values[stream] or "").encode())
+    return sized
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A token's runs, sandbox seconds and USD since some moment, and how many are active."""
+
+    runs: int
+    sandbox_s: float
+    usd: float
+    active: int
+
+
+def delivery_for_final_run(run_id: str) -> sa.Insert:
+    """Insert a pending delivery for this run if it has a callback_url and none yet.
+
+    Executed in the transaction that writes the run's final state, so a crash right
+    after that write cannot lose the callback.
+    """
+    now = time.time()
+    exists = sa.select(deliveries.c.id).where(deliveries.c.run_id == run_id).exists()
+    source = sa.select(
+        sa.literal("dlv_" + secrets.token_hex(12)),
+        runs.c.id,
+        runs.c.token,
+        runs.c.callback_url,
+        sa.literal("pending"),
+        sa.literal(0),
+        sa.literal("[]"),
+        sa.literal(now),
+        sa.literal(now),
+    ).where(runs.c.id == run_id, runs.c.callback_url.is_not(None), ~exists)
+    columns = ["id", "run_id", "token", "url", "state", "attempts", "attempt_log"]
+    return deliveries.insert().from_select([*columns, "created_at", "next_attempt_at"], source)
+
+
+STORE_FAILURES: tuple[type[BaseException], ...] = (
+    sa.exc.DBAPIError,
+    sa.exc.TimeoutError,  # no pool connection in time
+    sqlite3.Error,
+    ConnectionError,  # PostgreSQL refusing connections (asyncpg's own errors come wrapped)
+)
+"""What the database or its driver raises when it cannot do the work (down, restarting,
+disk full, locked): the caller should retry later. See :func:`is_store_failure`."""
+
+
+def is_store_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` means the store is unavailable (not a constraint the data broke)."""
+    return isinstance(exc, STORE_FAILURES) and not isinstance(exc, IntegrityError)
+
+
+def encode_cursor(created_at: float, run_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{created_at!r}|{run_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, run_id = raw.split("|", 1)
+        return float(created), run_id
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest("cursor is not one this relay gave out") from exc
+
+
+def _first(result: sa.CursorResult[Any]) -> dict[str, Any] | None:
+    row = result.first()
+    return dict(row._mapping) if row is not None else None
+
+
+class Store:
+    """The relay's one way into its database; one instance per relay process."""
+
+    def __init__(self, *, sqlite: Connection | None = None, engine: AsyncEngine | None) -> None:
+        self.commits = GroupCommit(sqlite) if sqlite is not None else None
+        self.engine = engine
+        self.checkpointer: Checkpointer | None = None
+        self._aside: sa.Engine | None = None  # SQLite file: long reads on their own connection
+        self._write_checked: tuple[float, bool] | None = None  # (monotonic time, answer)
+        self.sqlite_path: str | None = None
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.commits is not None
+
+    @classmethod
+    async def open(cls, url: str, *, migrate: bool = True) -> Store:
+        """Connect, and (unless told not to) bring the schema up to date."""
+        parsed = database_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            loop_engine = sqlite_engine(
+                parsed, connect_args={"check_same_thread": False}, poolclass=sa.pool.StaticPool
+            )
+            store = cls(sqlite=loop_engine.connect(), engine=None)
+            if parsed.database and parsed.database != ":memory:":
+                store.checkpointer = Checkpointer(parsed.database)
+                store.checkpointer.start()
+                store._aside = sqlite_engine(parsed, poolclass=sa.pool.NullPool)
+                store.sqlite_path = parsed.database
+        else:
+            store = cls(engine=create_async_engine(parsed, pool_pre_ping=True))
+        try:
+            if migrate:
+                await store.migrate()
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    async def run(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` in one transaction: committed if it returns, rolled back if it raises."""
+        if self.commits is not None:
+            return await self.commits.write(work)
+        assert self.engine is not None
+        async with self.engine.begin() as conn:
+            return await conn.run_sync(work)
+
+    async def read(self, work: Callable[[Connection], T]) -> T:
+        """Run a ``work`` that only reads (on SQLite it needs no write lock)."""
+        if self.commits is not None:
+            return await self.commits.read(work)
+        return await self.run(work)
+
+    async def run_aside(self, work: Callable[[Connection], T]) -> T:
+        """A long read (a month of a token's runs) in one transaction that must not hold
+        the event loop: on a SQLite file it runs on a worker thread with a connection of
+        its own (WAL readers never wait for the writer); elsewhere like :meth:`run`."""
+        aside = self._aside
+        if aside is None:
+            return await self.run(work)
+
+        def in_thread() -> T:
+            with aside.connect() as conn, conn.begin():
+                return work(conn)
+
+        return await asyncio.to_thread(in_thread)
+
+    async def write_aside(self, work: Callable[[Connection], T]) -> T:
+        """A long write (pruning old runs) that must not hold the event loop: on a SQLite
+        file on a worker thread with a connection of its own, which takes the write lock
+        as it begins, waiting for it on that thread; elsewhere like :meth:`run`. The
+        loop's writers wait for it in async sleeps (relay/store/sqlite/group_commit.py)."""
+        aside = self._aside
+        if aside is None:
+            return await self.run(work)
+
+        def in_thread() -> T:
+            with aside.connect() as conn:
+                driver = conn.connection.driver_connection
+                assert driver is not None
+                driver.execute(f"PRAGMA busy_timeout={int(BUSY_WAIT_S * 1000)}")
+                driver.execute("BEGIN IMMEDIATE")  # SQLAlchemy's begin below only records it
+                with conn.begin():
+                    return work(conn)
+
+        return await asyncio.to_thread(in_thread)
+
+    async def migrate(self) -> None:
+        """Bring the schema to :data:`SCHEMA_VERSION` (relay/store/schema.py)."""
+        # Two processes migrating at once take turns: on SQLite the write lock is taken as
+        # the transaction begins (relay/store/sqlite/group_commit.py), on PostgreSQL under an
+        # advisory lock.
+        try:
+            await self.run(migrate)
+        except NewerSchema as exc:
+            raise ConfigError(
+                f"the database has schema version {exc.version}, newer than this relay's "
+                f"{SCHEMA_VERSION}: upgrade the relay before starting it"
+            ) from None
+
+    async def schema_version(self) -> int:
+        query = sa.select(meta.c.value).where(meta.c.key == "schema_version")
+        return int(await self.read(lambda conn: conn.scalar(query)) or 0)
+
+    async def close(self) -> None:
+        if self._aside is not None:
+            self._aside.dispose()
+        if self.commits is not None:
+            self.commits.flush()  # first: the checkpoint below can't pass an open write
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
+        if self.commits is not None:
+            engine = self.commits.conn.engine
+            self.commits.conn.close()
+            engine.dispose()
+        if self.engine is not None:
+            await self.engine.dispose()
+
+    async def ping(self) -> None:
+        await self.read(lambda conn: conn.execute(sa.text("SELECT 1")))
+
+    async def can_write(self, replica_id: str) -> bool:
+        """Whether the store takes a write now (the replica's heartbeat, a one-row
+        UPDATE): a database that answers reads but is full or read-only is not ready.
+        Asked at most once per :data:`WRITE_CHECK_EVERY_S`; meanwhile the last answer."""
+        now = time.monotonic()
+        last = self._write_checked
+        if last is not None and now - last[0] < WRITE_CHECK_EVERY_S:
+            return last[1]
+        self._write_checked = (now, last[1] if last is not None else True)  # one at a time
+        try:
+            async with asyncio.timeout(WRITE_CHECK_TIMEOUT_S):
+                await self.heartbeat(replica_id)
+            answer = True
+        except Exception:
+            answer = False
+        self._write_checked = (time.monotonic(), answer)
+        return answer
+
+    def sweep_lock(self) -> contextlib.AbstractAsyncContextManager[bool]:
+        """Held by one replica at a time on PostgreSQL (SQLite has one relay): yields
+        whether this caller got it."""
+        return self.advisory_lock(_LOCK_SWEEP)
+
+    @contextlib.asynccontextmanager
+    async def advisory_lock(self, key: int) -> AsyncIterator[bool]:
+        """Lock ``key``, held by one replica at a time on PostgreSQL (SQLite has one
+        relay): yields whether this caller got it."""
+        if self.engine is None:
+            yield True
+            return
+        async with self.engine.connect() as conn:
+            got = bool(await conn.scalar(sa.text(f"SELECT pg_try_advisory_lock({key})")))
+            try:
+                yield got
+            finally:
+                if got:
+                    await conn.execute(sa.text(f"SELECT pg_advisory_unlock({key})"))
+                    await conn.commit()
+
+    # -- replicas ----------------------------------------------------------------------
+
+    async def heartbeat(self, replica_id: str) -> None:
+        def work(conn: Connection) -> None:
+            now = time.time()
+            query = replicas.update().where(replicas.c.id == replica_id).values(seen_at=now)
+            if not conn.execute(query).rowcount:
+                conn.execute(replicas.insert().values(id=replica_id, started_at=now, seen_at=now))
+
+        await self.run(work)
+
+    async def live_replicas(self, within_s: float) -> set[str]:
+        query = sa.select(replicas.c.id).where(replicas.c.seen_at >= time.time() - within_s)
+        return await self.read(lambda conn: set(conn.scalars(query).all()))
+
+    async def forget_replica(self, replica_id: str) -> None:
+        await self.run(
+            lambda conn: conn.execute(replicas.delete().where(replicas.c.id == replica_id))
+        )
+
+    # -- runs --------------------------------------------------------------------------
+
+    async def admit_run(self, row: Mapping[str, Any], admission: Admission | None = None) -> None:
+        """Insert ``row`` only if every limit allows it (``None``: no limits), atomically
+        across replicas.
+
+        Raises :class:`DuplicateKey` for a known Idempotency-Key (checked first, so a retry
+        is never refused by a limit its first attempt took) or :class:`LimitReached`.
+        """
+
+        def work(conn: Connection) -> None:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({_LOCK_ADMIT})"))
+            key = row.get("idempotency_key")
+            if (
+                key is not None
+                and conn.execute(_BY_KEY, {"token": row["token"], "key": key}).first()
+            ):
+                raise DuplicateKey
+            if admission is not None:
+                check_limits(conn, row, admission)
+            try:
+                fast_path.write(conn, _INSERT, with_sizes(row))
+            except IntegrityError as exc:  # the unique index: another replica got there first
+                raise DuplicateKey from exc
+
+        await self.run(work)
+
+    async def usage(self, token: str, since: float) -> Usage:
+        """Runs, sandbox seconds and USD of a token's runs created since ``since``."""
+        active = runs.c.state.in_(state_in(ACTIVE))
+        query = sa.select(
+            sa.func.count(),
+            sa.func.coalesce(sa.func.sum(runs.c.sandbox_s), 0.0),
+            sa.func.coalesce(sa.func.sum(runs.c.cost_usd), 0.0),
+            sa.func.coalesce(sa.func.sum(sa.case((active, 1), else_=0)), 0),
+        ).where(runs.c.token == token, runs.c.created_at >= since)
+        count, seconds, usd, running = await self.run_aside(lambda conn: conn.execute(query).one())
+        return Usage(int(count), float(seconds), float(usd), int(running))
+
+    async def get_run(self, run_id: str) -> dict[str, Any] | None:
+        return await self.read(lambda conn: _first(conn.execute(_RUN, {"run_id": run_id})))
+
+    async def find_by_key(self, token: str, key: str) -> dict[str, Any] | None:
+        params = {"token": token, "key": key}
+        return await self.read(lambda conn: _first(conn.execute(_BY_KEY, params)))
+
+    async def update_run(self, run_id: str, *, only_if_active: bool = True, **values: Any) -> bool:
+        """Update a run; with ``only_if_active`` a final state is never overwritten. A final
+        state writes the run's webhook delivery (if it has a callback) in the same
+        transaction."""
+        query = _UPDATE_ACTIVE if only_if_active else _UPDATE
+
+        def work(conn: Connection) -> bool:
+            changed = bool(fast_path.write(conn, query, {"run_id": run_id, **with_sizes(values)}))
+            if changed and values.get("state") in FINAL:
+                conn.execute(delivery_for_final_run(run_id))
+            return changed
+
+        return await self.run(work)
+
+    async def finish_run(self, run_id: str, values: Mapping[str, Any], *, callback: bool) -> bool:
+        """Write a run's final ``values`` if it is still active and nobody asked to cancel
+        it, with its webhook delivery (``callback``) in the same transaction. False: the
+        caller must look at the run (final already, or canceled through another replica)."""
+
+        def work(conn: Connection) -> bool:
+            if not fast_path.write(conn, _FINISH, {"run_id": run_id, **with_sizes(values)}):
+                return False
+            if callback:
+                conn.execute(delivery_for_final_run(run_id))
+            return True
+
+        return await self.run(work)
+
+    async def list_runs(
+        self,
+        token: str,
+        *,
+        state: str | None,
+        job: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        # Never the output columns: a page's memory follows ``limit``, not what runs printed.
+        query = sa.select(*_SUMMARY_COLUMNS).where(runs.c.token == token)
+        if state:
+            query = query.where(runs.c.state == state)
+        if job:
+            query = query.where(runs.c.job == job)
+        if cursor:
+            created, run_id = decode_cursor(cursor)
+            query = query.where(
+                sa.or_(
+                    runs.c.created_at < created,
+                    sa.and_(runs.c.created_at == created, runs.c.id < run_id),
+                )
+            )
+        query = query.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit + 1)
+        rows = await self._rows(query)
+        next_cursor = None
+        if len(rows) > limit:
+            rows = rows[:limit]
+            next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"])
+        return rows, next_cursor
+
+    async def runs_in_states(
+        self, states: Iterable[str], *, owner: str | None = None
+    ) -> list[dict[str, Any]]:
+        query = sa.select(runs).where(runs.c.state.in_(list(states)))
+        if owner is not None:
+            query = query.where(runs.c.owner == owner)
+        return await self._rows(query)
+
+    async def runs_by_id(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        if not ids:
+            return {}
+        rows = await self._rows(sa.select(runs).where(runs.c.id.in_(list(ids))))
+        return {row["id"]: row for row in rows}
+
+    async def _rows(self, query: sa.Select[Any]) -> list[dict[str, Any]]:
+        return await self.read(lambda conn: [dict(row._mapping) for row in conn.execute(query)])

@@ -1,0 +1,275 @@
+"""The relay's tables, and the additive migrations that bring any older database to them.
+
+One schema for both engines (SQLite and PostgreSQL), through SQLAlchemy Core. A migration
+step only adds (tables, nullable or defaulted columns): an upgrade never drops or rewrites
+a run, and a relay refuses a database newer than it knows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+SCHEMA_VERSION = 7
+ACTIVE = ("queued", "starting", "running")
+FINAL = ("succeeded", "failed", "timed_out", "canceled", "error", "lost")
+
+metadata = sa.MetaData()
+
+
+def state_in(states: tuple[str, ...]) -> tuple[sa.ColumnElement[str], ...]:
+    """Constant states as SQL literals: ``runs.c.state.in_(state_in(ACTIVE))`` renders
+    once, where bound values in an IN list are rendered again on every execution."""
+    return tuple(sa.literal_column(f"'{state}'") for state in states)
+
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("token", sa.String(64), nullable=False),
+    sa.Column("job", sa.String(64)),
+    sa.Column("provider", sa.String(32), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("idempotency_key", sa.String(255)),
+    sa.Column("request_hash", sa.String(64), nullable=False),
+    sa.Column("sandbox_id", sa.String(255)),
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("stdout", sa.Text, nullable=False, default=""),
+    sa.Column("stderr", sa.Text, nullable=False, default=""),
+    # Their sizes in UTF-8 bytes, written with them (Store), so a listing reads no output;
+    # NULL for a run written without output (or by a relay older than version 7).
+    sa.Column("stdout_bytes", sa.Integer),
+    sa.Column("stderr_bytes", sa.Integer),
+    sa.Column("stdout_truncated", sa.Boolean, nullable=False, default=False),
+    sa.Column("stderr_truncated", sa.Boolean, nullable=False, default=False),
+    sa.Column("timeout_s", sa.Float, nullable=False),
+    sa.Column("cpu", sa.Float, nullable=False, default=1.0),
+    sa.Column("memory_mb", sa.Integer, nullable=False, default=1024),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("started_at", sa.Float),
+    sa.Column("ended_at", sa.Float),
+    sa.Column("deadline", sa.Float, nullable=False),
+    sa.Column("duration_ms", sa.Integer),
+    sa.Column("cost_usd", sa.Float, nullable=False, default=0.0),
+    sa.Column("reserved_usd", sa.Float, nullable=False, default=0.0, server_default="0"),
+    sa.Column("sandbox_s", sa.Float, nullable=False, default=0.0, server_default="0"),
+    sa.Column("timings", sa.Text, nullable=False, default="{}"),
+    sa.Column("error_code", sa.String(64)),
+    sa.Column("error_message", sa.String(500)),
+    sa.Column("error_retry_after_s", sa.Float),  # the provider's retry hint, when it gave one
+    sa.Column("owner", sa.String(64), nullable=False),
+    sa.Column("cancel_requested", sa.Boolean, nullable=False, default=False),
+    sa.Column("callback_url", sa.Text),
+    sa.UniqueConstraint("token", "idempotency_key", name="uq_runs_token_key"),
+    sa.Index("ix_runs_token_created", "token", "created_at"),
+    sa.Index("ix_runs_state", "state"),
+    sa.Index("ix_runs_created", "created_at"),
+)
+
+deliveries = sa.Table(
+    "deliveries",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("run_id", sa.String(40), nullable=False),
+    sa.Column("token", sa.String(64), nullable=False),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("attempt_log", sa.Text, nullable=False, default="[]"),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("next_attempt_at", sa.Float, nullable=False),
+    sa.Column("lease_owner", sa.String(64)),
+    sa.Column("lease_until", sa.Float),
+    sa.UniqueConstraint("run_id", name="uq_deliveries_run"),
+    sa.Index("ix_deliveries_due", "state", "next_attempt_at"),
+)
+"""Webhook deliveries (relay/webhooks/dispatcher.py): one per finished run that has a
+callback_url."""
+
+meta = sa.Table(
+    "relay_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(255), nullable=False),
+)
+
+
+replicas = sa.Table(
+    "replicas",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("seen_at", sa.Float, nullable=False),
+)
+"""Each running relay's heartbeat: a replica not seen for a while has died."""
+
+
+token_days = sa.Table(
+    "token_days",
+    metadata,
+    sa.Column("token", sa.String(64), primary_key=True),
+    sa.Column("day", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("runs", sa.Integer, nullable=False, default=0),
+    sa.Column("usd", sa.Float, nullable=False, default=0.0),
+)
+"""Each token's runs and USD per UTC day (``day``: ``created_at / 86400``, truncated), what
+the daily limits are checked against (relay/store/limits.py). ``usd`` counts an active run at
+its reservation and an ended one at its cost. Kept by triggers on ``runs`` in the writing
+transaction, so every writer keeps it right, on both engines (a run's token and
+``created_at`` are never changed)."""
+
+
+def _create_tables(*tables: sa.Table) -> Callable[[Connection], None]:
+    def step(conn: Connection) -> None:
+        metadata.create_all(conn, tables=list(tables))
+
+    return step
+
+
+def _add_columns(table: sa.Table, *names: str) -> Callable[[Connection], None]:
+    def step(conn: Connection) -> None:
+        present = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
+        for name in names:
+            if name not in present:
+                column = table.c[name]
+                kind = column.type.compile(dialect=conn.dialect)
+                default = f" DEFAULT {column.server_default.arg}" if column.server_default else ""  # type: ignore[attr-defined]
+                null = "" if column.nullable else " NOT NULL"
+                conn.execute(
+                    sa.text(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}{default}{null}")
+                )
+
+    return step
+
+
+_ACTIVE_SQL = ", ".join(f"'{state}'" for state in ACTIVE)
+
+
+def _day(run: str, dialect: str) -> str:
+    """The UTC day number of ``run``'s creation, as SQL: what ``day_number`` computes in
+    Python (relay/store/limits.py). PostgreSQL's CAST rounds, hence its ``floor``."""
+    if dialect == "postgresql":
+        return f"CAST(floor({run}.created_at / 86400) AS BIGINT)"
+    return f"CAST({run}.created_at / 86400 AS INTEGER)"
+
+
+def _usd(run: str) -> str:
+    """What ``run`` counts against its day's budget, as SQL."""
+    return (
+        f"(CASE WHEN {run}.state IN ({_ACTIVE_SQL}) "
+        f"THEN {run}.reserved_usd ELSE {run}.cost_usd END)"
+    )
+
+
+def _count_runs_per_day(conn: Connection) -> None:
+    """Version 6: ``token_days``, the triggers that keep it, and its rows for the runs
+    there are. Every statement here is constant text: nothing comes from a request."""
+    dialect = conn.dialect.name
+    metadata.create_all(conn, tables=[token_days])
+    new_day, old_day = _day("NEW", dialect), _day("OLD", dialect)
+    add = (
+        "INSERT INTO token_days (token, day, runs, usd) "  # noqa: S608
+        f"VALUES (NEW.token, {new_day}, 1, {_usd('NEW')}) ON CONFLICT (token, day) "
+        "DO UPDATE SET runs = token_days.runs + 1, usd = token_days.usd + excluded.usd"
+    )
+    change = (
+        f"UPDATE token_days SET usd = usd - {_usd('OLD')} + {_usd('NEW')} "  # noqa: S608
+        f"WHERE token = NEW.token AND day = {new_day}"
+    )
+    remove = (
+        f"UPDATE token_days SET runs = runs - 1, usd = usd - {_usd('OLD')} "  # noqa: S608
+        f"WHERE token = OLD.token AND day = {old_day}"
+    )
+    differs = {"sqlite": "IS NOT", "postgresql": "IS DISTINCT FROM"}[dialect]
+    triggers = {  # name: (event, condition, body)
+        "insert": ("INSERT", "", add),
+        "update": (
+            "UPDATE OF state, reserved_usd, cost_usd",
+            f"{_usd('OLD')} {differs} {_usd('NEW')}",
+            change,
+        ),
+        "delete": ("DELETE", "", remove),
+    }
+    # Triggers first: on PostgreSQL creating one locks out writers to runs until this
+    # transaction ends, so no run slips in between them and the rows counted below.
+    if dialect == "postgresql":
+        conn.exec_driver_sql(
+            "CREATE OR REPLACE FUNCTION relay_count_run() RETURNS trigger LANGUAGE plpgsql "
+            f"AS $$ BEGIN IF TG_OP = 'INSERT' THEN {add}; ELSIF TG_OP = 'UPDATE' THEN "
+            f"{change}; ELSE {remove}; END IF; RETURN NULL; END $$"
+        )
+    for name, (event, condition, body) in triggers.items():
+        if dialect == "postgresql":
+            when = f" WHEN ({condition})" if condition else ""
+            action = "FOR EACH ROW" + when + " EXECUTE FUNCTION relay_count_run()"
+        else:
+            when = f" WHEN {condition}" if condition else ""
+            action = when + f" BEGIN {body}; END"
+        conn.exec_driver_sql(f"CREATE TRIGGER runs_counted_{name} AFTER {event} ON runs {action}")
+    day = _day("runs", dialect)
+    conn.exec_driver_sql(
+        "INSERT INTO token_days (token, day, runs, usd) "  # noqa: S608
+        f"SELECT token, {day}, count(*), sum({_usd('runs')}) FROM runs GROUP BY token, {day}"
+    )
+
+
+def _bound_listings_and_retention(conn: Connection) -> None:
+    """Version 7: the output's sizes beside it (a listing shows them without reading the
+    output), filled in for the runs there are; and an index of runs by creation time
+    alone, what retention (relay/store/retention.py) deletes by."""
+    _add_columns(runs, "stdout_bytes", "stderr_bytes")(conn)
+    size = {
+        "sqlite": "length(CAST({} AS BLOB))",
+        "postgresql": "octet_length({})",
+    }[conn.dialect.name]
+    conn.exec_driver_sql(
+        f"UPDATE runs SET stdout_bytes = {size.format('stdout')}, "  # noqa: S608 - constant
+        f"stderr_bytes = {size.format('stderr')}"
+    )
+    index = next(index for index in runs.indexes if index.name == "ix_runs_created")
+    index.create(conn, checkfirst=True)
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    1: _create_tables(runs, meta),
+    2: _create_tables(replicas),
+    3: _add_columns(runs, "reserved_usd", "sandbox_s"),
+    4: _create_tables(deliveries),
+    5: _add_columns(runs, "error_retry_after_s"),
+    6: _count_runs_per_day,
+    7: _bound_listings_and_retention,
+}
+"""Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
+never drops or rewrites a run. A relay refuses a database newer than it knows."""
+_LOCK_MIGRATE = 7_241_001
+
+
+class NewerSchema(Exception):
+    """The database was written by a newer relay (its schema version)."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(version)
+        self.version = version
+
+
+def migrate(conn: Connection) -> None:
+    """Bring the schema to :data:`SCHEMA_VERSION`, one recorded step at a time, in the
+    caller's transaction. Replicas starting together on PostgreSQL: one migrates under an
+    advisory lock, the others wait and then find nothing to do."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({_LOCK_MIGRATE})"))
+    metadata.create_all(conn, tables=[meta])
+    row = conn.execute(sa.select(meta.c.value).where(meta.c.key == "schema_version")).first()
+    current = int(row[0]) if row else (1 if sa.inspect(conn).has_table("runs") else 0)
+    if current > SCHEMA_VERSION:
+        raise NewerSchema(current)
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        MIGRATIONS[version](conn)
+    if row is None:
+        conn.execute(meta.insert().values(key="schema_version", value="0"))
+    conn.execute(
+        meta.update().where(meta.c.key == "schema_version").values(value=str(SCHEMA_VERSION))
+    )

@@ -1,0 +1,163 @@
+"""The local provider starts sandboxes without forking the relay; limits and the tie to
+the relay's life hold all the same (relay/providers/local/spawn.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from relay.providers.base import Egress, OutputSink, SandboxSpec
+from relay.providers.local import spawn
+from relay.providers.local.provider import (
+    HOST_ENV,
+    LocalProvider,
+    LocalSandbox,
+    _limits,
+    _marked_pids,
+    bwrap_works,
+)
+from tests.conftest import make_settings
+from tests.relay_server import RelayProcess
+
+needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
+LIMIT_ROWS = {"cpu": "Max cpu time", "fsize": "Max file size", "as": "Max address space"}
+
+
+def _limits_seen(text: str) -> dict[str, tuple[int, int]]:
+    """{name: (soft, hard)} from /proc/self/limits."""
+    seen = {}
+    for line in text.splitlines():
+        for name, row in LIMIT_ROWS.items():
+            if line.startswith(row):
+                soft, hard = line[len(row) :].split()[:2]
+                seen[name] = (int(soft), int(hard))
+    return seen
+
+
+@pytest.mark.parametrize(
+    "isolation", [pytest.param("bwrap", marks=needs_bwrap), pytest.param("none")]
+)
+async def test_the_job_runs_under_the_sandbox_limits(tmp_path: Path, isolation: str) -> None:
+    provider = LocalProvider(make_settings(tmp_path, local_isolation=isolation))
+    spec = SandboxSpec(run_id="run_limits", cluster="test", timeout_s=20, grace_s=10)
+    sink = OutputSink(65536)
+    try:
+        async with provider.sandbox(spec) as box:
+            result = await box.exec(
+                ["cat", "/proc/self/limits"],
+                stdin=None,
+                env={},
+                workdir=None,
+                timeout_s=20,
+                output=sink,
+            )
+    finally:
+        await provider.aclose()
+    assert result.exit_code == 0
+    cpu_s = int(spec.lifetime_s)
+    assert _limits_seen(sink.text("stdout")) == _limits(cpu_s, spec.resources.memory_mb)
+
+
+@needs_bwrap
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) missing")
+def test_a_bwrap_sandbox_is_started_without_a_fork_of_the_relay(tmp_path: Path) -> None:
+    provider = LocalProvider(make_settings(tmp_path, local_isolation="bwrap"))
+    spec = SandboxSpec(run_id="run_spawn", cluster="test", timeout_s=5, egress=Egress(()))
+    box = LocalSandbox(provider, "lcl-spawn", spec)
+    invocation = box.launch(["true"], "/workspace", 10, {"LD_PRELOAD": "/x.so"})
+    invocation.close()
+    assert invocation.setup is None  # no preexec_fn, so subprocess may vfork
+    assert invocation.argv[0].endswith("prlimit") and "--args" in invocation.argv
+    assert invocation.env == HOST_ENV  # the job's variables never reach a host process
+    assert spawn.PIDFDS  # this kernel has pidfds, so the Popen path is the one in use
+
+
+@needs_bwrap
+def test_killing_the_relay_kills_its_sandboxes(tmp_path: Path) -> None:
+    relay = RelayProcess(tmp_path / "relay", local_isolation="bwrap")
+    token = relay.add_token("ops", jobs=["sleep"])
+    relay.start()
+    try:
+        run = relay.post(token, {"job": "sleep", "params": {"seconds": 60}, "wait": False}).json()
+        deadline = time.monotonic() + 20
+        sandbox_id = None
+        while time.monotonic() < deadline and not sandbox_id:
+            current = relay.get(token, f"/v1/runs/{run['id']}").json()
+            if current["state"] == "running" and _marked_pids(current["sandbox_id"]):
+                sandbox_id = current["sandbox_id"]
+            time.sleep(0.05)
+        assert sandbox_id, "the sleep job never started"
+        relay.kill()  # SIGKILL: no cleanup runs in the relay
+        deadline = time.monotonic() + 10
+        while _marked_pids(sandbox_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _marked_pids(sandbox_id) == []
+    finally:
+        relay.kill()
+
+
+@pytest.mark.skipif(not spawn.PIDFDS, reason="no pidfds: spawn falls back to asyncio")
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 4])
+async def test_a_spawn_cancelled_midway_leaves_no_process_and_no_pipe(
+    tmp_path: Path, steps: int
+) -> None:
+    # A DELETE (or shutdown) can land while the child's pipes are being handed to the
+    # loop; cancelling after `steps` loop turns covers every await in spawn().
+    # A duration no other process on the machine uses: the child is found by it alone.
+    sleeping = f"sleep 30.{secrets.randbelow(10**6):06d}"
+    argv = ["sh", "-c", f"exec {sleeping}"]
+    task = asyncio.create_task(spawn.spawn(argv, stdin=True, env={}, cwd=None, preexec_fn=None))
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    task.cancel()
+    try:
+        child = await task
+    except asyncio.CancelledError:
+        child = None
+    if child is not None:  # finished before the cancel landed: the caller owns it
+        spawn._kill(child.pid)
+        await child.wait()
+        spawn.close(child)
+        return
+    await asyncio.sleep(0.2)  # the pidfd watch reaps the killed child
+    alive = _pids_running(sleeping)
+    assert alive == []
+    gc.collect()  # an unclosed pipe would warn here, and warnings are errors
+
+
+def _pids_running(command: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if cmdline.strip() == command:
+                found.append(int(entry.name))
+    return found
+
+
+@needs_bwrap
+def test_an_invocation_never_closes_a_number_twice(tmp_path: Path) -> None:
+    provider = LocalProvider(make_settings(tmp_path, local_isolation="bwrap"))
+    box = LocalSandbox(
+        provider, "lcl-fds", SandboxSpec(run_id="run_fds", cluster="test", timeout_s=5)
+    )
+    invocation = box.launch(["true"], "/workspace", 10, {})
+    invocation.close_child_ends()
+    reused = os.pipe()  # takes the lowest free numbers: those just closed
+    try:
+        invocation.close()
+        for fd in reused:
+            os.fstat(fd)  # still open: another object's fd was not closed under it
+    finally:
+        for fd in reused:
+            os.close(fd)

@@ -1,0 +1,199 @@
+"""Per-token limits, the cluster-wide cap, spend budgets and cost, each at its edge.
+
+The service runs for real (local provider, real store on SQLite and PostgreSQL) with an
+injected clock, so a day can roll over inside a test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from relay.auth import Principal
+from relay.errors import BudgetExceeded, RateLimited
+from relay.providers.local.provider import LocalProvider
+from relay.runs.catalog import Catalog
+from relay.runs.costs import CostModel
+from relay.runs.models import SIZES, RunRequest, Size
+from relay.runs.service import RunService
+from relay.store.database import Store
+from relay.store.limits import day_start
+from tests.conftest import REPO, make_settings
+from tests.relay_server import RelayProcess
+
+DAY = 86_400.0
+
+
+@dataclass
+class Clock:
+    now: float = 20_000 * DAY + 3600.0  # 01:00 UTC on some day
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Rig:
+    service: RunService
+    clock: Clock
+
+
+@pytest.fixture
+async def rig(tmp_path: Path, database_url: str) -> AsyncIterator[Rig]:
+    settings = make_settings(
+        tmp_path,
+        database_url=database_url,
+        local_isolation="bwrap",
+        max_concurrent=3,
+        drain_s=0,
+        cost_rates={"local": {"vcpu_s": 0.01, "gib_s": 0.0}},
+    )
+    store = await Store.open(database_url)
+    clock = Clock()
+    service = RunService(
+        settings,
+        store,
+        Catalog.load(REPO / "jobs"),
+        {"local": LocalProvider(settings)},
+        clock=clock,
+    )
+    yield Rig(service, clock)
+    await service.shutdown()  # drain_s is 20 s: cancel what is left without waiting
+    await store.close()
+
+
+def sleeper(seconds: float = 30, timeout_s: float | None = None) -> RunRequest:
+    return RunRequest(command=["sleep", str(seconds)], wait=False, timeout_s=timeout_s)
+
+
+def token(name: str, **limits: float) -> Principal:
+    return Principal(name=name, command=True, **limits)  # type: ignore[arg-type]
+
+
+async def test_runs_per_day_at_its_edge_and_after_midnight(rig: Rig) -> None:
+    principal = token("daily", runs_per_day=3)
+    for _ in range(3):
+        run, _ = await rig.service.submit(principal, RunRequest(command=["true"]), None)
+        assert (await rig.service.wait(run["id"], 60))["state"] == "succeeded"
+    with pytest.raises(RateLimited) as refused:
+        await rig.service.submit(principal, RunRequest(command=["true"]), None)
+    assert refused.value.code == "rate_limited" and refused.value.status == 429
+    headers = refused.value.response_headers()
+    until_midnight = day_start(rig.clock.now) + DAY - rig.clock.now
+    assert headers["Retry-After"] == headers["RateLimit-Reset"] == str(round(until_midnight))
+    assert headers["RateLimit-Limit"] == "3" and headers["RateLimit-Remaining"] == "0"
+    rig.clock.now = day_start(rig.clock.now) + DAY + 1  # the next day
+    await rig.service.submit(principal, RunRequest(command=["true"]), None)
+
+
+async def test_concurrent_requests_race_for_the_last_slots(rig: Rig) -> None:
+    principal = token("racer", max_concurrent=2)
+    results = await asyncio.gather(
+        *(rig.service.submit(principal, sleeper(), None) for _ in range(8)),
+        return_exceptions=True,
+    )
+    admitted = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, RateLimited)]
+    assert len(admitted) == 2 and len(refused) == 6
+    assert all(r.retry_after is not None and r.retry_after > 1 for r in refused)
+    await rig.service.cancel(principal, admitted[0][0]["id"])
+    await rig.service.submit(principal, sleeper(), None)  # a slot came free
+
+
+async def test_the_cluster_cap_holds_across_tokens(rig: Rig) -> None:
+    results = await asyncio.gather(
+        *(rig.service.submit(token(f"t{i % 4}"), sleeper(), None) for i in range(10)),
+        return_exceptions=True,
+    )
+    assert sum(not isinstance(r, BaseException) for r in results) == 3  # RELAY_MAX_CONCURRENT
+    assert all(isinstance(r, RateLimited) for r in results if isinstance(r, BaseException))
+
+
+async def test_idempotent_retry_is_not_refused_by_its_own_slot(rig: Rig) -> None:
+    principal = token("retry", max_concurrent=1)
+    first, created = await rig.service.submit(principal, sleeper(), "key-1")
+    again, created_again = await rig.service.submit(principal, sleeper(), "key-1")
+    assert created and not created_again and again["id"] == first["id"]
+
+
+async def test_budget_reserves_the_worst_case_then_records_the_actual(rig: Rig) -> None:
+    # local is priced at $0.01 per vCPU-second here; a small run is 1 vCPU.
+    principal = token("spender", usd_per_day=0.025)
+    first, _ = await rig.service.submit(principal, sleeper(30, timeout_s=1), None)
+    second, _ = await rig.service.submit(principal, sleeper(30, timeout_s=1), None)
+    assert first["reserved_usd"] == pytest.approx(0.01)
+    with pytest.raises(BudgetExceeded) as refused:  # 0.01 + 0.01 + 0.01 > 0.025
+        await rig.service.submit(principal, sleeper(30, timeout_s=1), None)
+    assert refused.value.code == "budget_exceeded"
+    assert "RateLimit-Reset" in refused.value.response_headers()
+    done = [await rig.service.wait(r["id"], 15) for r in (first, second)]
+    for run in done:
+        assert run["state"] == "timed_out"
+        assert run["cost_usd"] == pytest.approx(run["sandbox_s"] * 0.01, abs=1e-6)
+        assert 1.0 <= run["sandbox_s"] < 5
+    today, month = await rig.service.usage(principal)
+    assert today.runs == 2 and today.active == 0 and month.usd == today.usd
+    assert today.usd == pytest.approx(sum(r["cost_usd"] for r in done))
+    assert today.usd < 0.025  # the actual cost replaced the reservation; there is room now
+    await rig.service.submit(principal, RunRequest(command=["true"], timeout_s=0.1), None)
+
+
+@pytest.mark.parametrize(
+    ("provider", "size", "seconds", "expected"),
+    [
+        ("modal", Size.small, 60, 60 * (1 * 0.00003942 + 1 * 0.00000667)),
+        ("modal", Size.large, 3600, 3600 * (4 * 0.00003942 + 8 * 0.00000667)),
+        ("e2b", Size.small, 10, 10 * (0.000014 + 0.0000045)),
+        ("e2b", Size.medium, 300, 300 * (2 * 0.000014 + 4 * 0.0000045)),
+        ("vercel", Size.medium, 100, 100 * (2 * 0.128 / 3600 + 4 * 0.0106 / 3600)),
+        ("local", Size.large, 1000, 0.0),
+    ],
+)
+def test_cost_arithmetic(provider: str, size: Size, seconds: float, expected: float) -> None:
+    cpu, memory_mb, _disk_mb = SIZES[size]
+    assert CostModel().cost(provider, cpu, memory_mb, seconds) == pytest.approx(expected, rel=1e-6)
+
+
+def test_rates_can_be_overridden() -> None:
+    model = CostModel({"e2b": {"vcpu_s": 1.0}})
+    assert model.cost("e2b", 2, 1024, 3) == pytest.approx(3 * (2 * 1.0 + 0.0000045))
+
+
+def test_http_refusal_headers_and_usage(tmp_path: Path) -> None:
+    server = RelayProcess(tmp_path / "r", local_isolation="bwrap")
+    limited = server.add_token("limited", command=True, limits={"runs_per_day": 1})
+    server.start()
+    try:
+        assert server.post(limited, {"command": ["true"]}).status_code == 200
+        refused = server.post(limited, {"command": ["true"]})
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "rate_limited"
+        for header in ("Retry-After", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"):
+            assert header in refused.headers
+        report = httpx.get(server.url + "/v1/usage", headers=server.headers(limited)).json()
+        assert report["token"] == "limited" and report["today"]["runs"] == 1
+        assert report["limits"]["runs_per_day"] == 1 and report["month"]["runs"] == 1
+    finally:
+        server.stop()
+
+
+async def test_timeout_is_capped_by_token_job_and_relay(rig: Rig) -> None:
+    async def timeout_of(principal: Principal, request: RunRequest) -> float:
+        run, _ = await rig.service.submit(principal, request, None)
+        await rig.service.wait(run["id"], 30)  # one at a time: the rig caps runs in flight at 3
+        return float(run["timeout_s"])
+
+    capped = token("capped", max_timeout_s=2)
+    assert await timeout_of(capped, RunRequest(command=["true"], timeout_s=2)) == 2
+    assert await timeout_of(capped, RunRequest(command=["true"], timeout_s=2.5)) == 2
+    assert await timeout_of(capped, RunRequest(command=["true"], timeout_s=1)) == 1
+    echo = RunRequest(job="echo", params={"message": "x"})
+    assert await timeout_of(token("jobs"), echo) == 10  # the echo job's own timeout_s
+    relay_cap = rig.service.settings.max_timeout_s
+    raw = RunRequest(command=["true"], timeout_s=relay_cap + 1)
+    assert await timeout_of(token("raw"), raw) == relay_cap
