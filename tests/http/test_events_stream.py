@@ -165,7 +165,7 @@ def following(
     lines: list[dict[str, Any]] = []
 
     async def read() -> None:
-        async for chunk in follow_run(run_stream, service, store, row):
+        async for chunk in follow_run(live, service, store, row):
             lines.append(json.loads(chunk))
 
     return asyncio.create_task(read()), lines
@@ -178,8 +178,8 @@ async def test_on_another_replica_the_stream_polls_the_store(tmp_path: Path) -> 
         service = RunService(make_settings(tmp_path), store, Catalog.load(REPO / "jobs"), {})
         row = run_row("run_elsewhere", job=None)
         await store.admit_run(row)
-        run_stream = LiveRuns(EventBus())
-        reader, lines = following(run_stream, service, store, row)
+        live = LiveRuns(EventBus())
+        reader, lines = following(live, service, store, row)
         await asyncio.sleep(0.2)
         assert lines == [{"event": "state", "state": "running"}]
         await store.update_run("run_elsewhere", state="failed", exit_code=3, stdout="x\n")
@@ -200,18 +200,18 @@ async def test_a_followed_run_the_reaper_marks_lost_ends_its_stream(tmp_path: Pa
             make_settings(tmp_path), store, Catalog.load(REPO / "jobs"), {}, events=events
         )
         reaper = Reaper(store, {}, service, grace_s=30, single_replica=True)
-        run_stream = LiveRuns(events)
+        live = LiveRuns(events)
         row = run_row("run_reaped", job=None, owner="a-relay-that-died")
         await store.admit_run(row)
         events.publish(RunEvent("run_reaped", "state", state="running"))
-        reader, lines = following(run_stream, service, store, row)
+        reader, lines = following(live, service, store, row)
         await asyncio.sleep(0.2)
         assert lines == [{"event": "state", "state": "running"}]
         assert (await reaper.sweep()).lost_runs == ["run_reaped"]
         await asyncio.wait_for(reader, 5)  # well before the first ping (15 s)
         assert lines[-1]["event"] == "run" and lines[-1]["run"]["state"] == "lost"
         assert lines[-1]["run"]["error"]["code"] == "sandbox_lost" and len(lines) == 2
-        run_stream.close()
+        live.close()
     finally:
         await store.close()
 
