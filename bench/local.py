@@ -10,11 +10,18 @@ Three ways, interleaved so that drift on a shared machine hits them alike:
 * **provider** — the same through the provider API (``LocalProvider.sandbox`` + ``exec``,
   which adds the sandbox's tag file and its terminate sweep), no HTTP and no store;
 * **relay** — ``POST /v1/runs`` with ``{"job": "echo"}`` on a running relay.
+
+And what two parts of a sandbox cost to create, measured on their own (rows that are no way
+of running echo): **cgroup** — a sandbox's cgroup made, limited and removed (only where
+cgroups can be used); **provider, egress star** — the provider's echo with ``egress = ["*"]``,
+whose difference from **provider** is the private network (pasta or slirp4netns) attached
+and closed (only where such a tool is installed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import secrets
 import shutil
@@ -26,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.client import KeepAliveClient
-from relay.providers.base import OutputSink, Resources, SandboxSpec
+from relay.providers.base import Egress, OutputSink, Resources, SandboxSpec
+from relay.providers.local import cgroups
 from relay.providers.local.provider import LocalProvider, LocalSandbox
 from relay.runs.models import SIZES, Size
 from relay.settings import Settings
@@ -69,7 +77,7 @@ async def _direct_once(provider: LocalProvider, grace_s: float) -> float:
     sandbox_id = f"direct-{secrets.token_hex(6)}"
     box = LocalSandbox(provider, sandbox_id, _spec(sandbox_id, grace_s))
     left = max(1, int(box.spec.lifetime_s))
-    invocation = box.launch(["timeout", "-s", "KILL", str(left), *ECHO], "/workspace", left, {})
+    invocation = box.launch(ECHO, "/workspace", left, {}, lifetime_s=left)
     try:
         process = await asyncio.create_subprocess_exec(
             *invocation.argv,
@@ -94,10 +102,23 @@ async def _direct_once(provider: LocalProvider, grace_s: float) -> float:
     return elapsed
 
 
-async def _provider_once(provider: LocalProvider, grace_s: float) -> float:
+def _cgroup_once(provider: LocalProvider) -> float:
+    assert provider.tree is not None
+    limits = cgroups.GroupLimits(memory_bytes=1 << 30, pids=256, cpus=1.0)
+    started = time.perf_counter()
+    provider.tree.create(f"bench-{secrets.token_hex(6)}", limits).remove()
+    return (time.perf_counter() - started) * 1000
+
+
+async def _provider_once(
+    provider: LocalProvider, grace_s: float, *, open_egress: bool = False
+) -> float:
     started = time.perf_counter()
     sink = OutputSink(1 << 20)
-    async with provider.sandbox(_spec(f"run_{secrets.token_hex(8)}", grace_s)) as box:
+    spec = _spec(f"run_{secrets.token_hex(8)}", grace_s)
+    if open_egress:
+        spec = dataclasses.replace(spec, egress=Egress(("*",)))
+    async with provider.sandbox(spec) as box:
         result = await box.exec(
             ECHO, stdin=None, env={}, workdir=None, timeout_s=TIMEOUT_S, output=sink
         )
@@ -129,16 +150,29 @@ def run(url: str, token: str, *, rounds: int, grace_s: float = 30.0) -> list[Tim
     provider = LocalProvider(settings)
     client = KeepAliveClient(url, token)
     samples: dict[str, list[float]] = {"direct": [], "provider": [], "relay": []}
+    if provider.tree is not None:
+        samples["cgroup"] = []
+    if provider.network is not None:
+        samples["provider, egress *"] = []
     loop = asyncio.new_event_loop()
     try:
         for index in range(rounds + 1):
             direct = loop.run_until_complete(_direct_once(provider, grace_s))
             through_provider = loop.run_until_complete(_provider_once(provider, grace_s))
             relay = _relay_once(client)
+            extra: dict[str, float] = {}
+            if "cgroup" in samples:
+                extra["cgroup"] = _cgroup_once(provider)
+            if "provider, egress *" in samples:
+                extra["provider, egress *"] = loop.run_until_complete(
+                    _provider_once(provider, grace_s, open_egress=True)
+                )
             if index:
                 samples["direct"].append(direct)
                 samples["provider"].append(through_provider)
                 samples["relay"].append(relay)
+                for name, value in extra.items():
+                    samples[name].append(value)
     finally:
         client.close()
         loop.run_until_complete(provider.aclose())

@@ -4,6 +4,7 @@ host, and every sandbox is bounded in memory, processes, CPU and disk."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -315,3 +316,45 @@ def test_providers_show_the_limits_in_force(relay: RelayProcess) -> None:
         "cpu": True,
         "disk": True,
     }
+
+
+def test_the_sandbox_sees_its_own_accounts_not_the_hosts(relay: RelayProcess) -> None:
+    run = _python(
+        relay,
+        """
+        for name in ('passwd', 'group'):
+            print(sorted(line.split(':')[0] for line in open('/etc/' + name) if line.strip()))
+        print(open('/proc/self/oom_score_adj').read().strip())
+        """,
+    )
+    assert run["state"] == "succeeded", run
+    users, groups, oom_score = run["stdout"].splitlines()
+    assert users == "['nobody', 'root']"
+    assert groups == "['nogroup', 'root']"
+    assert oom_score == "1000"  # out of memory, the kernel takes a sandbox before the relay
+
+
+async def test_a_job_cannot_stop_its_hard_deadline(tmp_path: Path) -> None:
+    """The sandbox's own lifetime (``timeout -s KILL``) is kept outside bubblewrap, where
+    the job cannot reach it: stopping its parent used to stop the clock."""
+    from relay.providers.base import OutputSink, SandboxSpec
+    from relay.providers.local.provider import LocalProvider
+    from tests.conftest import make_settings
+
+    provider = LocalProvider(make_settings(tmp_path, local_isolation="bwrap"))
+    spec = SandboxSpec(run_id="run_deadline", cluster="test", timeout_s=1, grace_s=0)
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(15), provider.sandbox(spec) as box:
+            result = await box.exec(
+                ["sh", "-c", "kill -STOP $PPID; sleep 20"],
+                stdin=None,
+                env={},
+                workdir=None,
+                timeout_s=60,
+                output=OutputSink(1024),
+            )
+    finally:
+        await provider.aclose()
+    assert time.monotonic() - started < 8, "the job outlived its sandbox's lifetime"
+    assert result.exit_code == 137

@@ -34,6 +34,7 @@ def test_v2_delegates_below_the_relay_and_limits_each_sandbox(tmp_path: Path) ->
     folder = parent / "lcl-a"
     assert (folder / "memory.max").read_text() == str(80 << 20)
     assert (folder / "memory.swap.max").read_text() == "0"
+    assert (folder / "memory.oom.group").read_text() == "1"
     assert (folder / "pids.max").read_text() == "32"
     assert (folder / "cpu.max").read_text() == "150000 100000"
     group.add(99)

@@ -192,6 +192,7 @@ class CgroupTree:
     def _limit_v2(folder: Path, limits: GroupLimits) -> None:
         _write(folder / "memory.max", str(limits.memory_bytes))
         _write(folder / "memory.swap.max", "0")
+        _write(folder / "memory.oom.group", "1")  # an OOM kill ends the whole sandbox
         _write(folder / "pids.max", str(limits.pids))
         _write(folder / "cpu.max", f"{int(limits.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
 

@@ -87,8 +87,6 @@ _ETC_FILES = (
     "resolv.conf",
     "hosts",
     "nsswitch.conf",
-    "passwd",
-    "group",
     "localtime",
     "ld.so.cache",
     "ld.so.conf",
@@ -107,6 +105,15 @@ _BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": DEFAULT_WORKDIR, "L
 HOST_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 """The whole environment of every host-side process the relay starts with bubblewrap."""
 _MARKER = SANDBOX_MARKER
+_ACCOUNTS = {
+    "passwd": b"root:x:0:0:root:/root:/usr/sbin/nologin\n"
+    b"nobody:x:65534:65534:nobody:/workspace:/usr/sbin/nologin\n",
+    "group": b"root:x:0:\nnogroup:x:65534:\n",
+}
+"""``/etc/passwd`` and ``/etc/group`` inside a sandbox: the host's would name its users."""
+OOM_SCORE_ADJ = "1000"
+"""A sandbox's processes are the first the kernel kills when the host (or the relay's
+unit) runs out of memory, never the relay."""
 _READ_CHUNK = 65_536
 _PR_SET_PDEATHSIG = 1
 _MIB = 1024 * 1024
@@ -321,6 +328,11 @@ class LocalSandbox:
             args += ["--size", disk, "--tmpfs", mount]
         fds: list[int] = []
         try:
+            # The sandbox's own accounts, not the host's (names and home folders).
+            for name, content in _ACCOUNTS.items():
+                fd = _memfd(name, content)
+                fds.append(fd)
+                args += ["--ro-bind-data", str(fd), f"/etc/{name}"]
             for path, content in self.files.items():
                 fd = _memfd("upload", content)
                 fds.append(fd)
@@ -342,7 +354,12 @@ class LocalSandbox:
         return args, fds
 
     def launch(
-        self, argv: Sequence[str], workdir: str, cpu_s: int, env: Mapping[str, str]
+        self,
+        argv: Sequence[str],
+        workdir: str,
+        cpu_s: int,
+        env: Mapping[str, str],
+        lifetime_s: int | None = None,
     ) -> Invocation:
         """How to start ``argv`` in this sandbox (the caller spawns it and closes the fds).
 
@@ -350,8 +367,14 @@ class LocalSandbox:
         ties the sandbox to the relay, so no Python runs in the child and the spawn can
         use vfork: a ``preexec_fn`` forces a full fork of the relay, 5-10 ms for a relay
         of ~100 MB, on every run. Without bubblewrap (or prlimit) the child setup does it.
+
+        ``lifetime_s`` is the sandbox's hard deadline, kept by ``timeout -s KILL`` on the
+        host side of bubblewrap (under ``setpriv --pdeathsig KILL``, so it also dies with
+        the relay): a job cannot see, stop or outlive it.
         """
         limits = self.provider.rlimits(cpu_s, self.memory_mb)
+        if lifetime_s is not None and self.provider.isolation == "none":
+            argv = ["timeout", "-s", "KILL", str(lifetime_s), *argv]
         if self.provider.isolation == "none":
             job_env = {**_BASE_ENV, **env, _MARKER: self.id, "HOME": str(self.home / "work")}
             cwd = str(self._host_path(".", workdir))
@@ -368,7 +391,10 @@ class LocalSandbox:
         except BaseException:
             invocation.close()
             raise
-        command = [*self.provider.drop_root, self.provider.bwrap, "--args", str(args_fd)]
+        command = list(self.provider.host_wrapper)
+        if lifetime_s is not None:
+            command += [self.provider.timeout, "-s", "KILL", str(lifetime_s)]
+        command += [self.provider.bwrap, "--args", str(args_fd)]
         command += ["--info-fd", str(invocation.info[1]), "--block-fd", str(invocation.block[0])]
         command += ["--", *argv]
         if self.provider.prlimit is None:
@@ -422,7 +448,7 @@ class LocalSandbox:
         # The sandbox's own hard deadline: even a relay that hangs cannot keep it alive.
         left = max(1, int(self.created + self.spec.lifetime_s - time.monotonic()))
         cpu_s = max(1, int(self.spec.lifetime_s))
-        invocation = self.launch(["timeout", "-s", "KILL", str(left), *argv], workdir, cpu_s, env)
+        invocation = self.launch(argv, workdir, cpu_s, env, lifetime_s=left)
         try:
             try:
                 process = await spawn(
@@ -536,18 +562,22 @@ def _marked_pids(sandbox_id: str) -> list[int]:
     return found
 
 
-def _drop_root() -> list[str]:
-    """``setpriv`` to nobody (65534) when the relay runs as root, else nothing."""
-    if os.geteuid() != 0:
-        return []
+def _host_wrapper() -> list[str]:
+    """``setpriv`` before bubblewrap: ``--pdeathsig KILL`` ends the sandbox's host-side
+    processes with the relay, and a relay running as root drops to nobody (65534), for
+    bubblewrap maps the sandbox's user to the user that starts it: an escape would
+    otherwise be the host's root."""
     setpriv = shutil.which("setpriv", path=HOST_ENV["PATH"])
     if setpriv is None:
         raise ConfigError(
-            "the relay runs as root and cannot drop to an unprivileged user for bubblewrap: "
-            "install util-linux's setpriv, or run the relay as its own user"
+            "the local provider needs setpriv (util-linux) to start bubblewrap; install it, "
+            "or set RELAY_LOCAL_ISOLATION=none to run without isolation"
         )
-    ids = ["--reuid=65534", "--regid=65534", "--clear-groups"]
-    return [setpriv, *ids, "--inh-caps=-all", "--bounding-set=-all", "--"]
+    wrapper = [setpriv, "--pdeathsig=KILL"]
+    if os.geteuid() == 0:
+        wrapper += ["--reuid=65534", "--regid=65534", "--clear-groups"]
+        wrapper += ["--inh-caps=-all", "--bounding-set=-all"]
+    return [*wrapper, "--"]
 
 
 def _lock_held(home: Path) -> bool:
@@ -603,9 +633,8 @@ class LocalProvider:
         self.network = private_network.available(settings.local_network)
         self.egress_allow = list(settings.local_egress_allow)
         self.prlimit = shutil.which("prlimit", path=HOST_ENV["PATH"])
-        self.drop_root = _drop_root()
-        """Run bwrap as nobody when the relay is root: bubblewrap maps the sandbox's user to
-        the user that starts it, so an escape would otherwise be the host's root."""
+        self.host_wrapper = _host_wrapper() if self.isolation == "bwrap" else []
+        self.timeout = shutil.which("timeout", path=HOST_ENV["PATH"]) or "timeout"
         self.root = sandbox_root(settings)
         check_root(self.root)
         self._live: dict[str, LocalSandbox] = {}
@@ -614,6 +643,8 @@ class LocalProvider:
         self.tree: cgroups.CgroupTree | None = None
         self.setup_steps: list[SetupStep] = []
         """Run in order with bwrap's child pid, before the job starts (cgroup, network)."""
+        if self.isolation == "bwrap":
+            self.setup_steps.append(_first_to_go)
         if self.isolation == "none":
             log.warning(
                 "local provider without bubblewrap: no security boundary, no egress control"
@@ -814,6 +845,16 @@ async def _join_group(box: LocalSandbox, pid: int) -> None:
     """The first setup step: the job's processes live in the sandbox's cgroup."""
     if box.group is not None:
         box.group.add(pid)
+
+
+async def _first_to_go(box: LocalSandbox, pid: int) -> None:
+    """Out of memory, the kernel kills the sandbox before the relay (inherited by
+    everything the job starts)."""
+    _set_oom_score(pid)
+
+
+def _set_oom_score(pid: int) -> None:
+    Path(f"/proc/{pid}/oom_score_adj").write_text(OOM_SCORE_ADJ)
 
 
 async def _attach_network(box: LocalSandbox, pid: int) -> None:
