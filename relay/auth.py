@@ -143,7 +143,10 @@ class TokenStore:
                 f"{self.path}: no token file; create a token with `relay tokens new NAME`"
             ) from exc
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{self.path}: cannot be read ({type(exc).__name__})") from exc
+            raise ConfigError(
+                f"{self.path}: cannot be read ({type(exc).__name__}); RELAY_TOKENS_FILE must "
+                "name a file this user can read (mode 0600, owned by the relay's user)"
+            ) from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{self.path}: not valid TOML ({exc})") from exc
         extra = sorted(set(data) - {"tokens"})

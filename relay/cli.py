@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import gc
+import importlib.util
 import json
+import os
 import secrets
 import shlex
 import sys
@@ -29,7 +32,24 @@ from relay.settings import Settings
 DEV_TOKEN_FILE = Path(".relay-dev-token")
 
 
+CALLER_VARIABLES = {"RELAY_URL", "RELAY_TOKEN"}
+"""Read by ``relay run`` (relay/client.py) on the caller's side, not settings."""
+
+
+def _warn_unknown_variables() -> None:
+    """A mistyped ``RELAY_`` name (environment or .env) is never silently ignored."""
+    known = {f"RELAY_{name.upper()}" for name in Settings.model_fields} | CALLER_VARIABLES
+    found = {name: "environment" for name in os.environ if name.startswith("RELAY_")}
+    found.update({n: ".env" for n in relay_client.dotenv() if n.startswith("RELAY_")})
+    for name, where in sorted(found.items()):
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            print(f"warning: {name} (in the {where}) is not a relay setting{hint}", file=sys.stderr)
+
+
 def _settings() -> Settings:
+    _warn_unknown_variables()
     try:
         return Settings()
     except ValidationError as exc:
@@ -79,6 +99,36 @@ def _print_howto(settings: Settings, token: str | None) -> None:
     print(f"  RELAY_URL={url} RELAY_TOKEN={shown} relay run echo -p message=hi\n", flush=True)
 
 
+def _check_startup(settings: Settings) -> None:
+    """What would otherwise fail inside the server's startup as a traceback: each
+    provider builds (its SDK installed, its keys set) and the database driver exists."""
+    from relay.providers.registry import load_providers
+
+    postgres = settings.database_url.startswith(("postgres", "postgresql"))
+    if postgres and importlib.util.find_spec("asyncpg") is None:
+        raise ConfigError(
+            "RELAY_DATABASE_URL names PostgreSQL but asyncpg is not installed: "
+            "pip install asyncpg (or use sqlite:///relay.db)"
+        )
+    providers = load_providers(settings)
+
+    async def close() -> None:
+        for provider in providers.values():
+            await provider.aclose()
+
+    asyncio.run(close())
+
+
+def _isolation_in_use(settings: Settings) -> str:
+    from relay.providers.local.provider import bwrap_works
+
+    if settings.local_isolation == "none":
+        return "none (RELAY_LOCAL_ISOLATION=none): jobs run WITHOUT a sandbox"
+    if settings.local_isolation == "bwrap" or bwrap_works():
+        return "bubblewrap"
+    return "none available: RELAY_LOCAL_ISOLATION=auto refuses local runs; install bubblewrap"
+
+
 FILES_BESIDE_CONNECTIONS = 256
 """Descriptors the relay needs besides its connections: database, sandboxes' pipes, logs."""
 
@@ -112,12 +162,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.host is not None or args.port is not None:
         chosen = {"host": args.host, "port": args.port}
         settings = settings.model_copy(update={k: v for k, v in chosen.items() if v is not None})
-    configure(settings.log_level, settings.log_format)
+    configure(settings.log_level, "console" if args.dev else settings.log_format)
     token = None
     if args.dev:
         token = _dev_setup(settings)
         settings = _dev_isolation(settings)
     app = create_app(settings)
+    _check_startup(settings)
+    if args.dev and "local" in settings.providers:
+        print(f"local provider isolation: {_isolation_in_use(settings)}", flush=True)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:

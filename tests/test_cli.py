@@ -144,6 +144,8 @@ def test_serve_dev_prints_a_curl_that_works(tmp_path: Path) -> None:
                     break
             time.sleep(0.1)
         printed = out.read_text()
+        assert "local provider isolation: bubblewrap" in printed
+        assert '{"ts"' not in printed  # --dev logs read as text, not JSON
         line = next(x for x in printed.splitlines() if x.strip().startswith("curl"))
         line += " " + next(x for x in printed.splitlines() if "-d '" in x).strip()
         words = shlex.split(line.replace("\\", ""))
@@ -356,3 +358,21 @@ def test_tokens_revoke_rotate_and_secret(relay: RelayProcess) -> None:
     assert relay.post(relay.tokens["cli"], body).status_code == 200  # the others stay
     again = relay_cli("tokens", "revoke", "short-lived", cwd=relay.root, env=env)
     assert again.returncode == 2 and "cli" in again.stderr and again.stderr.count("\n") == 1
+
+
+def test_startup_problems_are_one_line_naming_the_setting(tmp_path: Path) -> None:
+    relay_cli("tokens", "new", "a", cwd=tmp_path)
+    (tmp_path / ".env").write_text("RELAY_LOG_LEVLE=debug\n")
+    base = {"RELAY_JOBS_DIR": str(Path.cwd() / "jobs"), "RELAY_PORT": "9", "RELAY_PROVIDRS": "x"}
+    for setting, named in (
+        ({"RELAY_PROVIDERS": "e2b"}, "RELAY_E2B_API_KEY"),
+        ({"RELAY_TOKENS_FILE": str(tmp_path)}, "RELAY_TOKENS_FILE"),
+    ):
+        done = relay_cli("serve", cwd=tmp_path, env={**base, **setting})
+        errors = [line for line in done.stderr.splitlines() if not line.startswith("warning:")]
+        assert done.returncode == 2 and len(errors) == 1, done.stderr
+        assert errors[0].startswith("error: ") and named in errors[0]
+        assert "Traceback" not in done.stderr + done.stdout
+        assert "RELAY_PROVIDRS (in the environment)" in done.stderr
+        assert "did you mean RELAY_PROVIDERS?" in done.stderr
+        assert "RELAY_LOG_LEVLE (in the .env) is not a relay setting" in done.stderr
