@@ -143,7 +143,10 @@ class TokenStore:
                 f"{self.path}: no token file; create a token with `relay tokens new NAME`"
             ) from exc
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{self.path}: cannot be read ({type(exc).__name__})") from exc
+            raise ConfigError(
+                f"{self.path}: cannot be read ({type(exc).__name__}); RELAY_TOKENS_FILE must "
+                "name a file this user can read (mode 0600, owned by the relay's user)"
+            ) from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{self.path}: not valid TOML ({exc})") from exc
         extra = sorted(set(data) - {"tokens"})
@@ -266,4 +269,60 @@ def new_token(
         if not existing and path.stat().st_size == 0:
             handle.write("# relay tokens: SHA-256 hashes only; see `relay tokens new --help`\n")
         handle.write("\n".join(lines) + "\n")
+    return token
+
+
+def _token_block(lines: list[str], name: str, path: Path) -> tuple[int, int]:
+    """Where ``[tokens.NAME]`` starts and ends (the next table header) in the file's lines."""
+    header = re.compile(rf"^\s*\[\s*tokens\s*\.\s*(\"{re.escape(name)}\"|{re.escape(name)})\s*\]")
+    start = next((i for i, line in enumerate(lines) if header.match(line)), None)
+    if start is None:
+        names = [p.name for p in TokenStore(path).principals] if path.exists() else []
+        raise ConfigError(
+            f"{path}: no token named {name!r}; the tokens are: {', '.join(names) or 'none'}"
+        )
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines)
+    )
+    return start, end
+
+
+def _rewrite(path: Path, lines: list[str]) -> None:
+    """Replace the file in one rename (mode 0600), so a relay never reads half of it."""
+    spare = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write("".join(lines))
+    os.replace(spare, path)
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text("utf-8").splitlines(keepends=True)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: no token file; create a token with `relay tokens new NAME`"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read ({type(exc).__name__})") from None
+
+
+def revoke_token(path: Path, name: str) -> None:
+    """Remove the named token from the file; a running relay stops accepting it at once."""
+    lines = _lines(path)
+    start, end = _token_block(lines, name, path)
+    _rewrite(path, lines[:start] + lines[end:])
+
+
+def rotate_token(path: Path, name: str) -> str:
+    """Give the named token a new value (same name, scopes and limits); returns it once."""
+    lines = _lines(path)
+    start, end = _token_block(lines, name, path)
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    digest = re.compile(r"^\s*sha256\s*=")
+    found = [i for i in range(start, end) if digest.match(lines[i])]
+    if not found:
+        raise ConfigError(f"{path}: token {name!r} has no sha256 line; fix the file first")
+    lines[found[0]] = f"sha256 = {_toml_value(hash_token(token))}\n"
+    _rewrite(path, lines)
     return token

@@ -1,13 +1,18 @@
-"""The ``relay`` command: serve | run | tokens | jobs | probe | reap | prune.
+"""The ``relay`` command: serve | run | exec | runs | tokens | jobs | probe | reap | prune.
 
-Every subcommand prints ``error: …`` and exits 2 when something is wrong, never a trace.
+Every subcommand prints one ``error: …`` line that says what to do and exits 2 when
+something is wrong, never a trace.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import gc
+import importlib.util
+import json
+import os
 import secrets
 import shlex
 import sys
@@ -17,8 +22,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from relay import __version__
 from relay import client as relay_client
-from relay.auth import TokenStore, new_token
+from relay.auth import TokenStore, new_token, revoke_token, rotate_token
 from relay.errors import ConfigError
 from relay.runs.catalog import Catalog
 from relay.settings import Settings
@@ -26,7 +32,24 @@ from relay.settings import Settings
 DEV_TOKEN_FILE = Path(".relay-dev-token")
 
 
+CALLER_VARIABLES = {"RELAY_URL", "RELAY_TOKEN"}
+"""Read by ``relay run`` (relay/client.py) on the caller's side, not settings."""
+
+
+def _warn_unknown_variables() -> None:
+    """A mistyped ``RELAY_`` name (environment or .env) is never silently ignored."""
+    known = {f"RELAY_{name.upper()}" for name in Settings.model_fields} | CALLER_VARIABLES
+    found = {name: "environment" for name in os.environ if name.startswith("RELAY_")}
+    found.update({n: ".env" for n in relay_client.dotenv() if n.startswith("RELAY_")})
+    for name, where in sorted(found.items()):
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            print(f"warning: {name} (in the {where}) is not a relay setting{hint}", file=sys.stderr)
+
+
 def _settings() -> Settings:
+    _warn_unknown_variables()
     try:
         return Settings()
     except ValidationError as exc:
@@ -76,6 +99,36 @@ def _print_howto(settings: Settings, token: str | None) -> None:
     print(f"  RELAY_URL={url} RELAY_TOKEN={shown} relay run echo -p message=hi\n", flush=True)
 
 
+def _check_startup(settings: Settings) -> None:
+    """What would otherwise fail inside the server's startup as a traceback: each
+    provider builds (its SDK installed, its keys set) and the database driver exists."""
+    from relay.providers.registry import load_providers
+
+    postgres = settings.database_url.startswith(("postgres", "postgresql"))
+    if postgres and importlib.util.find_spec("asyncpg") is None:
+        raise ConfigError(
+            "RELAY_DATABASE_URL names PostgreSQL but asyncpg is not installed: "
+            "pip install asyncpg (or use sqlite:///relay.db)"
+        )
+    providers = load_providers(settings)
+
+    async def close() -> None:
+        for provider in providers.values():
+            await provider.aclose()
+
+    asyncio.run(close())
+
+
+def _isolation_in_use(settings: Settings) -> str:
+    from relay.providers.local.provider import bwrap_works
+
+    if settings.local_isolation == "none":
+        return "none (RELAY_LOCAL_ISOLATION=none): jobs run WITHOUT a sandbox"
+    if settings.local_isolation == "bwrap" or bwrap_works():
+        return "bubblewrap"
+    return "none available: RELAY_LOCAL_ISOLATION=auto refuses local runs; install bubblewrap"
+
+
 FILES_BESIDE_CONNECTIONS = 256
 """Descriptors the relay needs besides its connections: database, sandboxes' pipes, logs."""
 
@@ -106,12 +159,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from relay.logs import configure
 
     settings = _settings()
-    configure(settings.log_level, settings.log_format)
+    if args.host is not None or args.port is not None:
+        chosen = {"host": args.host, "port": args.port}
+        settings = settings.model_copy(update={k: v for k, v in chosen.items() if v is not None})
+    configure(settings.log_level, "console" if args.dev else settings.log_format)
     token = None
     if args.dev:
         token = _dev_setup(settings)
         settings = _dev_isolation(settings)
     app = create_app(settings)
+    _check_startup(settings)
+    if args.dev and "local" in settings.providers:
+        print(f"local provider isolation: {_isolation_in_use(settings)}", flush=True)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
@@ -173,7 +232,28 @@ def cmd_tokens(args: argparse.Namespace) -> int:
         if args.webhook_secret:
             print(f"(its webhook_secret is in {settings.tokens_file})", file=sys.stderr)
         return 0
+    if args.action == "revoke":
+        revoke_token(settings.tokens_file, args.name)
+        print(f"revoked {args.name}: a running relay refuses it from its next request")
+        return 0
+    if args.action == "rotate":
+        print(rotate_token(settings.tokens_file, args.name))
+        print(f"(shown once; the old value of {args.name} no longer works)", file=sys.stderr)
+        return 0
     principals = TokenStore(settings.tokens_file).principals
+    if args.action == "secret":
+        principal = next((p for p in principals if p.name == args.name), None)
+        if principal is None:
+            names = ", ".join(p.name for p in principals)
+            raise ConfigError(f"no token named {args.name!r}; the tokens are: {names}")
+        if principal.webhook_secret is None:
+            raise ConfigError(
+                f"token {args.name!r} has no webhook secret of its own: its callbacks are "
+                "signed with RELAY_WEBHOOK_SECRET; for a token with its own, "
+                "`relay tokens new NAME --webhook-secret`"
+            )
+        print(principal.webhook_secret)
+        return 0
     usage = asyncio.run(_usage_today(settings, [p.name for p in principals]))
     for principal in principals:
         shown = [
@@ -219,13 +299,58 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    argv = [args.job]
-    for pair in args.param:
-        argv += ["-p", pair]
-    if args.json:
-        argv.append("--json")
-    return relay_client.main(argv)  # it reads RELAY_URL, RELAY_TOKEN itself
+def _client(args: argparse.Namespace) -> relay_client.Client:
+    try:
+        return relay_client.client_from_environment(args)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _summary(run: dict[str, Any]) -> str:
+    code = run.get("exit_code")
+    took = run.get("duration_ms")
+    return "\t".join(
+        [
+            str(run.get("id")),
+            str(run.get("state")),
+            str(run.get("job") or " ".join(run.get("command") or []))[:40],
+            "-" if code is None else f"exit {code}",
+            str(run.get("created_at") or "")[:19],
+            "-" if took is None else f"{took} ms",
+        ]
+    )
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    client = _client(args)
+    try:
+        if args.action == "list":
+            page = client.list_runs(state=args.state, job=args.job, limit=args.limit)
+            if args.json:
+                print(json.dumps(page, indent=2))
+            for run in [] if args.json else page.get("runs", []):
+                print(_summary(run))
+            if page.get("next_cursor") and not args.json:
+                print("(more: raise --limit, at most 200)", file=sys.stderr)
+        elif args.action == "show":
+            print(json.dumps(client.get(args.run_id), indent=2))
+        elif args.action == "logs":
+            if args.follow:
+                run = client.follow(args.run_id)
+            else:
+                run = client.get(args.run_id)
+                sys.stdout.write(run.get("stdout") or "")
+                sys.stderr.write(run.get("stderr") or "")
+        elif args.action == "cancel":
+            run = client.cancel(args.run_id)
+            print(f"canceled {run.get('id', args.run_id)} (was {run.get('state')})")
+    except relay_client.RelayClientError as exc:
+        if exc.code == "not_found":
+            raise ConfigError(f"{exc}; list your runs with `relay runs list`") from None
+        raise ConfigError(str(exc)) from None
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 async def _reap(settings: Settings, dry_run: bool) -> int:
@@ -307,15 +432,32 @@ def cmd_reap(args: argparse.Namespace) -> int:
     return asyncio.run(_reap(_settings(), args.dry_run))
 
 
+DESCRIPTION = """\
+relay: run declared jobs in sandboxes behind one host and one token.
+
+Start here:
+  relay serve --dev                  serve on 127.0.0.1:8080 with a dev token
+  relay run echo -p message=hi       run a job, print its output as it happens
+  relay runs list                    your runs (RELAY_URL, RELAY_TOKEN: env or .env)
+
+Errors are one line, `error: ...`, saying what to do; exit code 2.
+"""
+
+
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="relay", description=__doc__)
-    sub = root.add_subparsers(dest="command", required=True)
+    root = relay_client.OneLineParser(
+        prog="relay", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    root.add_argument("--version", action="version", version=f"relay {__version__}")
+    sub = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = sub.add_parser("serve", help="serve the relay")
     serve.add_argument(
         "--dev",
         action="store_true",
         help="make a dev token if there is none and print how to call the relay",
     )
+    serve.add_argument("--host", help="address to listen on (default: RELAY_HOST)")
+    serve.add_argument("--port", type=int, help="port to listen on (default: RELAY_PORT)")
     serve.set_defaults(func=cmd_serve)
     tokens = sub.add_parser("tokens", help="manage tokens")
     tsub = tokens.add_subparsers(dest="action", required=True)
@@ -332,21 +474,38 @@ def parser() -> argparse.ArgumentParser:
         "--webhook-secret", action="store_true", help="give it a secret to sign its callbacks"
     )
     tsub.add_parser("list", help="list tokens (names and scopes, never the token)")
+    for action, text in (
+        ("revoke", "remove a token; a running relay refuses it from its next request"),
+        ("rotate", "give a token a new value (printed once), same scopes"),
+        ("secret", "print a token's own webhook secret (to verify its callbacks)"),
+    ):
+        tsub.add_parser(action, help=text).add_argument("name")
     tokens.set_defaults(func=cmd_tokens)
     jobs = sub.add_parser("jobs", help="list and validate the job catalog")
     jobs.set_defaults(func=cmd_jobs)
-    run = sub.add_parser("run", help="run a job on the relay at RELAY_URL with RELAY_TOKEN")
-    run.add_argument("job")
-    run.add_argument(
-        "-p",
-        "--param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a string param; KEY:=JSON for numbers, booleans, lists",
+    sub.add_parser(
+        "run",
+        help="run a job on the relay at RELAY_URL, its output live (relay run --help)",
+        add_help=False,
     )
-    run.add_argument("--json", action="store_true")
-    run.set_defaults(func=cmd_run)
+    sub.add_parser(
+        "exec", help="run a raw command: relay exec [OPTIONS] -- ARGV... (command scope)"
+    )
+    runs = sub.add_parser("runs", help="list, show, follow and cancel runs")
+    rsub = runs.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listed = rsub.add_parser("list", help="this token's runs, newest first")
+    listed.add_argument("--state", help="only runs in this state")
+    listed.add_argument("--job", help="only runs of this job")
+    listed.add_argument("--limit", type=int, default=20, help="how many (1-200)")
+    listed.add_argument("--json", action="store_true", help="the whole page as JSON")
+    rsub.add_parser("show", help="one run, as JSON").add_argument("run_id")
+    logs = rsub.add_parser("logs", help="a run's output")
+    logs.add_argument("run_id")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow it as it happens")
+    rsub.add_parser("cancel", help="cancel a run").add_argument("run_id")
+    for each in (listed, *[rsub.choices[name] for name in ("show", "logs", "cancel")]):
+        each.add_argument("--no-auth-header", action="store_true", help=argparse.SUPPRESS)
+    runs.set_defaults(func=cmd_runs)
     probe = sub.add_parser(
         "probe", help="create a sandbox, run `echo ok`, terminate it; print the timings"
     )
@@ -367,6 +526,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "run":
+        return relay_client.main(argv[1:], prog="relay run")
+    if argv and argv[0] == "exec":
+        rest = argv[1:]
+        if "--" not in rest:
+            if rest in (["-h"], ["--help"]):
+                return relay_client.main(["--help"], prog="relay exec")
+            print("error: put the command after --: relay exec -- ls -la", file=sys.stderr)
+            return 2
+        return relay_client.main(rest, prog="relay exec")
     args = parser().parse_args(argv)
     try:
         code: int = args.func(args)

@@ -1,14 +1,21 @@
 """A relay client in one file, standard library only: copy it into any repo.
 
-    python client.py JOB -p message=hi            # RELAY_URL, RELAY_TOKEN from the env
+    python client.py JOB -p message=hi            # RELAY_URL, RELAY_TOKEN: env, else .env
     python client.py JOB -p count:=3 --no-auth-header   # a network secret adds the header
+    python client.py JOB --stdin FILE --env K=V --file PATH[=DEST]
     python client.py JOB --no-wait                # print the accepted run (JSON), exit 0
-    python client.py --run RUN_ID                 # wait for a run submitted before
+    python client.py --attach RUN_ID              # follow a run submitted before
+    python client.py -- ls -la                    # a raw command (tokens with that scope)
     RELAY_AUTH_HEADER=X-Api-Key python client.py JOB   # the token goes raw in that header
 
+The job's output is printed as it happens (``GET /v1/runs/{id}/events``): stdout to
+stdout, stderr to stderr. Ctrl-C stops following and says how to follow or cancel the
+run; a second Ctrl-C within a few seconds cancels it.
+
 Exits with the job's exit code; 124 when the job timed out; 2 (printing ``error: …``)
-when the relay or the network failed. A retried submit reuses one Idempotency-Key, so
-it never starts a second sandbox. On an auth error the response body is never printed.
+when the relay or the network failed; 130 after Ctrl-C. A retried submit reuses one
+Idempotency-Key, so it never starts a second sandbox. On an auth error the response body
+is never printed.
 
 A webhook receiver checks each callback with ``verify_signature(secret, header, body)``.
 """
@@ -23,9 +30,13 @@ import os
 import sys
 import threading
 import time
+import typing
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 FINAL = {"succeeded", "failed", "timed_out", "canceled", "error", "lost"}
@@ -112,7 +123,11 @@ class Spinner:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.enabled:
+        self.stop()
+
+    def stop(self) -> None:
+        """Clear the spinner (the job's output is about to be printed); safe to repeat."""
+        if self.enabled and not self._stop.is_set():
             self._stop.set()
             self._thread.join()
 
@@ -133,9 +148,9 @@ class Client:
         self.auth_header = auth_header
         self.timeout_s = timeout_s
 
-    def _request(
+    def _prepare(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
-    ) -> tuple[int, dict[str, Any]]:
+    ) -> urllib.request.Request:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, method=method)  # noqa: S310
         request.add_header("Content-Type", "application/json")
@@ -147,6 +162,12 @@ class Client:
             request.add_header(self.auth_header, value)
         for name, value in (headers or {}).items():
             request.add_header(name, value)
+        return request
+
+    def _request(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        request = self._prepare(method, path, body, headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:  # noqa: S310
                 status, raw = answer.status, answer.read()
@@ -222,6 +243,83 @@ class Client:
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
         return self.wait(self.submit(request))
 
+    def events(self, run_id: str) -> Iterator[dict[str, Any]]:
+        """The run's events as they happen (``GET /v1/runs/{id}/events``): ``state``,
+        ``output`` (``stream``, ``text``), ``ping``, and last ``run`` (the final run).
+        Each connection starts again from the beginning of the run."""
+        request = self._prepare("GET", f"/v1/runs/{run_id}/events")
+        request.add_header("Accept", "application/x-ndjson")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:  # noqa: S310
+                for line in answer:
+                    if line.strip():
+                        event = json.loads(line)
+                        if isinstance(event, dict):
+                            yield event
+        except urllib.error.HTTPError as error:
+            raise _http_error(error) from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, ValueError) as error:
+            reason = getattr(error, "reason", error)
+            raise RelayClientError(f"the event stream broke: {reason}") from None
+
+    def follow(
+        self,
+        run_id: str,
+        *,
+        stdout: Any = None,
+        stderr: Any = None,
+        on_output: Any = None,
+        attempts: int = 4,
+    ) -> dict[str, Any]:
+        """Write the run's output to ``stdout``/``stderr`` as it happens and return the final
+        run. A broken stream is opened again (after what was already written); a relay
+        without the stream is polled, and the rest of the output written at the end."""
+        written = {"stdout": 0, "stderr": 0}
+        streams = {"stdout": stdout or sys.stdout, "stderr": stderr or sys.stderr}
+
+        def write(stream: str, text: str) -> None:
+            if not text:
+                return
+            if on_output is not None:
+                on_output()
+            streams[stream].write(text)
+            streams[stream].flush()
+            written[stream] += len(text)
+
+        delay = 1.0
+        for attempt in range(attempts):
+            seen = {"stdout": 0, "stderr": 0}
+            try:
+                for event in self.events(run_id):
+                    if event.get("event") == "output" and event.get("stream") in seen:
+                        stream, text = event["stream"], str(event.get("text", ""))
+                        skip = max(0, written[stream] - seen[stream])  # shown before a break
+                        seen[stream] += len(text)
+                        write(stream, text[skip:])
+                    elif event.get("event") == "run" and isinstance(event.get("run"), dict):
+                        return dict(event["run"])
+            except RelayClientError as error:
+                if error.status in (404, 405) or attempt == attempts - 1:
+                    break  # no stream here (an older relay, a proxy): poll instead
+                if error.status is not None and error.status not in RETRYABLE:
+                    raise
+                time.sleep(min(60.0, max(delay, error.retry_after or 0.0)))
+                delay *= 2
+        run = self.wait(self.get(run_id))
+        for stream in ("stdout", "stderr"):
+            write(stream, str(run.get(stream) or "")[written[stream] :])
+        return run
+
+    def cancel(self, run_id: str) -> dict[str, Any]:
+        """Cancel a run (``DELETE /v1/runs/{id}``); 409 ``run_finished`` if it ended."""
+        return self._request("DELETE", f"/v1/runs/{run_id}")[1]
+
+    def list_runs(self, **query: Any) -> dict[str, Any]:
+        """This token's runs, newest first: ``state``, ``job``, ``limit``, ``cursor``."""
+        shown = {key: value for key, value in query.items() if value is not None}
+        path = "/v1/runs" + ("?" + urllib.parse.urlencode(shown) if shown else "")
+        return self._request("GET", path)[1]
+
 
 def verify_signature(
     secret: str | bytes,
@@ -262,13 +360,92 @@ def parse_params(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         if ":=" in pair and pair.index(":=") < pair.index("=") + 1:
             key, raw = pair.split(":=", 1)
-            params[key] = json.loads(raw)
+            try:
+                params[key] = json.loads(raw)
+            except ValueError:
+                raise ValueError(
+                    f"param {key!r}: {raw!r} is not JSON; use {key}:=3, {key}:=true, "
+                    f'{key}:=\'["a","b"]\', or {key}=text for a string'
+                ) from None
         elif "=" in pair:
             key, value = pair.split("=", 1)
             params[key] = value
         else:
             raise ValueError(f"param {pair!r}: use key=value or key:=json")
     return params
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    """``--env K=V`` pairs."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise ValueError(f"--env {pair!r}: use NAME=value")
+        env[key] = value
+    return env
+
+
+def read_files(specs: list[str]) -> dict[str, str]:
+    """``--file PATH[=DEST]``: the local file's text, sent as ``DEST`` (default: its name)."""
+    files: dict[str, str] = {}
+    for spec in specs:
+        local, _, dest = spec.partition("=")
+        try:
+            files[dest or Path(local).name] = Path(local).read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"--file {local}: cannot be read as text ({error})") from None
+    return files
+
+
+def read_stdin(source: str) -> str:
+    """``--stdin FILE`` or ``--stdin -`` (this process's own stdin)."""
+    try:
+        return sys.stdin.read() if source == "-" else Path(source).read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--stdin {source}: cannot be read as text ({error})") from None
+
+
+def dotenv(path: Path = Path(".env")) -> dict[str, str]:
+    """``KEY=value`` lines of a ``.env`` file (``#`` comments, ``export``, quotes)."""
+    found: dict[str, str] = {}
+    try:
+        lines = path.read_text("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return found
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, value = line.removeprefix("export ").split("=", 1)
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        found[key.strip()] = value
+    return found
+
+
+def setting(name: str, default: str | None = None) -> str | None:
+    """A caller's setting (``RELAY_URL``, ``RELAY_TOKEN``…): the environment, else ``.env``."""
+    value = os.environ.get(name)
+    if value is None:
+        value = dotenv().get(name)
+    return default if value is None else value
+
+
+def client_from_environment(args: argparse.Namespace | None = None) -> Client:
+    """A client for ``RELAY_URL`` with ``RELAY_TOKEN`` (environment, else ``.env``);
+    ValueError when there is no token and ``--no-auth-header`` was not given."""
+    no_auth = bool(getattr(args, "no_auth_header", False))
+    token = None if no_auth else setting("RELAY_TOKEN")
+    if token is None and not no_auth:
+        raise ValueError(
+            "set RELAY_TOKEN (in the environment or .env), or pass --no-auth-header "
+            "when a proxy adds the token"
+        )
+    url = getattr(args, "url", None) or setting("RELAY_URL", "http://127.0.0.1:8080")
+    header = getattr(args, "auth_header", None) or setting("RELAY_AUTH_HEADER", "Authorization")
+    return Client(str(url), token, auth_header=str(header))
 
 
 def exit_code(run: dict[str, Any]) -> int:
@@ -280,58 +457,144 @@ def exit_code(run: dict[str, Any]) -> int:
     return 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run a declared job on a relay.")
-    parser.add_argument("job", nargs="?", help="the job to run (or --run RUN_ID)")
-    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--url", default=os.environ.get("RELAY_URL", "http://127.0.0.1:8080"))
+CANCEL_WINDOW_S = 3.0
+"""After a first Ctrl-C, a second one within this many seconds cancels the run."""
+
+
+def interrupted(client: Client, run_id: str, prog: str) -> int:
+    """The first Ctrl-C while following: say how to follow or cancel the run, and cancel
+    it if a second Ctrl-C comes within :data:`CANCEL_WINDOW_S`."""
+    follow = "relay run --attach" if prog.startswith("relay") else f"{prog} --attach"
+    cancel = "relay runs cancel" if prog.startswith("relay") else "curl -X DELETE …/v1/runs/"
+    print(
+        f"\nrun {run_id} is still going. Follow it: {follow} {run_id}   "
+        f"Cancel it: {cancel} {run_id}\n"
+        f"(Ctrl-C again within {CANCEL_WINDOW_S:g} s cancels it now)",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        time.sleep(CANCEL_WINDOW_S)
+    except KeyboardInterrupt:
+        try:
+            client.cancel(run_id)
+        except RelayClientError as error:
+            print(f"error: cancel of {run_id} failed: {error}", file=sys.stderr)
+            return 130
+        print(f"canceled {run_id}", file=sys.stderr)
+    return 130
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes are one ``error: …`` line naming the help to read, exit code 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def arguments(prog: str = "client.py") -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog=prog,
+        description="Run a declared job on a relay and print its output as it happens. "
+        "RELAY_URL and RELAY_TOKEN come from the environment, else from .env. "
+        "A raw command (tokens with the command scope) goes after --: "
+        f"{prog} [OPTIONS] -- ls -la",
+        epilog="Exit code: the job's; 124 when it timed out; 2 when the relay refused or "
+        "could not be reached; 130 after Ctrl-C.",
+    )
+    parser.add_argument("job", nargs="?", help="the job to run (or --attach RUN_ID)")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="a string param; KEY:=JSON for numbers, booleans, lists")  # fmt: skip
+    parser.add_argument("--stdin", metavar="FILE|-", help="send this file (or - for this "
+                        "process's stdin) as the job's stdin")  # fmt: skip
+    parser.add_argument("--env", action="append", default=[], metavar="K=V",
+                        help="an environment variable for the job (repeat)")  # fmt: skip
+    parser.add_argument("--file", action="append", default=[], metavar="PATH[=DEST]",
+                        help="upload a text file into the job's workdir (repeat)")  # fmt: skip
+    parser.add_argument("--url", help="the relay (default: RELAY_URL, else http://127.0.0.1:8080)")
     parser.add_argument(
         "--no-auth-header", action="store_true", help="send no token: a network secret adds it"
     )
     parser.add_argument(
         "--auth-header",
-        default=os.environ.get("RELAY_AUTH_HEADER", "Authorization"),
-        help="header for RELAY_TOKEN; any name but Authorization carries it raw",
+        help="header for RELAY_TOKEN (default: RELAY_AUTH_HEADER, else Authorization); "
+        "any name but Authorization carries the token raw",
     )
     parser.add_argument("--idempotency-key", help="reuse a key across runs of this script")
     parser.add_argument("--no-wait", action="store_true", help="print the accepted run, exit 0")
-    parser.add_argument("--run", metavar="RUN_ID", help="wait for a run submitted before")
+    parser.add_argument("--attach", "--run", dest="attach", metavar="RUN_ID",
+                        help="follow a run submitted before")  # fmt: skip
     parser.add_argument("--max-wait-s", type=float, default=3600.0)
     parser.add_argument(
         "--attempts", type=int, default=4, help="tries of a submit the network or relay failed"
     )
     parser.add_argument("--json", action="store_true", help="print the whole run as JSON")
+    return parser
+
+
+def request_body(args: argparse.Namespace, command: list[str] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"command": command} if command else {"job": args.job}
+    if args.param:
+        body["params"] = parse_params(args.param)
+    elif not command:
+        body["params"] = {}
+    if args.stdin is not None:
+        body["stdin"] = read_stdin(args.stdin)
+    if args.env:
+        body["env"] = parse_env(args.env)
+    if args.file:
+        body["files"] = read_files(args.file)
+    return body
+
+
+def main(argv: list[str] | None = None, *, prog: str = "client.py") -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] | None = None
+    if "--" in argv:
+        at = argv.index("--")
+        argv, command = argv[:at], argv[at + 1 :]
+    parser = arguments(prog)
     args = parser.parse_args(argv)
-    if (args.job is None) == (args.run is None):
-        parser.error("give a JOB or --run RUN_ID")
-    token = None if args.no_auth_header else os.environ.get("RELAY_TOKEN")
-    if token is None and not args.no_auth_header:
-        print("error: set RELAY_TOKEN, or pass --no-auth-header", file=sys.stderr)
+    given = [bool(args.job), bool(args.attach), bool(command)]
+    if sum(given) != 1:
+        print(
+            f"error: give a JOB, --attach RUN_ID, or a command after -- (see {prog} --help)",
+            file=sys.stderr,
+        )
         return 2
-    client = Client(args.url, token, auth_header=args.auth_header)
+    run: dict[str, Any] = {}
     try:
-        with Spinner(args.job or args.run):
-            if args.run:
-                run = client.get(args.run)
-            else:
-                body = {"job": args.job, "params": parse_params(args.param)}
-                if args.no_wait:
-                    body["wait"] = False
+        client = client_from_environment(args)
+        body = None if args.attach else request_body(args, command)
+        spinner = Spinner(args.job or args.attach or (command or [""])[0])
+        with spinner:
+            if body is not None:
+                body["wait"] = not args.no_wait and args.json  # --json: no live output
                 run = client.submit(
                     body, idempotency_key=args.idempotency_key, attempts=max(1, args.attempts)
                 )
-            if not args.no_wait:
+            else:
+                run = client.get(args.attach)
+            if args.no_wait:
+                print(json.dumps(run, indent=2))
+                return 0
+            if args.json:
                 run = client.wait(run, max_wait_s=args.max_wait_s)
+            elif run.get("state") in FINAL:
+                spinner.stop()
+                sys.stdout.write(run.get("stdout", ""))
+                sys.stderr.write(run.get("stderr", ""))
+            else:
+                run = client.follow(run["id"], on_output=spinner.stop)
+    except KeyboardInterrupt:
+        if run.get("id") and run.get("state") not in FINAL:
+            return interrupted(client, str(run["id"]), prog)
+        return 130
     except (RelayClientError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.json or args.no_wait:
+    if args.json:
         print(json.dumps(run, indent=2))
-        if args.no_wait:
-            return 0
-    else:
-        sys.stdout.write(run.get("stdout", ""))
-        sys.stderr.write(run.get("stderr", ""))
     if run.get("state") not in ("succeeded", "failed"):
         why = run.get("error") or {}
         print(

@@ -78,7 +78,7 @@ class RelayProcess:
         if not self.jobs_dir.exists():
             shutil.copytree(REPO / "jobs", self.jobs_dir)
             for name, manifest in TEST_JOBS.items():
-                (self.jobs_dir / name).mkdir()
+                (self.jobs_dir / name).mkdir(exist_ok=True)
                 (self.jobs_dir / name / "job.toml").write_text(manifest)
         self.tokens: dict[str, str] = {}
         self.env = {

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import select
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -33,6 +39,7 @@ def relay_cli(
 def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
     server = RelayProcess(tmp_path_factory.mktemp("cli"), local_isolation="bwrap")
     server.add_token("cli")
+    server.add_token("ops", command=True)
     server.start()
     yield server
     server.stop()
@@ -137,6 +144,8 @@ def test_serve_dev_prints_a_curl_that_works(tmp_path: Path) -> None:
                     break
             time.sleep(0.1)
         printed = out.read_text()
+        assert "local provider isolation: bubblewrap" in printed
+        assert '{"ts"' not in printed  # --dev logs read as text, not JSON
         line = next(x for x in printed.splitlines() if x.strip().startswith("curl"))
         line += " " + next(x for x in printed.splitlines() if "-d '" in x).strip()
         words = shlex.split(line.replace("\\", ""))
@@ -168,3 +177,202 @@ def test_dev_mode_without_bubblewrap_says_so(
     assert "WITHOUT isolation" in capsys.readouterr().err
     explicit = Settings(_env_file=None, local_isolation="bwrap")  # type: ignore[call-arg]
     assert _dev_isolation(explicit).local_isolation == "bwrap"
+
+
+def caller(relay: RelayProcess, name: str = "cli") -> dict[str, str]:
+    return {"RELAY_URL": relay.url, "RELAY_TOKEN": relay.tokens[name]}
+
+
+def started(relay: RelayProcess, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "relay", *args],
+        cwd=relay.root,
+        env={"PATH": os.environ["PATH"], **caller(relay)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def read_until(stream: IO[str] | None, wanted: str, timeout_s: float = 30) -> str:
+    """What ``stream`` says until it holds ``wanted``, read from its descriptor (no
+    buffer that select cannot see), never past the timeout."""
+    assert stream is not None
+    seen = ""
+    deadline = time.monotonic() + timeout_s
+    while wanted not in seen:
+        ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"no {wanted!r} within {timeout_s} s; saw {seen!r}"
+        chunk = os.read(stream.fileno(), 4096)
+        assert chunk, f"ended before {wanted!r}; saw {seen!r}"
+        seen += chunk.decode()
+    return seen
+
+
+def stopped(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.communicate(timeout=30)
+
+
+def test_run_prints_output_as_it_happens(relay: RelayProcess) -> None:
+    process = started(relay, "run", "sleep", "-p", "seconds:=3")
+    try:
+        read_until(process.stdout, "sleeping")
+        assert process.poll() is None  # the first line came while the job still runs
+        out, err = process.communicate(timeout=30)
+    finally:
+        stopped(process)
+    assert (process.returncode, out) == (0, "woke\n"), err
+
+
+def test_run_sends_stdin_env_and_files_and_keeps_streams_apart(
+    relay: RelayProcess, tmp_path: Path
+) -> None:
+    (tmp_path / "data.txt").write_text("from a file")
+    snippet = (
+        "import os, sys\n"
+        "print(os.environ['GREETING'], open('in/data.txt').read())\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "sys.exit(3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "relay", "run", "python", "--stdin", "-", "--env",
+         "GREETING=hi", "--file", f"{tmp_path / 'data.txt'}=in/data.txt"],
+        input=snippet, cwd=relay.root, env={"PATH": os.environ["PATH"], **caller(relay)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (3, "hi from a file\n", "to stderr\n")
+
+
+def test_exec_runs_a_raw_command(relay: RelayProcess) -> None:
+    env = caller(relay, "ops")
+    done = relay_cli("exec", "--", "sh", "-c", "echo raw; exit 4", cwd=relay.root, env=env)
+    assert (done.returncode, done.stdout) == (4, "raw\n"), done.stderr
+    bare = relay_cli("exec", "sh", cwd=relay.root, env=env)
+    assert bare.returncode == 2 and bare.stderr.count("\n") == 1 and "--" in bare.stderr
+
+
+def test_no_wait_then_attach_and_the_runs_commands(relay: RelayProcess) -> None:
+    env = caller(relay)
+    accepted = relay_cli("run", "echo", "-p", "message=later", "--no-wait", cwd=relay.root, env=env)
+    run_id = json.loads(accepted.stdout)["id"]
+    attached = relay_cli("run", "--attach", run_id, cwd=relay.root, env=env)
+    assert (attached.returncode, attached.stdout) == (0, "later\n"), attached.stderr
+    listed = relay_cli("runs", "list", "--job", "echo", cwd=relay.root, env=env)
+    assert listed.returncode == 0 and f"{run_id}\tsucceeded\techo" in listed.stdout
+    shown = relay_cli("runs", "show", run_id, cwd=relay.root, env=env)
+    assert json.loads(shown.stdout)["stdout"] == "later\n"
+    logs = relay_cli("runs", "logs", run_id, cwd=relay.root, env=env)
+    assert logs.stdout == "later\n"
+    finished = relay_cli("runs", "cancel", run_id, cwd=relay.root, env=env)
+    assert finished.returncode == 2 and finished.stderr.count("\n") == 1
+    missing = relay_cli("runs", "show", "run_nope", cwd=relay.root, env=env)
+    assert missing.returncode == 2 and "relay runs list" in missing.stderr
+
+
+def test_the_token_may_come_from_dot_env(relay: RelayProcess, tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text(f"RELAY_URL={relay.url}\nRELAY_TOKEN='{relay.tokens['cli']}'\n")
+    done = relay_cli("run", "echo", "-p", "message=dotenv", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (0, "dotenv\n"), done.stderr
+    (tmp_path / ".env").unlink()
+    missing = relay_cli("run", "echo", "-p", "message=x", cwd=tmp_path)
+    assert missing.returncode == 2 and "RELAY_TOKEN" in missing.stderr
+    assert "--no-auth-header" in missing.stderr and missing.stderr.count("\n") == 1
+    assert relay_cli("run", "echo", "--no-auth-header", cwd=tmp_path).returncode == 2  # exists
+
+
+def test_ctrl_c_says_how_to_follow_and_a_second_one_cancels(relay: RelayProcess) -> None:
+    process = started(relay, "run", "sleep", "-p", "seconds:=30")
+    try:
+        read_until(process.stdout, "sleeping")
+        process.send_signal(signal.SIGINT)
+        said = read_until(process.stderr, "Ctrl-C again")
+        run_id = re.search(r"run (run_\S+) is still going", said)
+        assert run_id is not None and f"relay run --attach {run_id[1]}" in said
+        assert f"relay runs cancel {run_id[1]}" in said
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 130
+    finally:
+        stopped(process)
+    run = relay.wait_final(relay.tokens["cli"], run_id[1], timeout_s=30)
+    assert run["state"] == "canceled"
+
+
+def test_one_ctrl_c_leaves_the_run_going(relay: RelayProcess) -> None:
+    process = started(relay, "run", "sleep", "-p", "seconds:=30")
+    try:
+        read_until(process.stdout, "sleeping")
+        process.send_signal(signal.SIGINT)
+        said = read_until(process.stderr, "Ctrl-C again")
+        assert process.wait(30) == 130
+    finally:
+        stopped(process)
+    run_id = re.search(r"run (run_\S+) is still going", said)
+    assert run_id is not None
+    token = relay.tokens["cli"]
+    assert relay.get(token, f"/v1/runs/{run_id[1]}").json()["state"] == "running"
+    canceled = relay_cli("runs", "cancel", run_id[1], cwd=relay.root, env=caller(relay))
+    assert canceled.returncode == 0 and f"canceled {run_id[1]}" in canceled.stdout
+
+
+def test_errors_are_one_line_that_say_what_to_do(relay: RelayProcess) -> None:
+    env = caller(relay)
+    bad = relay_cli("run", "params", "-p", "name=n", "-p", "count:=abc", cwd=relay.root, env=env)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "param 'count'" in bad.stderr and "count:=3" in bad.stderr
+    unknown = relay_cli("run", "nope", cwd=relay.root, env=env)
+    assert unknown.returncode == 2 and "echo" in unknown.stderr and "restart" in unknown.stderr
+    for args in (["run", "--bogus"], ["runs", "lst"], ["tokens", "revoke"], ["nope"]):
+        wrong = relay_cli(*args, cwd=relay.root, env=env)
+        assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1, (args, wrong.stderr)
+        assert wrong.stderr.startswith("error: ") and "--help" in wrong.stderr
+
+
+def test_version_and_plain_help(tmp_path: Path) -> None:
+    from relay import __version__
+
+    assert relay_cli("--version", cwd=tmp_path).stdout == f"relay {__version__}\n"
+    shown = relay_cli("--help", cwd=tmp_path).stdout
+    assert "``" not in shown and "::" not in shown and "relay run echo" in shown
+
+
+def test_tokens_revoke_rotate_and_secret(relay: RelayProcess) -> None:
+    relay.add_token("short-lived")
+    relay.add_token("hooked", webhook_secret="s" * 64)
+    env = {"RELAY_TOKENS_FILE": str(relay.tokens_file)}
+    secret = relay_cli("tokens", "secret", "hooked", cwd=relay.root, env=env)
+    assert (secret.returncode, secret.stdout) == (0, "s" * 64 + "\n")
+    none = relay_cli("tokens", "secret", "short-lived", cwd=relay.root, env=env)
+    assert none.returncode == 2 and "RELAY_WEBHOOK_SECRET" in none.stderr
+    old = relay.tokens["short-lived"]
+    rotated = relay_cli("tokens", "rotate", "short-lived", cwd=relay.root, env=env)
+    new = rotated.stdout.strip()
+    assert rotated.returncode == 0 and new.startswith("rly_") and new != old
+    body = {"job": "echo", "params": {"message": "x"}}
+    assert relay.post(old, body).status_code == 401
+    assert relay.post(new, body).status_code == 200
+    revoked = relay_cli("tokens", "revoke", "short-lived", cwd=relay.root, env=env)
+    assert revoked.returncode == 0
+    assert relay.post(new, body).status_code == 401
+    assert relay.post(relay.tokens["cli"], body).status_code == 200  # the others stay
+    again = relay_cli("tokens", "revoke", "short-lived", cwd=relay.root, env=env)
+    assert again.returncode == 2 and "cli" in again.stderr and again.stderr.count("\n") == 1
+
+
+def test_startup_problems_are_one_line_naming_the_setting(tmp_path: Path) -> None:
+    relay_cli("tokens", "new", "a", cwd=tmp_path)
+    (tmp_path / ".env").write_text("RELAY_LOG_LEVLE=debug\n")
+    base = {"RELAY_JOBS_DIR": str(Path.cwd() / "jobs"), "RELAY_PORT": "9", "RELAY_PROVIDRS": "x"}
+    for setting, named in (
+        ({"RELAY_PROVIDERS": "e2b"}, "RELAY_E2B_API_KEY"),
+        ({"RELAY_TOKENS_FILE": str(tmp_path)}, "RELAY_TOKENS_FILE"),
+    ):
+        done = relay_cli("serve", cwd=tmp_path, env={**base, **setting})
+        errors = [line for line in done.stderr.splitlines() if not line.startswith("warning:")]
+        assert done.returncode == 2 and len(errors) == 1, done.stderr
+        assert errors[0].startswith("error: ") and named in errors[0]
+        assert "Traceback" not in done.stderr + done.stdout
+        assert "RELAY_PROVIDRS (in the environment)" in done.stderr
+        assert "did you mean RELAY_PROVIDERS?" in done.stderr
+        assert "RELAY_LOG_LEVLE (in the .env) is not a relay setting" in done.stderr

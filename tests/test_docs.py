@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from relay.errors import ERROR_CLASSES
 from relay.http.openapi import document
 from relay.http.routes import routes
 from relay.settings import Settings
 from tests.conftest import REPO
+from tests.relay_server import RelayProcess
 
 CLIENT_VARIABLES = {"RELAY_URL", "RELAY_TOKEN"}
 """Read by `relay run` and relay/client.py on the caller's side, not by the server."""
@@ -60,3 +70,70 @@ def test_openapi_covers_every_route_and_error_code() -> None:
     for cls in ERROR_CLASSES:
         if cls.status >= 400 and cls.code != "internal":
             assert cls.code in described, cls.code
+
+
+PLACEHOLDER = re.compile(r"<[a-z][a-z0-9-]*>")
+"""How the README marks what a reader fills in (``<your-token>``, ``<run-id>``): such a
+line is not run."""
+NOT_RUN_HERE = ("make ", "git clone")
+"""Blocks that install or serve (``make serve`` is tested by test_cli's dev-serve test)."""
+
+
+def shell_blocks() -> list[str]:
+    readme = (REPO / "README.md").read_text()
+    return re.findall(r"^```sh\n(.*?)^```", readme, re.S | re.M)
+
+
+def runnable(block: str) -> str:
+    """The block with its continued lines joined and placeholder lines left out."""
+    lines = block.replace("\\\n", " ").splitlines()
+    return "\n".join(line for line in lines if not PLACEHOLDER.search(line))
+
+
+@pytest.fixture(scope="module")
+def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
+    server = RelayProcess(tmp_path_factory.mktemp("readme"), local_isolation="bwrap")
+    server.add_token("dev", command=True)  # the README's exec line needs the command scope
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_every_readme_command_runs_as_written(relay: RelayProcess, tmp_path: Path) -> None:
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    (tmp_path / ".relay-dev-token").write_text(relay.tokens["dev"] + "\n")
+    shutil.copy(REPO / "README.md", tmp_path / "README.md")
+    shutil.copy(REPO / "relay" / "client.py", tmp_path / "client.py")
+    env = {
+        "PATH": f"{tmp_path / '.venv' / 'bin'}:{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+        "RELAY_URL": relay.url,
+        "RELAY_TOKEN": relay.tokens["dev"],
+        "RELAY_TOKENS_FILE": str(tmp_path / "tokens.toml"),  # the Tokens block's own file
+    }
+    ran = 0
+    for block in shell_blocks():
+        if block.startswith(NOT_RUN_HERE):
+            continue
+        script = runnable(block).replace("http://127.0.0.1:8080", relay.url)
+        if not script.strip():
+            continue
+        done = subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", script],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, f"{script}\n---\n{done.stdout}\n{done.stderr}"
+        assert "error:" not in done.stderr, f"{script}\n---\n{done.stderr}"
+        ran += script.count("\n") + 1
+    assert ran >= 15
+
+
+def test_the_sample_answer_is_todays(relay: RelayProcess) -> None:
+    readme = (REPO / "README.md").read_text()
+    sample = readme.split("which answers with the finished run:\n\n```json\n")[1].split("```")[0]
+    shown = json.loads(sample)
+    body = {"job": "echo", "params": {"message": "hello from the relay"}}
+    answer = relay.post(relay.tokens["dev"], body).json()
+    assert list(shown) == list(answer)
+    assert list(shown["timings"]) == list(answer["timings"])
+    assert shown["stdout"] == answer["stdout"]

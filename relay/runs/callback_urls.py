@@ -137,7 +137,8 @@ def parse_callback_url(url: str, *, allow_http: bool) -> SplitResult:
         raise CallbackRefused("callback_url is not a valid URL") from exc
     schemes = ("https", "http") if allow_http else ("https",)
     if parts.scheme not in schemes:
-        raise CallbackRefused("callback_url must use " + " or ".join(schemes))
+        hint = "" if allow_http else " (RELAY_WEBHOOK_ALLOW_HTTP=true allows http)"
+        raise CallbackRefused("callback_url must use " + " or ".join(schemes) + hint)
     if not parts.hostname:
         raise CallbackRefused("callback_url has no host")
     if parts.username is not None or parts.password is not None:
@@ -183,7 +184,8 @@ async def check_callback_url(
     for address in addresses:
         reason = forbidden_reason(address, allow_private=allow_private)
         if reason is not None:
-            raise CallbackRefused(f"callback_url resolves to {reason}")
+            hint = "" if address in METADATA else " (RELAY_WEBHOOK_ALLOW_PRIVATE=true allows it)"
+            raise CallbackRefused(f"callback_url resolves to {reason}{hint}")
     chosen = addresses[0]
     shown = f"[{chosen}]" if chosen.version == 6 else str(chosen)
     netloc = f"{shown}:{port}"

@@ -129,7 +129,11 @@ class Planner:
             parse_callback_url(request.callback_url, allow_http=self.settings.webhook_allow_http)
             secret = self.settings.webhook_secret
             if principal.webhook_secret is None and secret is None:
-                raise CallbackRefused("no webhook secret to sign callbacks for this token")
+                raise CallbackRefused(
+                    "no webhook secret to sign callbacks for this token: set "
+                    "RELAY_WEBHOOK_SECRET, or give the token one (`relay tokens new NAME "
+                    "--webhook-secret`)"
+                )
         if (request.job is None) == (request.command is None):
             raise ValidationFailed("send exactly one of `job` or `command`")
         job: JobSpec | None = None
@@ -138,7 +142,11 @@ class Planner:
                 raise Forbidden(f"this token may not run job {request.job!r}")
             job = self.catalog.get(request.job)
             if job is None:
-                raise UnknownJob(f"no job named {request.job!r}")
+                known = sorted(name for name in self.catalog.jobs if principal.may_run_job(name))
+                raise UnknownJob(
+                    f"no job named {request.job!r}; jobs here: {', '.join(known) or 'none'} "
+                    "(a job added since the relay started needs a restart)"
+                )
             overrides = {
                 key
                 for key in (
