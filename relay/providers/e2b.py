@@ -156,6 +156,9 @@ class E2BProvider:
                 return await AsyncSandbox.create(
                     template=template,
                     timeout=spec.lifetime_s,
+                    # Pinned, not left to the API's default: at the hard deadline the
+                    # sandbox is killed, never paused (a paused sandbox lives on).
+                    lifecycle={"on_timeout": "kill"},
                     metadata=spec.tags,
                     envs=dict(spec.env) or None,
                     allow_internet_access=internet,

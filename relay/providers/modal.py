@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import math
 import posixpath
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import anyio
@@ -58,6 +60,9 @@ RATE_LIMIT_RETRY_S = 10.0
 """Modal's throttling errors carry no delay the client exposes; this is our suggestion."""
 STDIN_CHUNK = 1024 * 1024
 EXEC_TIMEOUT_MARGIN_S = 2
+TAG_CREATED = "relay-created"
+"""Tag holding the sandbox's creation time (Unix seconds): the API's ``SandboxInfo`` has a
+``created_at``, but the client's ``Sandbox.list`` drops it, so the relay tags its own."""
 
 _LOST = (
     modal_errors.NotFoundError,
@@ -151,6 +156,14 @@ class ModalSandbox:
         return ExecResult(exit_code=None if code == -1 else code)
 
 
+def _created_at(tags: Mapping[str, str]) -> datetime | None:
+    """The creation time the relay tagged the sandbox with (none on one made elsewhere)."""
+    try:
+        return datetime.fromtimestamp(int(tags[TAG_CREATED]), UTC)
+    except (KeyError, ValueError, OverflowError):
+        return None
+
+
 async def _pump(reader: Any, stream: StreamName, output: OutputSink) -> None:
     async for chunk in reader:
         output.write(stream, chunk)
@@ -196,7 +209,7 @@ class ModalProvider:
             "timeout": spec.lifetime_s,
             "cpu": spec.resources.cpu,
             "memory": spec.resources.memory_mb,
-            "tags": dict(spec.tags),
+            "tags": {**spec.tags, TAG_CREATED: str(int(time.time()))},
             "env": dict(spec.env),  # sent as an inline secret, not on a command line
         }
         if spec.egress.none:
@@ -341,7 +354,9 @@ class ModalProvider:
                     tags: dict[str, str] = await handle.get_tags.aio()
                 except modal_errors.NotFoundError:
                     continue  # ended between the listing and this call: nothing to reap
-                refs.append(SandboxRef(sandbox_id=handle.object_id, run_id=tags.get(TAG_RUN)))
+                refs.append(
+                    SandboxRef(handle.object_id, tags.get(TAG_RUN), created_at=_created_at(tags))
+                )
             return refs
         except ProviderError:
             raise

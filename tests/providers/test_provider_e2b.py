@@ -85,6 +85,7 @@ async def test_create_carries_lifetime_tags_template_and_env(
     assert created["metadata"] == {TAG_CLUSTER: "relay", TAG_RUN: "run_1"}
     assert created["template"] == "base"
     assert created["env_names"] == ["SPEC_VAR"]
+    assert created["auto_pause"] is False  # killed at the hard deadline, never paused
     assert [sandbox_id for sandbox_id, _ in fake.ledger.terminated] == [box.id]
 
 

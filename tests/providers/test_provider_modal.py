@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
 import anyio
 import psutil
@@ -37,7 +38,7 @@ from relay.providers.base import (
     Resources,
     SandboxSpec,
 )
-from relay.providers.modal import EXEC_TIMEOUT_MARGIN_S, ModalProvider
+from relay.providers.modal import EXEC_TIMEOUT_MARGIN_S, TAG_CREATED, ModalProvider
 from relay.settings import Settings
 from tests.contract.harness_modal import settings_for
 from tests.fakes.modal import FakeModal, running_fake
@@ -125,6 +126,7 @@ async def test_create_request_carries_lifetime_tags_network_resources(
     await run(provider, ["true"], sandbox_spec=wanted)
     entry = fake.ledger.created[-1]
     assert entry["lifetime"] == 52 == wanted.lifetime_s
+    assert entry["tags"].pop(TAG_CREATED).isdigit()
     assert entry["tags"] == {TAG_CLUSTER: "test", TAG_RUN: "run_1"}
     assert entry["network"]["type"] == "BLOCKED"
     assert entry["resources"] == {"milli_cpu": 2000, "memory_mb": 2048}
@@ -229,6 +231,8 @@ async def test_list_owned_and_idempotent_terminate(
     async with provider.sandbox(spec(run_id="run_list")) as sandbox:
         refs = await provider.list_owned()
         assert [(ref.sandbox_id, ref.run_id) for ref in refs] == [(sandbox.id, "run_list")]
+        created = refs[0].created_at  # so the reaper's age rule applies to Modal too
+        assert created is not None and abs((datetime.now(UTC) - created).total_seconds()) < 30
         await provider.terminate(sandbox.id)
         await provider.terminate(sandbox.id)
     await provider.terminate("sb-doesnotexist000000000000")
