@@ -48,6 +48,7 @@ from relay.errors import (
     ProviderRateLimited,
     ProviderTimeout,
     ProviderUnavailable,
+    RelayError,
     SandboxLost,
 )
 
@@ -408,8 +409,15 @@ class SandboxProvider(ABC, Generic[S]):
         try:
             with anyio.fail_after(self.create_timeout_s):
                 return await self.create(spec)
+        except RelayError as exc:
+            if not isinstance(exc, ProviderError):
+                raise  # the request's own fault (a size, a path): nothing was created
+            error: ProviderError | None = exc
+            if self.may_have_created(exc):
+                await shielded(self._sweep(spec))
+            raise
         except BaseException as exc:
-            error: ProviderError | None = None
+            error = None
             if isinstance(exc, TimeoutError):
                 error = self.create_timed_out()
             elif isinstance(exc, Exception):
@@ -477,7 +485,7 @@ class SandboxProvider(ABC, Generic[S]):
         """Raise SDK exceptions of the block as relay errors (cancellation passes)."""
         try:
             yield
-        except ProviderError:
+        except RelayError:
             raise
         except Exception as exc:
             raise self.mapped(exc, action, in_sandbox=in_sandbox) from exc
