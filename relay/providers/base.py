@@ -14,21 +14,45 @@ provider by ``tests/contract``:
 4. SDK exceptions become :class:`relay.errors.ProviderError` subclasses, without the
    provider's body, headers or keys;
 5. output goes through an :class:`OutputSink`, which keeps at most ``limit`` bytes per
-   stream and records truncation.
+   stream and records truncation;
+6. a command that ends as if killed (137, -1, -9, no exit status) in a sandbox the provider
+   no longer has is :class:`relay.errors.SandboxLost`, not the job's own exit.
+
+:class:`SandboxProvider` and :class:`ProviderSandbox` hold that lifecycle once (the
+capability ``check`` is the planner's, run once before any sandbox exists). A provider
+module is a driver: it supplies ``create``, ``destroy`` and ``list_tagged``, a sandbox
+class with ``write_files`` and ``run``, and its :data:`ErrorTable`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
+import logging
+import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import ClassVar, Literal, Protocol, TypeVar, runtime_checkable
+from typing import ClassVar, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
-from relay.errors import EgressUnsupported
+import anyio
+
+from relay.errors import (
+    EgressUnsupported,
+    ProviderAuth,
+    ProviderError,
+    ProviderRateLimited,
+    ProviderTimeout,
+    ProviderUnavailable,
+    RelayError,
+    SandboxLost,
+)
+
+log = logging.getLogger("relay.providers")
 
 TAG_CLUSTER = "relay-cluster"
 """Tag (label, metadata key) naming the relay cluster that owns a sandbox."""
@@ -217,6 +241,281 @@ RESERVED_ENV = frozenset({SANDBOX_MARKER})
 
 
 T = TypeVar("T")
+
+TIMEOUT_MARGIN_S = 2.0
+"""A provider's own command timeout is set this much past the relay's deadline, so the
+relay's cancellation (``timed_out``) wins and the provider's is the second line of defence."""
+DOMAIN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$", re.I)
+"""A host name (or ``*.domain``) an egress allow-list may name."""
+KILLED_EXIT_CODES: frozenset[int | None] = frozenset({137, -1, -9, None})
+"""How a command killed with its sandbox reads (SIGKILL, a lost status, no status)."""
+
+
+@dataclass(frozen=True)
+class Rate:
+    """USD per second for one vCPU, and for one GiB of memory (a provider's list price)."""
+
+    vcpu_s: float
+    gib_s: float
+
+
+ErrorMapper = Callable[[BaseException], "ProviderError | type[ProviderError] | None"]
+"""Picks the relay error for an SDK exception (an instance, a class, or None: next rule)."""
+ErrorTable = Sequence[
+    tuple[type[BaseException] | tuple[type[BaseException], ...], type[ProviderError] | ErrorMapper]
+]
+"""One provider's SDK exceptions → the relay's, first match wins (see
+:meth:`SandboxProvider.mapped`): the httpx way, one table per provider, mapped in one place."""
+
+_WORDS: dict[type[ProviderError], str] = {
+    ProviderAuth: "{label} refused the relay's credentials while {action}",
+    ProviderRateLimited: "{label} is rate limiting the relay ({action})",
+    SandboxLost: "the {label} sandbox was gone while {action}",
+    ProviderUnavailable: "{label} is unavailable ({action})",
+    ProviderTimeout: "{label} did not answer in time while {action}",
+}
+
+
+class ProviderSandbox(ABC):
+    """A live sandbox, valid inside :meth:`SandboxProvider.sandbox`.
+
+    A provider's subclass writes files (:meth:`write_files`) and runs one command
+    (:meth:`run`); this base maps their errors and tells a killed sandbox from a job's exit.
+    """
+
+    def __init__(self, provider: SandboxProvider[ProviderSandbox], sandbox_id: str) -> None:
+        self.provider = provider
+        self.id = sandbox_id
+
+    async def upload(self, files: Mapping[str, bytes]) -> None:
+        """Write files (paths relative to the workdir, or absolute) before the command."""
+        with self.provider.mapping("uploading files"):
+            await self.write_files(files)
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None,
+        env: Mapping[str, str],
+        workdir: str | None,
+        timeout_s: float,
+        output: OutputSink,
+    ) -> ExecResult:
+        """Run ``argv`` (no shell) and stream its output into ``output`` (see :class:`Sandbox`)."""
+        with self.provider.mapping("running the command"):
+            result = await self.run(
+                argv, stdin=stdin, env=env, workdir=workdir, timeout_s=timeout_s, output=output
+            )
+        if result.exit_code in KILLED_EXIT_CODES and await self.provider.gone(self.id):
+            raise SandboxLost(f"the {self.provider.label} sandbox was killed during the run")
+        return result
+
+    @abstractmethod
+    async def write_files(self, files: Mapping[str, bytes]) -> None:
+        """The provider's upload; SDK exceptions are mapped by :meth:`upload`."""
+
+    @abstractmethod
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None,
+        env: Mapping[str, str],
+        workdir: str | None,
+        timeout_s: float,
+        output: OutputSink,
+    ) -> ExecResult:
+        """The provider's exec; SDK exceptions are mapped by :meth:`exec`."""
+
+
+S = TypeVar("S", bound=ProviderSandbox, covariant=True)
+
+
+class SandboxProvider(ABC, Generic[S]):
+    """The lifecycle every provider shares, written once.
+
+    :meth:`sandbox` creates (bounded by ``create_timeout_s``; after a failed or cancelled
+    create it sweeps what the create may have left tagged with the run), yields, then
+    terminates shielded from any number of cancellations. A failed terminate is logged and
+    left to the reaper; it is raised only when nothing else went wrong, never in place of
+    the run's own error. Every SDK exception is mapped through :attr:`errors`.
+    """
+
+    name: ClassVar[str]
+    label: ClassVar[str]
+    """The provider's name in messages (``E2B``, ``Modal``)."""
+    rate: ClassVar[Rate] = Rate(0.0, 0.0)
+    """List prices, the default of ``RELAY_COST_RATES`` (relay/runs/costs.py)."""
+    errors: ClassVar[ErrorTable] = ()
+    retry_after_s: ClassVar[float] = 5.0
+    """Suggested delay of a rate-limited answer whose SDK hides the provider's own."""
+    terminate_timeout_s: ClassVar[float] = 20.0
+    sweep_timeout_s: ClassVar[float] = 10.0
+
+    create_timeout_s: float = 60.0
+
+    # -- what a provider supplies -----------------------------------------------------------
+
+    def check(self, spec: SandboxSpec) -> None:
+        """Refuse (``EgressUnsupported``, ``SizeUnsupported``) what can't be enforced.
+
+        The planner calls it once per run, before any sandbox exists."""
+
+    @abstractmethod
+    async def create(self, spec: SandboxSpec) -> S:
+        """Create one sandbox with the spec's lifetime and tags."""
+
+    @abstractmethod
+    async def destroy(self, sandbox_id: str) -> None:
+        """End a sandbox; one already gone may raise what maps to :class:`SandboxLost`."""
+
+    @abstractmethod
+    async def list_tagged(self) -> list[SandboxRef]:
+        """Live sandboxes tagged with this relay's cluster."""
+
+    async def aclose(self) -> None:
+        """Release clients and connections."""
+
+    def may_have_created(self, error: ProviderError) -> bool:
+        """Whether a create that failed so may have left a sandbox to sweep."""
+        return not isinstance(error, ProviderAuth | ProviderRateLimited)
+
+    def create_timed_out(self) -> ProviderError:
+        return ProviderTimeout(f"{self.label} did not create the sandbox in time")
+
+    async def gone(self, sandbox_id: str) -> bool:
+        """Whether the provider no longer has this sandbox (unknown: ``False``)."""
+        try:
+            return all(ref.sandbox_id != sandbox_id for ref in await self.list_owned())
+        except ProviderError:
+            return False
+
+    # -- the lifecycle ----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def sandbox(self, spec: SandboxSpec) -> AsyncIterator[S]:
+        """Create a sandbox on enter; terminate it on exit, whatever happened."""
+        box = await self._created(spec)
+        try:
+            yield box
+        except BaseException:
+            with contextlib.suppress(ProviderError):  # logged; the run's error is the one
+                await shielded(self.terminate(box.id))
+            raise
+        await shielded(self.terminate(box.id))
+
+    async def _created(self, spec: SandboxSpec) -> S:
+        try:
+            with anyio.fail_after(self.create_timeout_s):
+                return await self.create(spec)
+        except RelayError as exc:
+            if not isinstance(exc, ProviderError):
+                raise  # the request's own fault (a size, a path): nothing was created
+            error: ProviderError | None = exc
+            if self.may_have_created(exc):
+                await shielded(self._sweep(spec))
+            raise
+        except BaseException as exc:
+            error = None
+            if isinstance(exc, TimeoutError):
+                error = self.create_timed_out()
+            elif isinstance(exc, Exception):
+                error = self.mapped(exc, "creating the sandbox", in_sandbox=False)
+            if error is None or self.may_have_created(error):
+                await shielded(self._sweep(spec))
+            if error is None:
+                raise
+            raise error from exc
+
+    async def _sweep(self, spec: SandboxSpec) -> None:
+        """Terminate what a failed create left tagged with its run (bounded, best effort)."""
+        with anyio.move_on_after(self.sweep_timeout_s):
+            try:
+                for ref in await self.list_owned():
+                    if ref.run_id == spec.run_id:
+                        log.warning(
+                            "%s sandbox %s: terminating after a failed create",
+                            self.name,
+                            ref.sandbox_id,
+                        )
+                        await self.terminate(ref.sandbox_id)
+            except ProviderError as exc:
+                log.warning(
+                    "%s: sweep after a failed create of run %s failed (%s)",
+                    self.name,
+                    spec.run_id,
+                    type(exc.__cause__ or exc).__name__,
+                )
+
+    async def terminate(self, sandbox_id: str) -> None:
+        """Terminate a sandbox; one already gone is success. A failure is logged and raised
+        (the reaper retries it)."""
+        try:
+            with anyio.fail_after(self.terminate_timeout_s):
+                await self.destroy(sandbox_id)
+            return
+        except TimeoutError as exc:
+            error: ProviderError = ProviderTimeout(
+                f"{self.label} did not terminate the sandbox in time"
+            )
+            cause: BaseException = exc
+        except Exception as exc:
+            error, cause = self.mapped(exc, "terminating the sandbox"), exc
+            if isinstance(error, SandboxLost):
+                return  # already gone: that is what we wanted
+        log.error(
+            "%s sandbox %s: terminate failed (%s); the reaper will retry",
+            self.name,
+            sandbox_id,
+            type(cause.__cause__ or cause).__name__,
+            extra={"provider": self.name, "sandbox_id": sandbox_id},
+        )
+        raise error from cause
+
+    async def list_owned(self) -> list[SandboxRef]:
+        """Live sandboxes tagged with this relay's cluster name."""
+        with self.mapping("listing sandboxes", in_sandbox=False):
+            return await self.list_tagged()
+
+    # -- errors -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def mapping(self, action: str, *, in_sandbox: bool = True) -> Iterator[None]:
+        """Raise SDK exceptions of the block as relay errors (cancellation passes)."""
+        try:
+            yield
+        except RelayError:
+            raise
+        except Exception as exc:
+            raise self.mapped(exc, action, in_sandbox=in_sandbox) from exc
+
+    def mapped(self, exc: BaseException, action: str, *, in_sandbox: bool = True) -> ProviderError:
+        """The relay error for an SDK exception, from :attr:`errors`; words are ours only.
+
+        Outside a sandbox (create, list) a "gone" answer is a plain provider error."""
+        if isinstance(exc, ProviderError):
+            return exc
+        found: ProviderError | type[ProviderError] | None = None
+        for kinds, target in self.errors:
+            if isinstance(exc, kinds):
+                found = target if isinstance(target, type) else target(exc)
+                if found is not None:
+                    break
+        if found is None:
+            if isinstance(exc, TimeoutError):
+                found = ProviderTimeout
+            else:
+                return ProviderError(f"{self.label} failed while {action} ({type(exc).__name__})")
+        if isinstance(found, type) and found is SandboxLost and not in_sandbox:
+            found = ProviderError
+        if isinstance(found, ProviderError):
+            return found
+        words = _WORDS.get(found, "{label} failed while {action}")
+        message = words.format(label=self.label, action=action)
+        if found is ProviderRateLimited:
+            return ProviderRateLimited(message, retry_after=self.retry_after_s)
+        return found(message)
 
 
 async def shielded(awaitable: Awaitable[T]) -> T:

@@ -20,11 +20,10 @@ from __future__ import annotations
 import ipaddress
 import logging
 import posixpath
-import re
 import secrets
 import shlex
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from typing import Any, ClassVar, NoReturn
 
 import anyio
@@ -59,11 +58,17 @@ from relay.errors import (
 )
 from relay.providers.base import (
     DEFAULT_WORKDIR,
+    DOMAIN,
     TAG_CLUSTER,
     TAG_RUN,
+    TIMEOUT_MARGIN_S,
+    ErrorTable,
     ExecResult,
     OutputSink,
+    ProviderSandbox,
+    Rate,
     Resources,
+    SandboxProvider,
     SandboxRef,
     SandboxSpec,
     shielded,
@@ -74,24 +79,48 @@ log = logging.getLogger("relay.providers.e2b")
 
 ALL_TRAFFIC = "0.0.0.0/0"
 MAX_LIFETIME_S = 86_400  # E2B Pro; Hobby accounts stop at 3600 and E2B refuses more
-TERMINATE_TIMEOUT_S = 15.0
 KILL_COMMAND_TIMEOUT_S = 2.0
-RATE_LIMIT_RETRY_AFTER_S = 5.0  # the SDK hides Retry-After (it already retried on it)
-COMMAND_TIMEOUT_SLACK_S = 5.0  # the SDK's timeout must never beat the relay's deadline
 MAX_RECONNECTS = 3  # a command stream that breaks is followed again this many times
 USER = "root"
-_DOMAIN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$", re.I)
 
 
-class E2BProvider:
+def _by_status(exc: BaseException) -> type[ProviderError] | None:
+    """An API answer the SDK raised without a class of its own, by its HTTP status."""
+    status = getattr(exc, "status_code", None)
+    if status in (401, 403):  # a key without the right to do this: as Modal and Vercel say
+        return ProviderAuth
+    if isinstance(status, int) and status >= 500:
+        return ProviderUnavailable
+    return None
+
+
+ERRORS: ErrorTable = (
+    (AuthenticationException, ProviderAuth),
+    (RateLimitException, ProviderRateLimited),
+    (SandboxNotRunningException, SandboxLost),
+    ((SandboxUnreachableException, ServiceBusyException), ProviderUnavailable),
+    ((TimeoutException, httpx.TimeoutException, TimeoutError), ProviderTimeout),
+    ((httpx.TransportError, OSError), ProviderUnavailable),
+    (NotFoundException, ProviderError),
+    (Exception, _by_status),
+)
+
+
+class E2BProvider(SandboxProvider["E2BSandbox"]):
     """Runs sandboxes on E2B; every SDK call gets the relay's credentials explicitly."""
 
     name: ClassVar[str] = "e2b"
+    label: ClassVar[str] = "E2B"
+    rate: ClassVar[Rate] = Rate(0.000014, 0.0000045)
+    errors: ClassVar[ErrorTable] = ERRORS
+    retry_after_s: ClassVar[float] = 5.0  # the SDK hides Retry-After (it already retried)
+    terminate_timeout_s: ClassVar[float] = 15.0
 
     def __init__(self, settings: Settings) -> None:
         if settings.e2b_api_key is None:
             raise ConfigError("RELAY_E2B_API_KEY is required when the e2b provider is enabled")
         self._settings = settings
+        self.create_timeout_s = settings.create_timeout_s
         domain = settings.e2b_domain or "e2b.app"
         # Everything explicit, so no E2B_* variable of the relay's process steers the SDK.
         self._opts: dict[str, Any] = {
@@ -111,7 +140,7 @@ class E2BProvider:
             for host in hosts:
                 if host == "*":
                     raise EgressUnsupported("'*' cannot be combined with other hosts")
-                if not (_is_network(host) or _DOMAIN.match(host)):
+                if not (_is_network(host) or DOMAIN.match(host)):
                     raise EgressUnsupported(
                         "E2B can only allow IP addresses, CIDR ranges and domain names"
                     )
@@ -127,21 +156,7 @@ class E2BProvider:
                 "the e2b provider does not install pip packages; use a template that has them"
             )
 
-    @asynccontextmanager
-    async def sandbox(self, spec: SandboxSpec) -> AsyncIterator[E2BSandbox]:
-        self.check(spec)
-        sdk = await self._create(spec)
-        box = E2BSandbox(sdk)
-        try:
-            yield box
-        except BaseException:
-            # Logged inside; the original exception is the one the caller sees.
-            with suppress(ProviderError):
-                await shielded(self._kill(sdk.sandbox_id))
-            raise
-        await shielded(self._kill(sdk.sandbox_id))
-
-    async def _create(self, spec: SandboxSpec) -> AsyncSandbox:
+    async def create(self, spec: SandboxSpec) -> E2BSandbox:
         network: dict[str, Any] | None = None
         internet: bool | None = None
         if spec.egress.none:
@@ -152,62 +167,28 @@ class E2BProvider:
             network = {"allow_out": list(spec.egress.hosts), "deny_out": [ALL_TRAFFIC]}
         template = spec.image or self._settings.e2b_template
         try:
-            with anyio.fail_after(self._settings.create_timeout_s):
-                return await AsyncSandbox.create(
-                    template=template,
-                    timeout=spec.lifetime_s,
-                    metadata=spec.tags,
-                    envs=dict(spec.env) or None,
-                    allow_internet_access=internet,
-                    network=network,  # type: ignore[arg-type]
-                    **self._opts,
-                )
-        except BaseException as exc:
-            # A create that failed or timed out may still have allocated a sandbox
-            # (it is tagged): sweep this run's sandboxes now rather than leave them
-            # billing until the reaper's next pass.
-            if not isinstance(exc, AuthenticationException):
-                await shielded(self._sweep(spec))
-            if isinstance(exc, TimeoutError):
-                raise ProviderTimeout("E2B did not create the sandbox in time") from exc
+            sdk = await AsyncSandbox.create(
+                template=template,
+                timeout=spec.lifetime_s,
+                # Pinned, not left to the API's default: at the hard deadline the
+                # sandbox is killed, never paused (a paused sandbox lives on).
+                lifecycle={"on_timeout": "kill"},
+                metadata=spec.tags,
+                envs=dict(spec.env) or None,
+                allow_internet_access=internet,
+                network=network,  # type: ignore[arg-type]
+                **self._opts,
+            )
+        except Exception as exc:
             if getattr(exc, "status_code", None) == 404:
                 raise ProviderError(f"E2B has no template named {template!r}") from exc
-            if isinstance(exc, Exception):
-                raise _mapped(exc, "create the sandbox") from exc
             raise
+        return E2BSandbox(self, sdk)
 
-    async def _sweep(self, spec: SandboxSpec) -> None:
-        with anyio.move_on_after(TERMINATE_TIMEOUT_S):
-            try:
-                for ref in await self._list({TAG_CLUSTER: spec.cluster, TAG_RUN: spec.run_id}):
-                    await self.terminate(ref.sandbox_id)
-            except Exception as exc:
-                log.warning(
-                    "e2b: sweep after a failed create of run %s failed (%s)",
-                    spec.run_id,
-                    type(exc).__name__,
-                )
-
-    async def _kill(self, sandbox_id: str) -> None:
-        try:
-            await self.terminate(sandbox_id)
-        except ProviderError as exc:
-            log.error(
-                "e2b: terminate of sandbox %s failed (%s); the reaper will retry",
-                sandbox_id,
-                type(exc.__cause__ or exc).__name__,
-            )
-            raise
-
-    async def list_owned(self) -> list[SandboxRef]:
+    async def list_tagged(self) -> list[SandboxRef]:
         """Sandboxes (running or paused) whose metadata names this relay's cluster."""
-        try:
-            return await self._list({TAG_CLUSTER: self._settings.cluster})
-        except Exception as exc:
-            raise _mapped(exc, "list sandboxes") from exc
-
-    async def _list(self, metadata: dict[str, str]) -> list[SandboxRef]:
-        pages = AsyncSandbox.list(query=SandboxQuery(metadata=metadata), **self._opts)
+        query = SandboxQuery(metadata={TAG_CLUSTER: self._settings.cluster})
+        pages = AsyncSandbox.list(query=query, **self._opts)
         refs: list[SandboxRef] = []
         while pages.has_next:
             for info in await pages.next_items():
@@ -220,38 +201,29 @@ class E2BProvider:
                 )
         return refs
 
-    async def terminate(self, sandbox_id: str) -> None:
+    async def destroy(self, sandbox_id: str) -> None:
         """Kill a sandbox; one that is already gone (404) is success."""
-        try:
-            with anyio.fail_after(TERMINATE_TIMEOUT_S):
-                await AsyncSandbox.kill(sandbox_id, **self._opts)
-        except TimeoutError as exc:
-            raise ProviderTimeout("E2B did not answer the kill in time") from exc
-        except Exception as exc:
-            raise _mapped(exc, "kill the sandbox") from exc
+        await AsyncSandbox.kill(sandbox_id, **self._opts)
 
     async def aclose(self) -> None:
         """Nothing to release: the SDK's connection pools are process-wide and idle out."""
 
 
-class E2BSandbox:
+class E2BSandbox(ProviderSandbox):
     """A live E2B sandbox, valid inside :meth:`E2BProvider.sandbox`."""
 
-    def __init__(self, sdk: AsyncSandbox) -> None:
+    def __init__(self, provider: E2BProvider, sdk: AsyncSandbox) -> None:
+        super().__init__(provider, sdk.sandbox_id)
         self._sdk = sdk
-        self.id: str = sdk.sandbox_id
         self._dirs: set[str] = set()
 
-    async def upload(self, files: Mapping[str, bytes]) -> None:
+    async def write_files(self, files: Mapping[str, bytes]) -> None:
         entries: list[Any] = [
             {"path": _absolute(path), "data": data} for path, data in files.items()
         ]
         if not entries:
             return
-        try:
-            await self._sdk.files.write_files(entries, user=USER)
-        except Exception as exc:
-            raise _mapped(exc, "upload files") from exc
+        await self._sdk.files.write_files(entries, user=USER)
         # envd creates parent directories as it writes: no make_dir needed for them.
         for entry in entries:
             parent = posixpath.dirname(entry["path"])
@@ -259,7 +231,7 @@ class E2BSandbox:
                 self._dirs.add(parent)
                 parent = posixpath.dirname(parent)
 
-    async def exec(
+    async def run(
         self,
         argv: Sequence[str],
         *,
@@ -271,15 +243,12 @@ class E2BSandbox:
     ) -> ExecResult:
         workdir = _absolute(workdir or DEFAULT_WORKDIR)
         source = "/dev/null"
-        try:
-            if workdir not in self._dirs:
-                await self._sdk.files.make_dir(workdir, user=USER)
-                self._dirs.add(workdir)
-            if stdin is not None:
-                source = f"/tmp/relay-stdin-{secrets.token_hex(8)}"  # noqa: S108 (in the VM)
-                await self._sdk.files.write_files([{"path": source, "data": stdin}], user=USER)
-        except Exception as exc:
-            raise _mapped(exc, "prepare the command") from exc
+        if workdir not in self._dirs:
+            await self._sdk.files.make_dir(workdir, user=USER)
+            self._dirs.add(workdir)
+        if stdin is not None:
+            source = f"/tmp/relay-stdin-{secrets.token_hex(8)}"  # noqa: S108 (in the VM)
+            await self._sdk.files.write_files([{"path": source, "data": stdin}], user=USER)
         # The SDK only takes a shell line (bash -l -c): quote every argument; `exec`
         # makes the job the process envd tracks, so SendSignal reaches it.
         command = f"exec {shlex.join(argv)} < {shlex.quote(source)}"
@@ -288,7 +257,7 @@ class E2BSandbox:
             "on_stderr": lambda text: output.write("stderr", text.encode()),
             "retain_output": False,
         }
-        deadline = anyio.current_time() + timeout_s + COMMAND_TIMEOUT_SLACK_S
+        deadline = anyio.current_time() + timeout_s + TIMEOUT_MARGIN_S
         handle = None
         try:
             handle = await self._sdk.commands.run(
@@ -297,7 +266,7 @@ class E2BSandbox:
                 envs=dict(env),
                 user=USER,
                 cwd=workdir,
-                timeout=timeout_s + COMMAND_TIMEOUT_SLACK_S,
+                timeout=timeout_s + TIMEOUT_MARGIN_S,
                 **follow,
             )
             for reconnects in range(MAX_RECONNECTS + 1):
@@ -342,10 +311,8 @@ class E2BSandbox:
             await handle.disconnect()
 
     async def _raise_for(self, exc: Exception) -> NoReturn:
-        if isinstance(exc, ProviderError):
-            raise exc
-        if isinstance(exc, SandboxException | AuthenticationException | OSError):
-            raise _mapped(exc, "run the command") from exc
+        if isinstance(exc, ProviderError | SandboxException | AuthenticationException | OSError):
+            raise exc  # mapped by the base
         # "Command ended without an end event": the stream broke. Tell a dead
         # sandbox (lost) from a broken connection (unavailable).
         running: bool | None = None
@@ -379,30 +346,3 @@ def _is_network(host: str) -> bool:
 
 def _absolute(path: str) -> str:
     return posixpath.normpath(posixpath.join(DEFAULT_WORKDIR, path))
-
-
-def _mapped(exc: BaseException, action: str) -> ProviderError:
-    """One place that turns SDK exceptions into the relay's tree (messages are ours)."""
-    what = f"E2B could not {action}"
-    if isinstance(exc, AuthenticationException):
-        return ProviderAuth("E2B refused the relay's API key")
-    if isinstance(exc, RateLimitException):
-        return ProviderRateLimited(f"{what}: rate limited", retry_after=RATE_LIMIT_RETRY_AFTER_S)
-    if isinstance(exc, SandboxNotRunningException):
-        return SandboxLost("the E2B sandbox disappeared during the run")
-    if isinstance(exc, SandboxUnreachableException | ServiceBusyException):
-        return ProviderUnavailable(f"{what}: E2B is unavailable")
-    if isinstance(exc, TimeoutException | httpx.TimeoutException | TimeoutError):
-        return ProviderTimeout(f"{what}: timed out")
-    if isinstance(exc, httpx.TransportError | OSError):
-        return ProviderUnavailable(f"{what}: E2B could not be reached")
-    if isinstance(exc, NotFoundException):
-        return ProviderError(f"{what}: not found")
-    status = getattr(exc, "status_code", None)
-    if status in (401, 403):  # a key without the right to do this: as Modal and Vercel say
-        return ProviderAuth("E2B refused the relay's API key")
-    if isinstance(status, int) and status >= 500:
-        return ProviderUnavailable(f"{what}: E2B answered {status}")
-    if isinstance(status, int):
-        return ProviderError(f"{what}: E2B answered {status}")
-    return ProviderError(what)

@@ -14,19 +14,16 @@ the call, where the relay wants a stopped sandbox to end the run as ``sandbox_lo
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import logging
 import math
 import re
 import secrets
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import ClassVar, TextIO, cast
 
-import anyio
 import httpx2
 from vercel.sandbox import (
     NetworkPolicy,
@@ -62,10 +59,16 @@ from relay.errors import (
 )
 from relay.providers.base import (
     DEFAULT_WORKDIR,
+    DOMAIN,
     TAG_CLUSTER,
     TAG_RUN,
+    TIMEOUT_MARGIN_S,
+    ErrorTable,
     ExecResult,
     OutputSink,
+    ProviderSandbox,
+    Rate,
+    SandboxProvider,
     SandboxRef,
     SandboxSpec,
     StreamName,
@@ -78,12 +81,7 @@ VCPU_SIZES = (2, 4, 6, 8)
 """vCPU counts the API accepts (it refuses 1 and odd counts; 8 is the maximum)."""
 MEMORY_PER_VCPU_MB = 2048
 """Vercel gives each vCPU 2 GB; memory is not set on its own."""
-TERMINATE_TIMEOUT_S = 30.0
-COMMAND_TIMEOUT_MARGIN_S = 1.0
-"""Vercel's own command timeout fires this much after the relay's deadline, so the relay's
-cancellation (``timed_out``) wins and Vercel's SIGKILL is only the second line of defence."""
 USER_WRITABLE = (PurePosixPath("/vercel/sandbox"), PurePosixPath("/tmp"))  # noqa: S108
-_HOST = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
 _LIFECYCLE_CODES = frozenset({"sandbox_stopped", "sandbox_stopping"})
 
 
@@ -112,7 +110,7 @@ def network_policy_for(hosts: tuple[str, ...]) -> NetworkPolicy:
             continue
         except ValueError:
             pass
-        if not _HOST.match(host.lower()):
+        if not DOMAIN.match(host.lower()):
             raise EgressUnsupported(
                 f"vercel can allow host names (or *.domain) and IP ranges, not {host!r}"
             )
@@ -137,33 +135,35 @@ def _retry_after(exc: SandboxApiError) -> float | None:
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
-def provider_error(exc: BaseException, doing: str) -> ProviderError:
-    """One mapping from SDK exceptions to the relay's; messages are ours, never Vercel's."""
+def _classify(exc: BaseException) -> ProviderError | type[ProviderError] | None:
+    """An API answer, by its status and lifecycle code (a write error carries its cause)."""
     if isinstance(exc, SandboxFilesystemWriteError) and isinstance(exc.cause, SandboxApiError):
         exc = exc.cause
     if isinstance(exc, SandboxApiError):
         status = exc.status_code
         if status in (401, 403):
-            return ProviderAuth(f"vercel refused the relay's credentials while {doing}")
+            return ProviderAuth
         if status == 429:
-            message = f"vercel is rate limiting the relay ({doing})"
-            return ProviderRateLimited(message, retry_after=_retry_after(exc))
+            retry_after = _retry_after(exc)
+            return ProviderRateLimited("vercel is rate limiting the relay", retry_after=retry_after)
         if status in (404, 410) or exc.code in _LIFECYCLE_CODES:
-            return SandboxLost(f"the vercel sandbox was gone while {doing}")
+            return SandboxLost
         if status >= 500:
-            return ProviderUnavailable(f"vercel answered HTTP {status} while {doing}")
-        return ProviderError(f"vercel rejected the request (HTTP {status}) while {doing}")
+            return ProviderUnavailable
+        return ProviderError
     if isinstance(exc, SandboxStreamError) and exc.code in _LIFECYCLE_CODES:
-        return SandboxLost(f"the vercel sandbox stopped while {doing}")
-    if isinstance(exc, SandboxCredentialsError):
-        return ProviderAuth(f"the vercel credentials are unusable ({doing})")
-    if isinstance(exc, SandboxTerminalStateError):
-        return ProviderUnavailable(f"the vercel sandbox failed to start ({doing})")
-    if isinstance(exc, httpx2.TimeoutException):
-        return ProviderTimeout(f"vercel did not answer in time while {doing}")
-    if isinstance(exc, httpx2.TransportError | SandboxError):
-        return ProviderUnavailable(f"vercel could not be reached or answered badly ({doing})")
-    return ProviderError(f"the vercel SDK failed while {doing} ({type(exc).__name__})")
+        return SandboxLost
+    return None
+
+
+ERRORS: ErrorTable = (
+    ((SandboxApiError, SandboxFilesystemWriteError, SandboxStreamError), _classify),
+    (SandboxCredentialsError, ProviderAuth),
+    (SandboxTerminalStateError, ProviderUnavailable),
+    (httpx2.TimeoutException, ProviderTimeout),
+    ((httpx2.TransportError, SandboxError), ProviderUnavailable),
+)
+_ENDED = frozenset({"stopped", "stopping", "failed", "aborted"})
 
 
 class _SinkStream:
@@ -183,11 +183,13 @@ class _SinkStream:
         return True
 
 
-class VercelSandbox:
+class VercelSandbox(ProviderSandbox):
     """One Vercel sandbox, used through its current session."""
 
-    def __init__(self, box: Sandbox, session: SandboxRuntimeSession) -> None:
-        self.id: str = box.name
+    def __init__(
+        self, provider: VercelProvider, box: Sandbox, session: SandboxRuntimeSession
+    ) -> None:
+        super().__init__(provider, box.name)
         self._session = session
         self._directories: set[str] = set()
 
@@ -215,19 +217,16 @@ class VercelSandbox:
                 )
         self._directories.add(directory)
 
-    async def upload(self, files: Mapping[str, bytes]) -> None:
+    async def write_files(self, files: Mapping[str, bytes]) -> None:
         if not files:
             return
-        try:
-            if any(not path.startswith("/") for path in files):
-                await self._ensure_directory(DEFAULT_WORKDIR)
-            async with self._session.fs.batch(cwd=DEFAULT_WORKDIR) as batch:
-                for path, content in files.items():
-                    batch.write_bytes(path, content)
-        except (SandboxError, httpx2.TransportError) as exc:
-            raise provider_error(exc, "uploading files") from exc
+        if any(not path.startswith("/") for path in files):
+            await self._ensure_directory(DEFAULT_WORKDIR)
+        async with self._session.fs.batch(cwd=DEFAULT_WORKDIR) as batch:
+            for path, content in files.items():
+                batch.write_bytes(path, content)
 
-    async def exec(
+    async def run(
         self,
         argv: Sequence[str],
         *,
@@ -240,29 +239,32 @@ class VercelSandbox:
         if not argv:
             raise ProviderError("there is no command to run")
         directory = str(PurePosixPath(DEFAULT_WORKDIR, workdir or "."))
-        try:
-            await self._ensure_directory(directory)
-            # argv goes over the wire as a list (command + args); nothing is parsed by a
-            # shell on either side. Output streams into the sink record by record.
-            done = await self._session.run_process(
-                argv[0],
-                list(argv[1:]),
-                cwd=directory,
-                env=dict(env),
-                kill_after=timeout_s + COMMAND_TIMEOUT_MARGIN_S,
-                stdout=cast(TextIO, _SinkStream(output, "stdout")),
-                stderr=cast(TextIO, _SinkStream(output, "stderr")),
-                input=stdin,
-            )
-        except (SandboxError, httpx2.TransportError) as exc:
-            raise provider_error(exc, "running the command") from exc
+        await self._ensure_directory(directory)
+        # argv goes over the wire as a list (command + args); nothing is parsed by a
+        # shell on either side. Output streams into the sink record by record.
+        done = await self._session.run_process(
+            argv[0],
+            list(argv[1:]),
+            cwd=directory,
+            env=dict(env),
+            kill_after=timeout_s + TIMEOUT_MARGIN_S,
+            stdout=cast(TextIO, _SinkStream(output, "stdout")),
+            stderr=cast(TextIO, _SinkStream(output, "stderr")),
+            input=stdin,
+        )
         return ExecResult(exit_code=done.returncode)
 
 
-class VercelProvider:
+class VercelProvider(SandboxProvider[VercelSandbox]):
     """Runs each job in a fresh Vercel Sandbox; see the module docstring."""
 
     name: ClassVar[str] = "vercel"
+    label: ClassVar[str] = "vercel"
+    # Vercel bills active CPU ($0.128 per vCPU-hour) and provisioned memory ($0.0106 per
+    # GB-hour); charging every second as active CPU gives an upper bound.
+    rate: ClassVar[Rate] = Rate(0.128 / 3600, 0.0106 / 3600)
+    errors: ClassVar[ErrorTable] = ERRORS
+    terminate_timeout_s: ClassVar[float] = 30.0
 
     def __init__(self, settings: Settings) -> None:
         token, team, project = (
@@ -292,7 +294,9 @@ class VercelProvider:
 
         self._client = SandboxClient.create(options=options, httpx_client_factory=http_client)
         self._cluster = settings.cluster
-        self._create_timeout_s = settings.create_timeout_s
+        self.create_timeout_s = settings.create_timeout_s
+        self._boxes: dict[str, Sandbox] = {}
+        """Each sandbox this relay created and has not terminated yet."""
 
     async def _credentials_of(self) -> SandboxCredentials:
         return SandboxCredentials(self._token.get_secret_value(), self._team, self._project)
@@ -307,112 +311,58 @@ class VercelProvider:
                 "the vercel provider does not install pip packages; use an image that has them"
             )
 
-    @asynccontextmanager
-    async def sandbox(self, spec: SandboxSpec) -> AsyncIterator[VercelSandbox]:
-        self.check(spec)
-        box = await self._create(spec, sandbox_name(spec))
-        session = box.current_session
-        try:
-            if session is None:
-                raise ProviderUnavailable("vercel created a sandbox without a session")
-            yield VercelSandbox(box, session)
-        except BaseException:
-            # Already logged if it fails; the run's own error is the one to report.
-            with anyio.CancelScope(shield=True), contextlib.suppress(ProviderError):
-                await self._end(box)
-            raise
-        with anyio.CancelScope(shield=True):
-            await self._end(box)
-
-    async def _create(self, spec: SandboxSpec, name: str) -> Sandbox:
-        try:
-            with anyio.fail_after(self._create_timeout_s):
-                return await self._client.create_sandbox(
-                    name=name,
-                    image=spec.image,
-                    execution_time_limit=spec.lifetime_s,
-                    resources=SandboxResources(
-                        vcpus=vcpus_for(spec.resources.cpu, spec.resources.memory_mb)
-                    ),
-                    persistent=False,
-                    network_policy=network_policy_for(spec.egress.hosts),
-                    env=dict(spec.env),
-                    tags=spec.tags,
-                )
-        except BaseException as exc:
-            # The sandbox may exist even though the answer failed or never came: it has a
-            # known name, so destroy it now (the reaper would find it by its tags later).
-            maybe_allocated = not (
-                isinstance(exc, SandboxApiError) and 400 <= exc.status_code < 500
-            )
-            if maybe_allocated:
-                # Logged if it fails; the create failure is what the caller needs.
-                with anyio.CancelScope(shield=True), contextlib.suppress(ProviderError):
-                    await self.terminate(name)
-            if isinstance(exc, TimeoutError):
-                raise ProviderTimeout("vercel did not create the sandbox in time") from exc
-            if isinstance(exc, Exception):
-                raise provider_error(exc, "creating the sandbox") from exc
-            raise
-
-    async def _end(self, box: Sandbox) -> None:
-        """Stop the session and destroy the sandbox, bounded in time; raise if it may live on."""
-        try:
-            with anyio.fail_after(TERMINATE_TIMEOUT_S):
-                stop_error: BaseException | None = None
-                try:
-                    await box.stop()
-                except (SandboxError, httpx2.TransportError) as exc:
-                    stop_error = exc  # destroying the sandbox may still end it
-                try:
-                    await box.destroy(delete_orphan_snapshots=True)
-                except SandboxApiError as exc:
-                    if exc.status_code != 404:
-                        raise  # a failed stop followed by a failed destroy lands here too
-                if stop_error is not None:
-                    name, error = box.name, type(stop_error).__name__
-                    log.info("vercel sandbox %s: stop failed (%s), destroy ended it", name, error)
-        except (SandboxError, httpx2.TransportError, TimeoutError) as exc:
-            raise self._terminate_failed(box.name, exc) from exc
-
-    def _terminate_failed(self, sandbox_id: str, exc: BaseException) -> ProviderError:
-        """Log a failed terminate (id and exception class only) and say what to raise."""
-        log.error(
-            "vercel sandbox %s could not be terminated (%s); the reaper will retry",
-            sandbox_id,
-            type(exc).__name__,
-            extra={"provider": self.name, "sandbox_id": sandbox_id},
+    async def create(self, spec: SandboxSpec) -> VercelSandbox:
+        # A unique, known name: the sweep after a failed create finds it by its tags.
+        box = await self._client.create_sandbox(
+            name=sandbox_name(spec),
+            image=spec.image,
+            execution_time_limit=spec.lifetime_s,
+            resources=SandboxResources(
+                vcpus=vcpus_for(spec.resources.cpu, spec.resources.memory_mb)
+            ),
+            persistent=False,
+            network_policy=network_policy_for(spec.egress.hosts),
+            env=dict(spec.env),
+            tags=spec.tags,
         )
-        if isinstance(exc, TimeoutError):
-            return ProviderTimeout("vercel did not terminate the sandbox in time")
-        return provider_error(exc, "terminating the sandbox")
+        self._boxes[box.name] = box
+        session = box.current_session
+        if session is None:
+            raise ProviderUnavailable("vercel created a sandbox without a session")
+        return VercelSandbox(self, box, session)
 
-    async def list_owned(self) -> list[SandboxRef]:
+    async def destroy(self, sandbox_id: str) -> None:
+        """Stop the session and destroy the sandbox; one already gone maps to success."""
+        box = self._boxes.pop(sandbox_id, None)
+        if box is None:
+            box = await self._client.get_sandbox(name=sandbox_id)
+        try:
+            await box.stop()
+        except (SandboxError, httpx2.TransportError) as exc:
+            # Destroying the sandbox may still end it; if that fails too, it raises.
+            log.info("vercel sandbox %s: stop failed (%s)", sandbox_id, type(exc).__name__)
+        await box.destroy(delete_orphan_snapshots=True)
+
+    async def gone(self, sandbox_id: str) -> bool:
+        try:
+            box = await self._client.get_sandbox(name=sandbox_id)
+        except SandboxApiError as exc:
+            return exc.status_code in (404, 410)
+        except (SandboxError, httpx2.TransportError):
+            return False
+        return box.status in _ENDED
+
+    async def list_tagged(self) -> list[SandboxRef]:
         query = SandboxQueryByCreatedAt(tag=TagFilter(key=TAG_CLUSTER, value=self._cluster))
         owned: list[SandboxRef] = []
-        try:
-            async for box in self._client.query_sandboxes(query=query):
-                tags = box.tags or {}
-                if tags.get(TAG_CLUSTER) != self._cluster:
-                    continue  # the filter is the server's; check it here too
-                created = box.created_at
-                when = None if created is None else datetime.fromtimestamp(created / 1000, UTC)
-                owned.append(SandboxRef(box.name, tags.get(TAG_RUN), created_at=when))
-        except (SandboxError, httpx2.TransportError) as exc:
-            raise provider_error(exc, "listing sandboxes") from exc
+        async for box in self._client.query_sandboxes(query=query):
+            tags = box.tags or {}
+            if tags.get(TAG_CLUSTER) != self._cluster:
+                continue  # the filter is the server's; check it here too
+            created = box.created_at
+            when = None if created is None else datetime.fromtimestamp(created / 1000, UTC)
+            owned.append(SandboxRef(box.name, tags.get(TAG_RUN), created_at=when))
         return owned
-
-    async def terminate(self, sandbox_id: str) -> None:
-        try:
-            with anyio.fail_after(TERMINATE_TIMEOUT_S):
-                box = await self._client.get_sandbox(name=sandbox_id)
-        except SandboxApiError as exc:
-            if exc.status_code in (404, 410):
-                return  # already gone: terminate is idempotent
-            raise self._terminate_failed(sandbox_id, exc) from exc
-        except (SandboxError, httpx2.TransportError, TimeoutError) as exc:
-            raise self._terminate_failed(sandbox_id, exc) from exc
-        await self._end(box)
 
     async def aclose(self) -> None:
         await self._client.aclose()

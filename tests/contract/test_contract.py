@@ -172,3 +172,26 @@ async def test_host_allow_list_is_enforced_or_refused(harness: Harness) -> None:
         harness.provider.check(hosts)
     except EgressUnsupported as exc:
         assert exc.status == 422
+
+
+async def test_cancelling_during_terminate_still_terminates(harness: Harness) -> None:
+    """A second cancel (a DELETE during the final terminate) must not abandon it."""
+    started = asyncio.Event()
+
+    async def runner() -> None:
+        async with harness.provider.sandbox(spec(harness)) as box:
+            started.set()
+            await box.exec(
+                ["true"], stdin=None, env={}, workdir=None, timeout_s=20, output=OutputSink(9)
+            )
+            # Lands at the terminate's first wait, as the context is left.
+            asyncio.get_running_loop().call_soon(task.cancel)
+
+    task = asyncio.create_task(runner())
+    await asyncio.wait_for(started.wait(), 30)
+    while not task.done():
+        await asyncio.sleep(0.005)
+        task.cancel()  # and again, for as long as the terminate runs
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await harness.alive() == set()

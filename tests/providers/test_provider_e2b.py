@@ -85,6 +85,7 @@ async def test_create_carries_lifetime_tags_template_and_env(
     assert created["metadata"] == {TAG_CLUSTER: "relay", TAG_RUN: "run_1"}
     assert created["template"] == "base"
     assert created["env_names"] == ["SPEC_VAR"]
+    assert created["auto_pause"] is False  # killed at the hard deadline, never paused
     assert [sandbox_id for sandbox_id, _ in fake.ledger.terminated] == [box.id]
 
 
@@ -134,10 +135,7 @@ async def test_refuses_what_it_cannot_enforce_before_creating(
     provider: E2BProvider, fake: FakeE2B, kwargs: dict[str, object], error: type[Exception]
 ) -> None:
     with pytest.raises(error):
-        provider.check(spec(**kwargs))
-    with pytest.raises(error):
-        async with provider.sandbox(spec(**kwargs)):
-            pass
+        provider.check(spec(**kwargs))  # the planner's call, once, before any sandbox
     assert fake.ledger.create_attempts == 0
 
 
@@ -247,7 +245,7 @@ async def test_command_timeout_is_passed_on_and_enforced_by_envd(
     provider: E2BProvider, fake: FakeE2B, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Second line of defence only: with no slack the SDK/envd deadline fires first.
-    monkeypatch.setattr(e2b_module, "COMMAND_TIMEOUT_SLACK_S", 0.0)
+    monkeypatch.setattr(e2b_module, "TIMEOUT_MARGIN_S", 0.0)
     async with provider.sandbox(spec()) as box:
         with pytest.raises(ProviderTimeout):
             await box.exec(
@@ -321,7 +319,7 @@ async def test_rate_limited_create_is_retried_by_the_sdk_first(
     with pytest.raises(ProviderRateLimited) as caught:
         async with provider.sandbox(spec()):
             pass
-    assert caught.value.retry_after == e2b_module.RATE_LIMIT_RETRY_AFTER_S  # the SDK hides it
+    assert caught.value.retry_after == E2BProvider.retry_after_s  # the SDK hides it
     assert fake.ledger.create_attempts == 4  # the SDK retried, honouring Retry-After
 
 

@@ -160,6 +160,7 @@ class World:
             "tags": dict(sandbox.metadata),
             "allow_internet_access": body.get("allow_internet_access"),
             "network": body.get("network"),
+            "auto_pause": body.get("autoPause"),
             "resources": None,
             "env_names": sorted(sandbox.envs),
         }
