@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import secrets
 import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -103,6 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from relay.http.app import create_app
     from relay.http.connections import server_options
+    from relay.http.server import RelayServer
     from relay.logs import configure
 
     settings = _settings()
@@ -112,21 +111,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         token = _dev_setup(settings)
         settings = _dev_isolation(settings)
     app = create_app(settings)
-
-    class Server(uvicorn.Server):
-        async def startup(self, sockets: Any = None) -> None:
-            await super().startup(sockets)
-            # Everything loaded so far (SDKs, schemas, the app) lives as long as the
-            # process: keep it out of the collector's full passes, which otherwise stall
-            # the loop for tens of milliseconds under load (bench/README.md).
-            gc.collect()
-            gc.freeze()
-
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            state = getattr(app.state, "relay", None)
-            if state is not None:
-                state.service.begin_drain()
-            super().handle_exit(sig, frame)
 
     _allow_connections(settings.max_connections)
     config = uvicorn.Config(
@@ -146,7 +130,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if args.dev:
         _print_howto(settings, token)
-    Server(config).run()
+    RelayServer(config, app).run()
     return 0
 
 
