@@ -321,8 +321,11 @@ def main(argv: Sequence[str]) -> int:
     schedules = int(numbers[0]) if numbers else 200
     logging.disable(logging.CRITICAL)  # injected faults log on purpose
     began = time.monotonic()
-    with tempfile.TemporaryDirectory() as folder:
-        results = asyncio.run(play_many(range(schedules), Path(folder)))
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            results = asyncio.run(play_many(range(schedules), Path(folder)))
+    finally:
+        logging.disable(logging.NOTSET)  # called from a test, the process logs on
     text = summarize(results, time.monotonic() - began)
     print(text)
     bad = [c for c in results if c.leaked or c.output_lost or c.healthy_terminated]
