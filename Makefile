@@ -41,6 +41,7 @@ bench: $(VENV)/.dev
 	@bash scripts/system-deps.sh bench
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.leaks
+	$(BIN)/python -m bench.promises --write
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench import admission, bounded, local, servers, waiting
+from bench import admission, bounded, local, promises, servers, waiting
 from bench.load import LoadResult, run_wrk
 from bench.report import Results, machine_line, render, targets
 from relay.providers.local.provider import bwrap_works
@@ -186,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     results.seconds = time.monotonic() - started
     text = render(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.out.exists() and promises.SECTION in (kept := args.out.read_text()):
+        text = text.rstrip("\n") + "\n\n" + promises.SECTION + kept.split(promises.SECTION, 1)[1]
     args.out.write_text(text)
     print(text)
     for name, measured, ok in targets(results):

@@ -15,12 +15,21 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Table
 
 from relay.store.database import Store
 from relay.store.limits import Admission, day_start
 from relay.store.schema import runs
 from tests.rows import run_row
+
+
+def _insert(table: Table, rows: list[dict[str, Any]], conn: Connection) -> None:
+    conn.execute(table.insert(), rows)
+
 
 LIMITS = ("none", "runs_per_day", "usd_per_day")
 
@@ -67,7 +76,7 @@ async def _fill(store: Store, count: int) -> None:
             )
             for i in range(first, min(first + 10_000, count))
         ]
-        await store.run(lambda conn, batch=batch: conn.execute(runs.insert(), batch))
+        await store.run(partial(_insert, runs, batch))
 
 
 async def _measure(store: Store, count: int, admissions: int) -> list[AdmissionCost]:

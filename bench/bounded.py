@@ -18,15 +18,23 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
+from sqlalchemy import Connection, Table
 
 from bench import servers
 from relay.store import retention
 from relay.store.database import Store
 from relay.store.schema import runs as runs_table
 from tests.rows import run_row
+
+
+def _insert(table: Table, rows: list[dict[str, Any]], conn: Connection) -> None:
+    conn.execute(table.insert(), rows)
+
 
 MIB = 1 << 20
 OLD_DAYS = 40
@@ -119,7 +127,7 @@ async def _file_size(path: Path, runs: int, output_bytes: int) -> FileSizeResult
                 run_row(f"run_{i:08}", state="succeeded", created_at=old + i, stdout=output)
                 for i in range(first, min(first + 1000, runs))
             ]
-            await store.run(lambda conn, batch=batch: conn.execute(runs_table.insert(), batch))
+            await store.run(partial(_insert, runs_table, batch))
     finally:
         await store.close()  # its last checkpoint truncates the WAL: the file holds it all
     filled = path.stat().st_size

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
-import gc
 import importlib.util
 import json
 import os
@@ -156,6 +155,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from relay.http.app import create_app
     from relay.http.connections import server_options
+    from relay.http.server import RelayServer
     from relay.logs import configure
 
     settings = _settings()
@@ -171,21 +171,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _check_startup(settings)
     if args.dev and "local" in settings.providers:
         print(f"local provider isolation: {_isolation_in_use(settings)}", flush=True)
-
-    class Server(uvicorn.Server):
-        async def startup(self, sockets: Any = None) -> None:
-            await super().startup(sockets)
-            # Everything loaded so far (SDKs, schemas, the app) lives as long as the
-            # process: keep it out of the collector's full passes, which otherwise stall
-            # the loop for tens of milliseconds under load (bench/README.md).
-            gc.collect()
-            gc.freeze()
-
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            state = getattr(app.state, "relay", None)
-            if state is not None:
-                state.service.begin_drain()
-            super().handle_exit(sig, frame)
 
     _allow_connections(settings.max_connections)
     config = uvicorn.Config(
@@ -205,7 +190,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if args.dev:
         _print_howto(settings, token)
-    Server(config).run()
+    RelayServer(config, app).run()
     return 0
 
 

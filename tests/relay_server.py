@@ -73,6 +73,7 @@ class RelayProcess:
         root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.starts = 0
         self.tokens_file = root / "tokens.toml"
         self.jobs_dir = root / "jobs"
         if not self.jobs_dir.exists():
@@ -103,9 +104,37 @@ class RelayProcess:
         self.tokens[name] = token
         return token
 
-    def start(self, timeout_s: float = 20.0, *, open_files: int | None = None) -> RelayProcess:
-        """Start the relay and wait for /healthz; ``open_files``: its RLIMIT_NOFILE."""
+    def start(
+        self, timeout_s: float = 20.0, *, open_files: int | None = None, attempts: int = 3
+    ) -> RelayProcess:
+        """Start the relay and wait for /healthz; ``open_files``: its RLIMIT_NOFILE.
 
+        A restart takes a fresh free port, as a restarted service behind a balancer may:
+        the port a stopped relay held can be taken at once by any process on a busy machine
+        (an outgoing connection's ephemeral port, another suite's server), and a free port
+        can be taken between choosing and binding it, so a start that finds its port in use
+        tries another (``attempts`` in all)."""
+        for attempt in range(attempts):
+            if self.starts or attempt:
+                self._use_port(free_port())
+            self.starts += 1
+            logged = self.log_path.stat().st_size if self.log_path.exists() else 0
+            try:
+                return self._start_once(timeout_s, open_files)
+            except RuntimeError:
+                with self.log_path.open("rb") as log:
+                    log.seek(logged)
+                    failed = log.read().decode(errors="replace")
+                if "address already in use" not in failed or attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _use_port(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.env["RELAY_PORT"] = str(port)
+
+    def _start_once(self, timeout_s: float, open_files: int | None) -> RelayProcess:
         def limit_files() -> None:
             if open_files is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))

@@ -54,3 +54,12 @@ def test_smoke_run_writes_every_section_and_every_request_succeeds(tmp_path: Pat
     assert re.search(r"^\| 10 \| 3 \| [\d.]+ \| [\d.]+ \| \d+ KiB \|", text, re.M)
     assert re.search(r"^\| 500 \| 4096 B \| [\d.]+ MiB \| [\d.]+ MiB \(500 pruned\)", text, re.M)
     assert "written to" in result.stdout
+
+
+def test_the_fault_promises_hold_over_a_few_schedules(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import promises
+
+    assert promises.main(["8"]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    for count in ("sandboxes leaked", "finished output was lost", "healthy runs terminated"):
+        assert re.search(rf"{count}: 0$", out, re.M), out

@@ -114,7 +114,9 @@ def text_of(answer: httpx.Response) -> str:
 def test_no_secret_anywhere(relay: RelayProcess, api: HostileProviderApi) -> None:
     ops, jobs_only = SECRETS["ops token"], SECRETS["job token"]
     answers: list[httpx.Response] = []
-    post = lambda token, body, **headers: answers.append(relay.post(token, body, **headers))  # noqa: E731
+
+    def post(token: str, body: dict[str, Any], **headers: str) -> None:
+        answers.append(relay.post(token, body, **headers))
 
     post(jobs_only, {"job": "echo", "params": {"message": "hello"}})
     post(

@@ -89,181 +89,206 @@ _RUN_EVENT: dict[str, Any] = {
 }
 
 
+_SERIALIZED = (Run, RunSummary, RunList, ErrorBody, JobList, ProviderList, Health, UsageReport)
+"""The answers' models, described as the relay writes them."""
+
+
 @cache
 def document() -> dict[str, Any]:
     """The whole document; cached, since it depends on code only."""
-    _, schemas = models_json_schema(
-        [
-            (m, "serialization")
-            for m in (
-                Run,
-                RunSummary,
-                RunList,
-                ErrorBody,
-                JobList,
-                ProviderList,
-                Health,
-                UsageReport,
-            )
-        ]
-        + [(RunRequest, "validation")],
-        ref_template=_REF,
-    )
     common = _errors(401, 405, 500)
     paths: dict[str, Any] = {
-        "/v1/runs": {
-            "post": {
-                "summary": "Submit a run (waits for it unless `wait` is false)",
-                "operationId": "createRun",
-                "security": _AUTH,
-                "parameters": [
-                    {
-                        "name": "Idempotency-Key",
-                        "in": "header",
-                        "required": False,
-                        "description": "A retry with the same key returns the same run.",
-                        "schema": {
-                            "type": "string",
-                            "minLength": 1,
-                            "maxLength": MAX_IDEMPOTENCY_KEY_CHARS,
-                            "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$",
-                        },
-                    },
-                ],
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        "application/json": {
-                            "schema": _ref("RunRequest"),
-                            "examples": {
-                                "job": {"value": {"job": "echo", "params": {"message": "hi"}}},
-                                "async": {
-                                    "value": {
-                                        "job": "echo",
-                                        "params": {"message": "later"},
-                                        "wait": False,
-                                    }
-                                },
-                            },
-                        }
-                    },
-                },
-                "responses": {
-                    "200": _json("Run", "the finished run", _LOCATION, _RUN_LINKS),
-                    "429": _json(
-                        "ErrorBody",
-                        "error codes: rate_limited, budget_exceeded",
-                        {**_RETRY, **_RATE_LIMIT},
-                    ),
-                    "202": _json("Run", "accepted; poll Location", _LOCATION, _RUN_LINKS),
-                    **_errors(400, 403, 409, 413, 415, 422, 502, 503, 504),
-                    **common,
-                },
-            },
-            "get": {
-                "summary": "This token's runs, newest first",
-                "operationId": "listRuns",
-                "security": _AUTH,
-                "parameters": [
-                    {
-                        "name": "state",
-                        "in": "query",
-                        "schema": {"type": "string", "enum": [s.value for s in RunState]},
-                    },
-                    {"name": "job", "in": "query", "schema": {"type": "string"}},
-                    {
-                        "name": "limit",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 1, "maximum": 200},
-                    },
-                    {"name": "cursor", "in": "query", "schema": {"type": "string"}},
-                ],
-                "responses": {
-                    "200": _json(
-                        "RunList",
-                        "a page of run summaries: no stdout/stderr (read them through "
-                        "GET /v1/runs/{run_id}), their sizes in stdout_bytes/stderr_bytes",
-                    ),
-                    **_errors(400),
-                    **common,
-                },
+        "/v1/runs": {"post": _create_run(common), "get": _list_runs(common)},
+        "/v1/runs/{run_id}": {"get": _get_run(common), "delete": _cancel_run(common)},
+        "/v1/runs/{run_id}/events": {"get": _run_events(common)},
+        **_reference_paths(common),
+        **_operations_paths(),
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "relay", "version": __version__},
+        "paths": paths,
+        "components": {
+            "schemas": _schemas(),
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "metrics": {"type": "http", "scheme": "bearer"},
             },
         },
-        "/v1/runs/{run_id}": {
-            "get": {
-                "summary": "One run",
-                "operationId": "getRun",
-                "security": _AUTH,
-                "parameters": [_RUN_ID],
-                "responses": {"200": _json("Run", "the run"), **_errors(404), **common},
+    }
+
+
+def _schemas() -> dict[str, Any]:
+    """Every model's JSON schema (the request as validated, answers as written)."""
+    _, schemas = models_json_schema(
+        [(model, "serialization") for model in _SERIALIZED] + [(RunRequest, "validation")],
+        ref_template=_REF,
+    )
+    definitions: dict[str, Any] = schemas["$defs"]
+    definitions["RunEvent"] = _RUN_EVENT
+    return definitions
+
+
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "A retry with the same key returns the same run.",
+    "schema": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_IDEMPOTENCY_KEY_CHARS,
+        "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$",
+    },
+}
+
+
+def _create_run(common: dict[str, Any]) -> dict[str, Any]:
+    """``POST /v1/runs``."""
+    examples = {
+        "job": {"value": {"job": "echo", "params": {"message": "hi"}}},
+        "async": {"value": {"job": "echo", "params": {"message": "later"}, "wait": False}},
+    }
+    return {
+        "summary": "Submit a run (waits for it unless `wait` is false)",
+        "operationId": "createRun",
+        "security": _AUTH,
+        "parameters": [_IDEMPOTENCY_KEY],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _ref("RunRequest"), "examples": examples}},
+        },
+        "responses": {
+            "200": _json("Run", "the finished run", _LOCATION, _RUN_LINKS),
+            "429": _json(
+                "ErrorBody",
+                "error codes: rate_limited, budget_exceeded",
+                {**_RETRY, **_RATE_LIMIT},
+            ),
+            "202": _json("Run", "accepted; poll Location", _LOCATION, _RUN_LINKS),
+            **_errors(400, 403, 409, 413, 415, 422, 502, 503, 504),
+            **common,
+        },
+    }
+
+
+def _list_runs(common: dict[str, Any]) -> dict[str, Any]:
+    """``GET /v1/runs``."""
+    return {
+        "summary": "This token's runs, newest first",
+        "operationId": "listRuns",
+        "security": _AUTH,
+        "parameters": [
+            {
+                "name": "state",
+                "in": "query",
+                "schema": {"type": "string", "enum": [s.value for s in RunState]},
             },
-            "delete": {
-                "summary": "Cancel a run: its sandbox is terminated now",
-                "operationId": "cancelRun",
-                "security": _AUTH,
-                "parameters": [_RUN_ID],
-                "responses": {
-                    "200": _json("Run", "the canceled run"),
-                    **_errors(404, 409),
-                    **common,
-                },
+            {"name": "job", "in": "query", "schema": {"type": "string"}},
+            {
+                "name": "limit",
+                "in": "query",
+                "schema": {"type": "integer", "minimum": 1, "maximum": 200},
             },
+            {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+        ],
+        "responses": {
+            "200": _json(
+                "RunList",
+                "a page of run summaries: no stdout/stderr (read them through "
+                "GET /v1/runs/{run_id}), their sizes in stdout_bytes/stderr_bytes",
+            ),
+            **_errors(400),
+            **common,
         },
-        "/v1/runs/{run_id}/events": {
+    }
+
+
+def _get_run(common: dict[str, Any]) -> dict[str, Any]:
+    """``GET /v1/runs/{run_id}``."""
+    return {
+        "summary": "One run",
+        "operationId": "getRun",
+        "security": _AUTH,
+        "parameters": [_RUN_ID],
+        "responses": {"200": _json("Run", "the run"), **_errors(404), **common},
+    }
+
+
+def _cancel_run(common: dict[str, Any]) -> dict[str, Any]:
+    """``DELETE /v1/runs/{run_id}``."""
+    return {
+        "summary": "Cancel a run: its sandbox is terminated now",
+        "operationId": "cancelRun",
+        "security": _AUTH,
+        "parameters": [_RUN_ID],
+        "responses": {
+            "200": _json("Run", "the canceled run"),
+            **_errors(404, 409),
+            **common,
+        },
+    }
+
+
+def _run_events(common: dict[str, Any]) -> dict[str, Any]:
+    """``GET /v1/runs/{run_id}/events``: the NDJSON stream of one run."""
+    return {
+        "summary": "The run's state changes and output as they happen, then the run",
+        "description": (
+            "Newline-delimited JSON, one object per line, from the start of the run "
+            "whenever you connect: `{event: state, state}`, `{event: output, stream, "
+            "text}` (in order), `{event: ping}` (every 15 s of silence), and last "
+            "`{event: run, run}` with the final run; then the stream closes (at the latest "
+            "a few seconds after the run ended). A token may hold "
+            "`RELAY_MAX_STREAMS_PER_TOKEN` streams open at once."
+        ),
+        "operationId": "runEvents",
+        "security": _AUTH,
+        "parameters": [_RUN_ID],
+        "responses": {
+            "200": {
+                "description": "an NDJSON stream ending with the final run",
+                "content": {"application/x-ndjson": {"schema": _ref("RunEvent")}},
+            },
+            "429": _json(
+                "ErrorBody",
+                "error codes: too_many_streams (RELAY_MAX_STREAMS_PER_TOKEN open)",
+                _RETRY,
+            ),
+            **_errors(404),
+            **common,
+        },
+    }
+
+
+def _reference_paths(common: dict[str, Any]) -> dict[str, Any]:
+    """What a token may use: jobs, its usage, providers."""
+
+    def read(summary: str, operation: str, model: str, description: str) -> dict[str, Any]:
+        return {
             "get": {
-                "summary": "The run's state changes and output as they happen, then the run",
-                "description": (
-                    "Newline-delimited JSON, one object per line, from the start of the run "
-                    "whenever you connect: `{event: state, state}`, `{event: output, stream, "
-                    "text}` (in order), `{event: ping}` (every 15 s of silence), and last "
-                    "`{event: run, run}` with the final run; then the stream closes (at the latest "
-                    "a few seconds after the run ended). A token may hold "
-                    "`RELAY_MAX_STREAMS_PER_TOKEN` streams open at once."
-                ),
-                "operationId": "runEvents",
+                "summary": summary,
+                "operationId": operation,
                 "security": _AUTH,
-                "parameters": [_RUN_ID],
-                "responses": {
-                    "200": {
-                        "description": "an NDJSON stream ending with the final run",
-                        "content": {
-                            "application/x-ndjson": {"schema": _ref("RunEvent")},
-                        },
-                    },
-                    "429": _json(
-                        "ErrorBody",
-                        "error codes: too_many_streams (RELAY_MAX_STREAMS_PER_TOKEN open)",
-                        _RETRY,
-                    ),
-                    **_errors(404),
-                    **common,
-                },
+                "responses": {"200": _json(model, description), **common},
             }
-        },
-        "/v1/jobs": {
-            "get": {
-                "summary": "Jobs this token may run",
-                "operationId": "listJobs",
-                "security": _AUTH,
-                "responses": {"200": _json("JobList", "jobs"), **common},
-            }
-        },
-        "/v1/usage": {
-            "get": {
-                "summary": "This token's runs, sandbox seconds and spend today and this month",
-                "operationId": "getUsage",
-                "security": _AUTH,
-                "responses": {"200": _json("UsageReport", "usage and limits"), **common},
-            }
-        },
-        "/v1/providers": {
-            "get": {
-                "summary": "Enabled providers",
-                "operationId": "listProviders",
-                "security": _AUTH,
-                "responses": {"200": _json("ProviderList", "providers"), **common},
-            }
-        },
+        }
+
+    return {
+        "/v1/jobs": read("Jobs this token may run", "listJobs", "JobList", "jobs"),
+        "/v1/usage": read(
+            "This token's runs, sandbox seconds and spend today and this month",
+            "getUsage",
+            "UsageReport",
+            "usage and limits",
+        ),
+        "/v1/providers": read("Enabled providers", "listProviders", "ProviderList", "providers"),
+    }
+
+
+def _operations_paths() -> dict[str, Any]:
+    """What operators and machines read, without a run token: health, metrics, this."""
+    return {
         "/healthz": {
             "get": {
                 "summary": "Liveness",
@@ -304,18 +329,5 @@ def document() -> dict[str, Any]:
                 "security": [],
                 "responses": {"200": {"description": "OpenAPI 3.1"}},
             }
-        },
-    }
-    schemas["$defs"]["RunEvent"] = _RUN_EVENT
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "relay", "version": __version__},
-        "paths": paths,
-        "components": {
-            "schemas": schemas["$defs"],
-            "securitySchemes": {
-                "bearer": {"type": "http", "scheme": "bearer"},
-                "metrics": {"type": "http", "scheme": "bearer"},
-            },
         },
     }

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from relay.errors import EgressUnsupported
-from relay.providers.base import TAG_CLUSTER, TAG_RUN, Egress, OutputSink, SandboxSpec
+from relay.providers.base import TAG_CLUSTER, TAG_RUN, Egress, ExecResult, OutputSink, SandboxSpec
 from tests.contract.harness import Harness
 
 
@@ -27,7 +27,9 @@ def spec(harness: Harness, run_id: str = "run_contract", timeout_s: float = 20.0
     )
 
 
-async def run(harness: Harness, argv: list[str], limit: int = 65536, **kwargs: object):
+async def run(
+    harness: Harness, argv: list[str], limit: int = 65536, **kwargs: object
+) -> tuple[ExecResult, OutputSink]:
     sink = OutputSink(limit)
     options = {"stdin": None, "env": {}, "workdir": None, "timeout_s": 20.0} | kwargs
     async with harness.provider.sandbox(spec(harness)) as box:

@@ -318,7 +318,7 @@ def test_sigterm_drains_then_cancels(tmp_path: Path) -> None:
     quick = server.post(token, {"command": ["sh", "-c", "sleep 1; echo drained"], "wait": False})
     slow = server.post(token, {"command": ["sleep", "352"], "wait": False})
     time.sleep(0.3)
-    assert server.stop() in (0, -15)  # uvicorn re-raises SIGTERM after a clean shutdown
+    assert server.stop() == 0  # a clean shutdown
 
     def sleeping() -> list[object]:
         return [

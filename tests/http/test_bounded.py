@@ -126,8 +126,9 @@ def test_half_sent_requests_are_dropped_and_healthz_still_answers(tmp_path: Path
             deadline = opened + HEADER_TIMEOUT_S + 3
             while open_left and time.monotonic() < deadline:
                 for key, _ in selector.select(timeout=0.2):
-                    sock = key.fileobj
-                    assert isinstance(sock, socket.socket)
+                    ready = key.fileobj
+                    assert isinstance(ready, socket.socket)
+                    sock = ready
                     with contextlib.suppress(ConnectionError):
                         if sock.recv(4096):
                             continue  # an answer (there should be none) before the close

@@ -11,6 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from relay.providers.base import Egress, OutputSink, SandboxSpec
@@ -113,6 +114,7 @@ async def test_a_spawn_cancelled_midway_leaves_no_process_and_no_pipe(
     # A duration no other process on the machine uses: the child is found by it alone.
     sleeping = f"sleep 30.{secrets.randbelow(10**6):06d}"
     argv = ["sh", "-c", f"exec {sleeping}"]
+    ours = {child.pid for child in psutil.Process().children()}
     task = asyncio.create_task(spawn.spawn(argv, stdin=True, env={}, cwd=None, preexec_fn=None))
     for _ in range(steps):
         await asyncio.sleep(0)
@@ -126,9 +128,10 @@ async def test_a_spawn_cancelled_midway_leaves_no_process_and_no_pipe(
         await child.wait()
         spawn.close(child)
         return
-    await asyncio.sleep(0.2)  # the pidfd watch reaps the killed child
-    alive = _pids_running(sleeping)
-    assert alive == []
+    # Reaped before the cancel returns, not on some later loop turn: a test (or a relay)
+    # whose loop ends next would leave a child it never waited for.
+    assert {child.pid for child in psutil.Process().children()} == ours
+    assert _pids_running(sleeping) == []
     gc.collect()  # an unclosed pipe would warn here, and warnings are errors
 
 

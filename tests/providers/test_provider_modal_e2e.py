@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,7 +60,7 @@ def ops(relay: RelayProcess) -> str:
     return relay.tokens["ops"]
 
 
-def created_for(fake: FakeModal, run_id: str) -> dict[str, object]:
+def created_for(fake: FakeModal, run_id: str) -> dict[str, Any]:
     entries = [e for e in fake.ledger.created if e["tags"].get("relay-run") == run_id]
     assert len(entries) == 1
     return entries[0]

@@ -55,15 +55,13 @@ async def rig(tmp_path: Path, database_url: str) -> AsyncIterator[Rig]:
     )
     store = await Store.open(database_url)
     clock = Clock()
+    local = LocalProvider(settings)
     service = RunService(
-        settings,
-        store,
-        Catalog.load(REPO / "jobs"),
-        {"local": LocalProvider(settings)},
-        clock=clock,
+        settings, store, Catalog.load(REPO / "jobs"), {"local": local}, clock=clock
     )
     yield Rig(service, clock)
-    await service.shutdown()  # drain_s is 20 s: cancel what is left without waiting
+    await service.shutdown()  # drain_s is 0: cancel what is left without waiting
+    await local.aclose()  # and wait for every child it started, before the loop ends
     await store.close()
 
 

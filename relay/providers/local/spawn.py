@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, Protocol
 
 _READ_LIMIT = 1 << 16
+_REAP_TIMEOUT_S = 5.0  # a SIGKILLed child is gone in milliseconds; bounded all the same
 
 
 class Child(Protocol):
@@ -157,7 +158,11 @@ async def spawn(
         await child.connect()
     except BaseException:
         _kill(popen.pid)
-        child.close()  # the pidfd watch reaps it
+        child.close()
+        # Killed, it exits at once: wait for the pidfd watch to reap it, so a caller whose
+        # loop ends next (a relay shutting down, a test) leaves no child behind.
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(child.wait(), _REAP_TIMEOUT_S)
         raise
     return child
 

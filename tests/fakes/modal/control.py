@@ -48,7 +48,7 @@ class ControlPlane(unimplemented_mixin(api_grpc.ModalClientBase), api_grpc.Modal
     # -- helpers -------------------------------------------------------------------------
 
     def _authorize(self, stream: Stream[Any, Any]) -> None:
-        metadata = stream.metadata or {}
+        metadata: dict[str, Any] = dict(stream.metadata or {})
         token_id = metadata.get("x-modal-token-id")
         token_secret = metadata.get("x-modal-token-secret")
         if not token_id or not token_secret or "bad-key" in (token_id, token_secret):
@@ -126,7 +126,7 @@ class ControlPlane(unimplemented_mixin(api_grpc.ModalClientBase), api_grpc.Modal
         if faults.create_status is not None:
             status = CREATE_STATUS.get(faults.create_status, Status.INTERNAL)
             raise GRPCError(status, f"fake: create answers {faults.create_status}")
-        key = (stream.metadata or {}).get("x-idempotency-key") or ""
+        key = str(dict(stream.metadata or {}).get("x-idempotency-key") or "")
         sandbox = self.fake.sandboxes.get(self.fake.create_keys.get(key, ""))
         if sandbox is None:
             sandbox = self._allocate(request)

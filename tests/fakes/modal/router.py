@@ -32,7 +32,8 @@ class Router(
         self.fake = fake
 
     def _task(self, stream: Stream[Any, Any], task_id: str) -> SandboxState:
-        authorization = (stream.metadata or {}).get("authorization", "")
+        metadata: dict[str, Any] = dict(stream.metadata or {})
+        authorization = metadata.get("authorization", "")
         if not str(authorization).startswith("Bearer "):
             raise GRPCError(Status.UNAUTHENTICATED, "fake: router wants a bearer token")
         sandbox = self.fake.tasks.get(task_id)

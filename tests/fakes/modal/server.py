@@ -104,7 +104,8 @@ async def _serve(fake: FakeModal, host: str, port: int, ready: threading.Event) 
     fake._stop = stop  # type: ignore[attr-defined]
     server = Server([ControlPlane(fake), Router(fake)])
     await server.start(host, port)
-    sockets = server._server.sockets if server._server else []  # grpclib keeps the asyncio server
+    listener = server._server  # grpclib keeps the asyncio server
+    sockets = listener.sockets if isinstance(listener, asyncio.Server) else []
     bound = sockets[0].getsockname()[1]
     fake.url = f"http://{host}:{bound}"
     ready.set()

@@ -1,0 +1,68 @@
+"""The uvicorn server the relay runs under: on SIGTERM it drains with its listener open.
+
+uvicorn alone, on SIGTERM, closes its listening socket at once (a new caller is refused
+rather than told ``503 shutting_down``) and, once ``timeout_graceful_shutdown`` has passed,
+cancels the requests still in flight before the app's shutdown has ended their runs: a
+held ``wait: true`` caller got a plain-text 500 instead of its run. :class:`RelayServer`
+puts the drain first: the first SIGTERM (or SIGINT) turns the run service to draining
+(new runs answer ``503 shutting_down`` with ``Retry-After``) and lets its runs end, for at
+most ``RELAY_DRAIN_S``, then cancels the rest (``canceled``, ``shutting_down``), all while
+still serving, so every held caller gets its run as JSON. Only then does uvicorn's own
+shutdown close the listener, let the answers go out and exit (status 0). A second signal
+during the drain is uvicorn's usual way out: stop serving now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import socket
+from types import FrameType
+
+import uvicorn
+from starlette.applications import Starlette
+
+from relay.http.app_state import AppState
+
+
+class RelayServer(uvicorn.Server):
+    """uvicorn's server, with the relay's drain before its shutdown."""
+
+    def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
+        super().__init__(config)
+        self.app = app
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+        self._drain: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self._loop = asyncio.get_running_loop()
+        # Everything loaded so far (SDKs, schemas, the app) lives as long as the process:
+        # keep it out of the collector's full passes, which otherwise stall the loop for
+        # tens of milliseconds under load (bench/README.md).
+        gc.collect()
+        gc.freeze()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        state: AppState | None = getattr(self.app.state, "relay", None)
+        if self._draining or state is None or self._loop is None:
+            # A second signal, or one before the relay serves: uvicorn's own way.
+            super().handle_exit(sig, frame)
+            return
+        # A signal handler runs between two bytecodes of the loop's thread: flip the
+        # service at once, and hand the waiting to the loop.
+        self._draining = True
+        state.service.begin_drain()
+        self._loop.call_soon_threadsafe(self._start_drain, state)
+
+    def _start_drain(self, state: AppState) -> None:
+        self._drain = asyncio.create_task(self._drain_then_exit(state))
+
+    async def _drain_then_exit(self, state: AppState) -> None:
+        try:
+            # Runs end (at most RELAY_DRAIN_S), the rest are canceled and written final:
+            # their held callers answer before the listener closes.
+            await state.service.shutdown()
+        finally:
+            self.should_exit = True
