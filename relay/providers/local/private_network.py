@@ -67,8 +67,10 @@ SLIRP_DNS = IPv4Address("10.0.2.3")
 # an opened range), then the operator's openings, then the blocked ranges.
 _PREF_DNS, _PREF_HOST, _PREF_ALLOW, _PREF_BLOCK = 100, 200, 300, 400
 _NS_GET_USERNS = 0xB701  # ioctl: the user namespace that owns a namespace
-_READY_TIMEOUT_S = 5.0
-_POLL_S = 0.001
+_READY_TIMEOUT_S = 20.0
+"""How long a tool, its rules or the sandbox's loopback may take: generous, for a busy host
+must slow a run down, not fail it."""
+_POLL_S = 0.002
 
 Tool = Literal["pasta", "slirp4netns"]
 
@@ -218,7 +220,10 @@ async def _run_rules(spaces: Namespaces, script: str) -> None:
     try:
         communicate = process.communicate(script.encode())
         _, error = await asyncio.wait_for(communicate, _READY_TIMEOUT_S)
-    except BaseException:  # a cancel (DELETE during creation) or a hang: not left behind
+    except TimeoutError as exc:
+        await _stop(process)
+        raise NetworkError("the sandbox's network rules took too long") from exc
+    except BaseException:  # a cancel (DELETE during creation): not left behind
         await _stop(process)
         raise
     if process.returncode != 0:

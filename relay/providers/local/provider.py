@@ -429,6 +429,11 @@ class LocalSandbox:
             return
         except (OSError, ValueError, KeyError) as exc:
             _kill_group(process.pid)
+            log.warning(
+                "sandbox %s: a setup step failed",
+                self.id,
+                extra={"error_class": type(exc).__name__, "error": str(exc)[:200]},
+            )
             raise ProviderError("could not set up the sandbox's limits") from exc
         os.write(invocation.block[1], b"1")
 
