@@ -1,11 +1,10 @@
-"""The run task: the steps of one admitted run, each run in a task of its own.
+"""The runs in flight: each admitted run in a task of its own, and its final write.
 
-create the sandbox (leaving its context always terminates it) → record it running →
-upload the files, run the command within what is left of the timeout → measure what it
-cost → write the final state once, retrying while the store refuses. The
-:class:`Runner` also keeps what this process knows of its runs in flight: which it holds
-(the reaper leaves those alone), their output so far, final states the store has not
-taken yet. The public side (submit, get, wait, cancel) is relay/runs/service.py.
+The :class:`Runner` starts a run's task (its steps: relay/runs/run_task.py), writes its
+final state once, retrying while the store refuses, and keeps what this process knows of
+its runs in flight: which it holds (the reaper leaves those alone), their output so far,
+final states the store has not taken yet. The public side (submit, get, wait, cancel) is
+relay/runs/service.py.
 """
 
 from __future__ import annotations
@@ -16,24 +15,19 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from relay.errors import ProviderTimeout, RelayError
-from relay.providers.base import OutputSink, Provider, Sandbox, shielded
+from relay.providers.base import OutputSink, Provider, shielded
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.models import RunState
 from relay.runs.planning import Plan
+from relay.runs.run_task import RunTask, canceled
 from relay.settings import Settings
 from relay.store.database import Store
 from relay.store.records import RunRecord, RunValues
 
 log = logging.getLogger("relay.service")
-
-RUNNING_WRITE_DELAY_S = 0.05
-"""A run's `running` state is stored this long after its sandbox exists: a run that ends
-sooner (a quick job) is written once, final, with its sandbox id. Events (metrics, live
-streams) see `running` at once; a GET may read `starting` for this long."""
 
 FINAL_WRITE_RETRY_S = (0.1, 5.0)
 """A final write the store refused is tried again after the first figure, doubling up to
@@ -140,7 +134,7 @@ class Runner:
                 run = await self.store.get_run(run_id)
                 if run is not None:
                     sink = OutputSink(self.settings.max_output_bytes)
-                    await shielded(self._finish(run, _canceled(reason), sink, {}))
+                    await shielded(self._finish(run, canceled(reason), sink, {}))
 
     async def shutdown(self, drain_s: float) -> None:
         """Let runs finish within ``drain_s``, then cancel the rest and record it."""
@@ -159,129 +153,26 @@ class Runner:
     # -- the run -----------------------------------------------------------------------
 
     async def _execute(self, plan: Plan, run: RunRecord) -> None:
-        """Run the plan for ``run``, the run as admitted."""
-        run_id = run.id
-        sink = OutputSink(
-            self.settings.max_output_bytes,
-            lambda stream, data: self.events.publish(
-                RunEvent(run_id, "output", stream=stream, data=data)
-            ),
+        """Run the plan for ``run`` (the run as admitted), then write its final state."""
+        task = RunTask(
+            plan,
+            run,
+            settings=self.settings,
+            providers=self.providers,
+            events=self.events,
+            costs=self.costs,
+            record_running=self._record_running,
         )
-        self._output[run_id] = sink
-        watch = _Stopwatch()
+        self._output[run.id] = task.sink
         final: RunValues = {}
         try:
-            self.events.publish(RunEvent(run_id, "state", state=RunState.starting.value))
-            async with contextlib.AsyncExitStack() as stack:
-                sandbox = await self._open_sandbox(stack, plan, watch)
-                run = self._mark_running(stack, run, sandbox.id, plan)
-                assert run.started_at is not None
-                final = await self._exec(sandbox, plan, run.started_at, sink, watch)
-                terminate_started = time.monotonic()
-            watch.timings["terminate_ms"] = _ms_since(terminate_started)
+            final = await task.steps()
         except asyncio.CancelledError:
-            final = _canceled(self._cancel_reason.get(run_id, "shutdown"))
+            final = canceled(self._cancel_reason.get(run.id, "shutdown"))
             raise
-        except Exception as exc:
-            final = _failure(run_id, plan, final, exc)
         finally:
-            final = self._measured(plan, final, sink, watch)
-            await shielded(self._finish(run, final, sink, watch.timings))
-
-    async def _open_sandbox(
-        self, stack: contextlib.AsyncExitStack, plan: Plan, watch: _Stopwatch
-    ) -> Sandbox:
-        """Create the sandbox inside ``stack`` (leaving it terminates the sandbox)."""
-        provider = self.providers[plan.provider]
-        watch.sandbox_started = time.monotonic()
-        try:
-            async with asyncio.timeout(self.settings.create_timeout_s + 5):
-                sandbox = await stack.enter_async_context(provider.sandbox(plan.spec))
-        except TimeoutError as exc:
-            raise ProviderTimeout("the provider did not create the sandbox in time") from exc
-        watch.timings["create_ms"] = _ms_since(watch.started)
-        return sandbox
-
-    def _mark_running(
-        self, stack: contextlib.AsyncExitStack, run: RunRecord, sandbox_id: str, plan: Plan
-    ) -> RunRecord:
-        """The sandbox exists: the run is running, and its deadline starts now."""
-        started_at = time.time()
-        running: RunValues = {
-            "state": RunState.running.value,
-            "sandbox_id": sandbox_id,
-            "started_at": started_at,
-            "deadline": started_at + plan.timeout_s,
-        }
-        self.events.publish(RunEvent(run.id, "state", state=RunState.running.value))
-        # Stored a moment later, unless the run has ended by then: its final write then
-        # carries the sandbox id, one transaction instead of two.
-        record = asyncio.get_running_loop().call_later(
-            RUNNING_WRITE_DELAY_S, self._record_running, run.id, running
-        )
-        stack.callback(record.cancel)
-        return replace(run, **running)
-
-    async def _exec(
-        self,
-        sandbox: Sandbox,
-        plan: Plan,
-        started_at: float,
-        sink: OutputSink,
-        watch: _Stopwatch,
-    ) -> RunValues:
-        """Upload the job's files and run its command for what is left of its timeout;
-        the state it ended in (``timed_out`` when the deadline passed)."""
-        if plan.files:
-            await sandbox.upload(plan.files)
-        watch.exec_started = time.monotonic()
-        remaining = max(0.0, plan.timeout_s - (time.time() - started_at))
-        deadline = asyncio.timeout(remaining)
-        result = None
-        try:
-            async with deadline:
-                result = await sandbox.exec(
-                    plan.argv,
-                    stdin=plan.stdin,
-                    env=plan.env,
-                    workdir=plan.workdir,
-                    timeout_s=remaining,
-                    output=sink,
-                )
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-        watch.timings["exec_ms"] = _ms_since(watch.exec_started)
-        if result is None:
-            return {"state": RunState.timed_out.value}
-        if result.memory_limit_mb is not None:
-            return {
-                "state": RunState.failed.value,
-                "exit_code": result.exit_code,
-                "error_code": "out_of_memory",
-                "error_message": (
-                    f"the job exceeded its memory limit ({result.memory_limit_mb} MiB) "
-                    "and was killed"
-                ),
-            }
-        state = RunState.succeeded if result.exit_code == 0 else RunState.failed
-        return {"state": state.value, "exit_code": result.exit_code}
-
-    def _measured(
-        self, plan: Plan, final: RunValues, sink: OutputSink, watch: _Stopwatch
-    ) -> RunValues:
-        """``final`` with what the run cost, and ``watch``'s timings completed."""
-        if watch.exec_started is not None and "exec_ms" not in watch.timings:
-            watch.timings["exec_ms"] = _ms_since(watch.exec_started)
-        if sink.first_output_at is not None:
-            watch.timings["first_output_ms"] = int((sink.first_output_at - watch.started) * 1000)
-        if watch.sandbox_started is None:
-            return final
-        # Billed from the create call to the end of terminate: what the provider saw.
-        seconds = round(time.monotonic() - watch.sandbox_started, 3)
-        resources = plan.spec.resources
-        cost = self.costs.cost(plan.provider, resources.cpu, resources.memory_mb, seconds)
-        return {**final, "sandbox_s": seconds, "cost_usd": cost}
+            final = task.measured(final)
+            await shielded(self._finish(task.run, final, task.sink, task.watch.timings))
 
     def _record_running(self, run_id: str, values: RunValues) -> None:
         task = asyncio.create_task(self._write_running(run_id, values))
@@ -404,53 +295,3 @@ _KEPT_WHEN_CANCELED = (
     *("stdout", "stderr", "stdout_truncated", "stderr_truncated"),
 )
 """What a run canceled through another replica keeps of what its task measured."""
-
-
-@dataclass
-class _Stopwatch:
-    """When a run's steps began (monotonic seconds), and the timings it reports."""
-
-    started: float = field(default_factory=time.monotonic)
-    sandbox_started: float | None = None  # the create call: billing starts here
-    exec_started: float | None = None
-    timings: dict[str, int] = field(default_factory=dict)
-
-
-def _failure(run_id: str, plan: Plan, final: RunValues, exc: Exception) -> RunValues:
-    """The final state after ``exc`` ended the run's task."""
-    if isinstance(exc, RelayError):
-        if final:  # the job ended; only terminating failed: the reaper retries it
-            log.error(
-                "terminate failed",
-                extra={"run_id": run_id, "provider": plan.provider, "error_code": exc.code},
-            )
-            return final
-        return {
-            "state": RunState.error.value,
-            "error_code": exc.code,
-            "error_message": exc.message,
-            "error_retry_after_s": exc.retry_after,
-        }
-    log.error(
-        "run failed inside the relay",
-        extra={"run_id": run_id, "error_class": type(exc).__name__},
-    )
-    return {
-        "state": RunState.error.value,
-        "error_code": "internal",
-        "error_message": "the relay failed while running this job",
-    }
-
-
-def _canceled(reason: str) -> RunValues:
-    final: RunValues = {"state": RunState.canceled.value}
-    if reason == "shutdown":
-        final |= {
-            "error_code": "shutting_down",
-            "error_message": "the relay shut down before the run ended",
-        }
-    return final
-
-
-def _ms_since(start: float) -> int:
-    return int((time.monotonic() - start) * 1000)
