@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
 from relay.auth import TokenStore
+from relay.http.run_stream import LiveRuns
 from relay.providers.base import Provider
 from relay.runs.catalog import Catalog
 from relay.runs.event_bus import EventBus
@@ -15,9 +15,6 @@ from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.settings import Settings
 from relay.store.database import Store
-
-if TYPE_CHECKING:
-    from relay.http.run_stream import LiveRuns  # live.py imports routes, which import this module
 
 
 @dataclass

@@ -30,6 +30,7 @@ from relay.errors import (
 )
 from relay.http.app_state import AppState
 from relay.http.metrics import metrics_endpoint
+from relay.http.run_stream import follow_run
 from relay.runs.models import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     Health,
@@ -183,8 +184,6 @@ async def get_run(request: Request) -> Response:
 
 async def run_events(request: Request) -> Response:
     """The run's state changes and output as NDJSON lines, ending with the final run."""
-    from relay.http.run_stream import follow_run
-
     principal = authenticate(request)
     state = _state(request)
     run = await state.service.get(principal, request.path_params["run_id"])
