@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from relay.errors import ProviderTimeout, RelayError
 from relay.providers.base import OutputSink, Provider, Sandbox
@@ -108,7 +108,7 @@ class RunTask:
             RUNNING_WRITE_DELAY_S, self.record_running, run.id, running
         )
         stack.callback(record.cancel)
-        self.run = replace(run, **running)
+        self.run = run.changed(**running)
 
     async def _exec(self, sandbox: Sandbox, started_at: float) -> RunValues:
         """Upload the job's files and run its command for what is left of its timeout;

@@ -15,7 +15,6 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 
 from relay.providers.base import OutputSink, Provider, shielded
 from relay.runs.costs import CostModel
@@ -238,7 +237,7 @@ class Runner:
             try:
                 callback = run.callback_url is not None
                 if await self.store.finish_run(run_id, values, callback=callback):
-                    finished: RunRecord | None = replace(run, **values)
+                    finished: RunRecord | None = run.changed(**values)
                 else:
                     finished = await self._finish_contended(run_id, values)
             except Exception as exc:
@@ -249,7 +248,7 @@ class Runner:
                     )
                     finished = None
                     break
-                self._unwritten[run_id] = replace(run, **values)
+                self._unwritten[run_id] = run.changed(**values)
                 log.warning(
                     "writing the final state failed; trying again",
                     extra={
@@ -284,7 +283,7 @@ class Runner:
                     kept[key] = values[key]  # type: ignore[literal-required]
             values = kept
         if await self.store.update_run(run_id, **values):
-            return replace(run, **values)
+            return run.changed(**values)
         return await self.store.get_run(run_id)
 
 

@@ -19,7 +19,6 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 
 from relay import logs
 from relay.auth import Principal
@@ -165,8 +164,7 @@ class RunService:
         sink = self.runner.output(run_id)
         if sink is not None and not RunState(run.state).final:
             # Running here: the output so far (kept within the same caps as the final).
-            run = replace(
-                run,
+            run = run.changed(
                 stdout=sink.text("stdout"),
                 stderr=sink.text("stderr"),
                 stdout_truncated=sink.truncated("stdout"),
@@ -227,7 +225,7 @@ class RunService:
                 await provider.terminate(run.sandbox_id)
             ended: RunValues = {"state": RunState.canceled.value, "ended_at": time.time()}
             if await self.store.update_run(run_id, **ended):
-                run = replace(run, **ended)
+                run = run.changed(**ended)
                 self.events.publish(RunEvent(run_id, "finished", state=run.state, run=run))
         return await self.get(principal, run_id)
 

@@ -177,7 +177,7 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
 
 def _first(result: sa.CursorResult[Any]) -> RunRecord | None:
     row = result.first()
-    return RunRecord(**row._mapping) if row is not None else None
+    return RunRecord.from_row(row._mapping) if row is not None else None
 
 
 class Store:
@@ -461,7 +461,7 @@ class Store:
             )
         query = query.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit + 1)
         records = await self.read(
-            lambda conn: [RunRecord(**row._mapping) for row in conn.execute(query)]
+            lambda conn: [RunRecord.from_row(row._mapping) for row in conn.execute(query)]
         )
         next_cursor = None
         if len(records) > limit:
@@ -485,5 +485,5 @@ class Store:
 
     async def _records(self, query: sa.Select[Any]) -> list[RunRecord]:
         return await self.read(
-            lambda conn: [RunRecord(**row._mapping) for row in conn.execute(query)]
+            lambda conn: [RunRecord.from_row(row._mapping) for row in conn.execute(query)]
         )

@@ -4,6 +4,7 @@ database, final states kept, versioned migrations that never lose a run."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -395,3 +396,16 @@ async def test_upgrading_from_version_5_counts_the_days_runs_there_are(database_
             )
     finally:
         await store.close()
+
+
+async def test_a_run_reads_back_as_the_record_it_was_admitted_as(store: Store) -> None:
+    admitted = row("run_typed", stdout="é\n", callback_url="https://x.test/", cost_usd=0.25)
+    await store.admit_run(admitted)
+    read = await store.get_run("run_typed")
+    assert read == dataclasses.replace(admitted, stdout_bytes=3, stderr_bytes=0)
+    assert await store.update_run("run_typed", state="succeeded", exit_code=0)
+    listed, _ = await store.list_runs("t", state=None, job=None, limit=5, cursor=None)
+    assert listed == [dataclasses.replace(read, state="succeeded", exit_code=0, stdout="")]
+    assert read.changed(state="lost") == dataclasses.replace(read, state="lost")
+    with pytest.raises(TypeError):  # a misspelt column is refused as the record is made
+        read.changed(sandbox_idd="sb")  # type: ignore[call-arg]
