@@ -157,7 +157,7 @@ async def test_upgrading_from_version_4_adds_the_retry_hint_and_keeps_every_run(
         conn.execute(sa.text("ALTER TABLE runs DROP COLUMN error_retry_after_s"))
         conn.execute(meta.insert().values(key="schema_version", value="4"))
         old = row("run_old", state="error", error_code="x").columns()
-        del old["error_retry_after_s"]  # not a column yet
+        old.pop("error_retry_after_s", None)  # not a column yet
         conn.execute(runs.insert().values(**old))
 
     def columns(conn: sa.Connection) -> set[str]:
