@@ -73,7 +73,7 @@ async def _fill(store: Store, count: int) -> None:
                 created_at=start + (now - start) * i / count,  # spread over today so far
                 cost_usd=0.001,
                 reserved_usd=0.01,
-            )
+            ).columns()
             for i in range(first, min(first + 10_000, count))
         ]
         await store.run(partial(_insert, runs, batch))

@@ -124,7 +124,9 @@ async def _file_size(path: Path, runs: int, output_bytes: int) -> FileSizeResult
         output = "y" * output_bytes
         for first in range(0, runs, 1000):
             batch = [
-                run_row(f"run_{i:08}", state="succeeded", created_at=old + i, stdout=output)
+                run_row(
+                    f"run_{i:08}", state="succeeded", created_at=old + i, stdout=output
+                ).columns()
                 for i in range(first, min(first + 1000, runs))
             ]
             await store.run(partial(_insert, runs_table, batch))

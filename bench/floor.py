@@ -18,6 +18,7 @@ Run as ``python -m bench.floor PORT DATABASE_FILE TOKEN``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import secrets
 import sys
@@ -34,6 +35,7 @@ from relay.runs.models import RunRequest
 from relay.runs.view import run_model
 from relay.store.database import Store
 from relay.store.limits import Admission
+from relay.store.records import RunRecord, RunValues
 
 TOKENS: dict[str, str] = {}
 
@@ -47,7 +49,7 @@ async def create_run(request: Request) -> Response:
     store: Store = request.app.state.store
     now = time.time()
     run_id = f"run_{int(now * 1000):011x}{secrets.token_hex(8)}"
-    row = {
+    run = RunRecord(**{
         "id": run_id,
         "token": name,
         "job": body.job,
@@ -66,9 +68,9 @@ async def create_run(request: Request) -> Response:
         "stderr": "",
         "timings": "{}",
         "callback_url": None,
-    }
-    await store.admit_run(row, Admission(None, 100_000, None, None, now))
-    final = {
+    })  # fmt: skip
+    await store.admit_run(run, Admission(None, 100_000, None, None, now))
+    final: RunValues = {
         "state": "succeeded",
         "exit_code": 0,
         "sandbox_id": "floor",
@@ -84,7 +86,8 @@ async def create_run(request: Request) -> Response:
         "cost_usd": 0.0,
     }
     await store.finish_run(run_id, final, callback=False)
-    return Response(run_model({**row, **final}).model_dump_json(), media_type="application/json")
+    answer = run_model(dataclasses.replace(run, **final))
+    return Response(answer.model_dump_json(), media_type="application/json")
 
 
 async def healthz(request: Request) -> Response:

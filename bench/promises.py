@@ -168,7 +168,7 @@ async def play(seed: int, tmp: Path, steps: int = 30) -> Counts:
                 )
                 with contextlib.suppress(RelayError, OperationalError):
                     row, _ = await relay.service.submit(PRINCIPAL, request, None)
-                    owner[row["id"]] = len(relays) - 1
+                    owner[row.id] = len(relays) - 1
             elif action == "cancel" and owner:
                 with contextlib.suppress(RelayError, OperationalError):
                     await relay.service.cancel(PRINCIPAL, rng.choice(sorted(owner)))
@@ -203,7 +203,7 @@ async def play(seed: int, tmp: Path, steps: int = 30) -> Counts:
         backend.heal()
         # Let the live relay finish its runs (final writes the outage refused retry and
         # land), then sweep until nothing of ours is left.
-        tasks = set(relay.service._tasks.values())
+        tasks = set(relay.service.runner.tasks())
         if tasks:
             await asyncio.wait(tasks, timeout=30)
         for _ in range(10):

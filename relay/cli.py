@@ -341,17 +341,18 @@ def cmd_runs(args: argparse.Namespace) -> int:
 async def _reap(settings: Settings, dry_run: bool) -> int:
     from relay.providers.registry import load_providers
     from relay.runs.reaper import Reaper
-    from relay.runs.service import RunService
     from relay.store.database import Store
 
     store = await Store.open(settings.database_url)
     providers = load_providers(settings)
-    service = RunService(settings, store, Catalog({}), providers)
     # One sweep from cron: the store was just reached, so the replicas' beats are judged.
+    # This process holds no run, so every active run it finds is another replica's.
     reaper = Reaper(
         store,
         providers,
-        service,
+        settings,
+        holds=lambda run_id: False,
+        instance_id="reap_" + secrets.token_hex(8),
         grace_s=settings.grace_s,
         single_replica=False,
         beats_before_judging=0,

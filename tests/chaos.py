@@ -30,6 +30,7 @@ from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.settings import Settings
 from relay.store.database import Store
+from relay.store.records import RunRecord
 from tests.conftest import make_settings
 from tests.contract.harness import Fault
 from tests.fakes.memory import MemoryProvider, MemoryWorld
@@ -247,7 +248,10 @@ class Relay:
         self.reaper = Reaper(
             self.store,  # type: ignore[arg-type]
             providers,
-            self.service,
+            self.settings,
+            holds=self.service.holds,
+            instance_id=self.service.instance_id,
+            events=self.service.events,
             grace_s=self.settings.grace_s,
             single_replica=True,
         )
@@ -255,7 +259,7 @@ class Relay:
     async def crash(self) -> None:
         self.provider.crash()
         self.store.dead = True
-        tasks = list(self.service._tasks.values())
+        tasks = list(self.service.runner.tasks())
         for task in tasks:
             task.cancel()
         # Each task stops at its next store write or provider call; collect them so no
@@ -295,7 +299,7 @@ async def run_schedule(
                 )
                 with contextlib.suppress(RelayError):
                     row, _ = await relay.service.submit(PRINCIPAL, request, None)
-                    submitted.append(row["id"])
+                    submitted.append(row.id)
             elif action == "cancel" and submitted:
                 with contextlib.suppress(RelayError):
                     await relay.service.cancel(PRINCIPAL, rng.choice(submitted))
@@ -315,7 +319,7 @@ async def run_schedule(
                 await asyncio.sleep(rng.uniform(0, 0.02 if backend.name == "memory" else 0.3))
         # Heal the provider, let the live relay finish its runs, sweep until all is gone.
         backend.heal()
-        tasks = set(relay.service._tasks.values())
+        tasks = set(relay.service.runner.tasks())
         if tasks:
             await asyncio.wait(tasks, timeout=30)
         for _ in range(10):
@@ -331,7 +335,7 @@ async def run_schedule(
     return _account(report, backend, await _final_rows(tmp, submitted))
 
 
-async def _final_rows(tmp: Path, ids: list[str]) -> dict[str, dict[str, Any]]:
+async def _final_rows(tmp: Path, ids: list[str]) -> dict[str, RunRecord]:
     store = await Store.open(f"sqlite:///{tmp / 'chaos.db'}")
     try:
         return await store.runs_by_id(ids)
@@ -339,12 +343,10 @@ async def _final_rows(tmp: Path, ids: list[str]) -> dict[str, dict[str, Any]]:
         await store.close()
 
 
-def _account(report: Report, backend: Backend, rows: dict[str, dict[str, Any]]) -> Report:
+def _account(report: Report, backend: Backend, rows: dict[str, RunRecord]) -> Report:
     report.runs = len(rows)
     report.leaked = sorted(backend.alive())
-    report.not_final = sorted(
-        i for i, r in rows.items() if RunState(r["state"]) not in FINAL_STATES
-    )
+    report.not_final = sorted(i for i, r in rows.items() if RunState(r.state) not in FINAL_STATES)
     ended = backend.ended()
     report.created = len(ended)
     for run_id, by, at in ended.values():
@@ -356,7 +358,7 @@ def _account(report: Report, backend: Backend, rows: dict[str, dict[str, Any]]) 
             report.vanished += 1
         row = rows.get(run_id)
         if row is not None and at is not None:
-            report.worst_past_deadline_s = max(report.worst_past_deadline_s, at - row["deadline"])
+            report.worst_past_deadline_s = max(report.worst_past_deadline_s, at - row.deadline)
     return report
 
 

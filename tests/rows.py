@@ -6,8 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from relay.store.records import RunRecord
 
-def run_row(run_id: str, **values: Any) -> dict[str, Any]:
+
+def run_row(run_id: str, **values: Any) -> RunRecord:
     """A running ``echo`` run of token ``ops`` on the local provider, owned by another
     replica, with a 5 s timeout; ``values`` override any column."""
     now = time.time()
@@ -23,4 +25,4 @@ def run_row(run_id: str, **values: Any) -> dict[str, Any]:
         "deadline": now + 5,
         "owner": "elsewhere",
     }
-    return row | values
+    return RunRecord(**(row | values))

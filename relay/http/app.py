@@ -177,7 +177,10 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
         reaper = Reaper(
             store,
             providers,
-            service,
+            settings,
+            holds=service.holds,
+            instance_id=service.instance_id,
+            events=events,
             grace_s=settings.grace_s,
             single_replica=store.is_sqlite,
             reap_interval_s=settings.reap_interval_s,

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
@@ -57,7 +57,7 @@ from relay.runs.event_bus import EventBus, RunEvent
 
 if TYPE_CHECKING:
     from relay.runs.reaper import Reaper
-    from relay.runs.service import RunService
+    from relay.runs.service import RunRecord, RunService
     from relay.store.retention import Pruner
 
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
@@ -212,26 +212,24 @@ class Metrics:
         return events.subscribe(self.on_event)
 
     def on_event(self, event: RunEvent) -> None:
-        if event.kind != "finished" or event.row is None:
+        if event.kind != "finished" or event.run is None:
             return
-        self.record_run(event.row)
+        self.record_run(event.run)
 
-    def record_run(self, row: Mapping[str, Any]) -> None:
-        """Count one finished run (its stored row)."""
-        provider = str(row.get("provider") or "")
-        job = row.get("job") or COMMAND_JOB
-        self._labels(self.runs, job, provider, str(row.get("state"))).inc()
-        if row.get("duration_ms") is not None:
-            self._labels(self.run_seconds, provider).observe(row["duration_ms"] / 1000)
-        timings = row.get("timings") or {}
-        if isinstance(timings, str):
-            try:
-                timings = json.loads(timings)
-            except ValueError:
-                timings = {}
+    def record_run(self, run: RunRecord) -> None:
+        """Count one finished run."""
+        provider = run.provider
+        job = run.job or COMMAND_JOB
+        self._labels(self.runs, job, provider, run.state).inc()
+        if run.duration_ms is not None:
+            self._labels(self.run_seconds, provider).observe(run.duration_ms / 1000)
+        try:
+            timings = json.loads(run.timings or "{}")
+        except ValueError:
+            timings = {}
         if isinstance(timings, dict) and timings.get("create_ms") is not None:
             self._labels(self.create_seconds, provider).observe(timings["create_ms"] / 1000)
-        cost = row.get("cost_usd") or 0.0
+        cost = run.cost_usd or 0.0
         if cost > 0:
             self._labels(self.spend, provider).inc(cost)
 

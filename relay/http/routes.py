@@ -1,4 +1,8 @@
-"""Thin HTTP handlers: parse → service → JSON. No provider is touched from here."""
+"""Thin HTTP handlers: authenticate, parse → the run service → the view → JSON.
+
+Runs are read and written through :class:`~relay.runs.service.RunService` only; the store
+is reached for ``/readyz`` alone (through the app state), and a provider only for what it
+says of itself (``/v1/providers``, ``/readyz``)."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from relay.errors import (
 )
 from relay.http.app_state import AppState
 from relay.http.metrics import metrics_endpoint
+from relay.http.run_stream import follow_run
 from relay.runs.models import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     Health,
@@ -39,10 +44,9 @@ from relay.runs.models import (
     RunState,
     TokenLimits,
     UsageReport,
-    UsageWindow,
 )
-from relay.runs.view import run_model, run_summary
-from relay.store.database import Usage
+from relay.runs.service import DeliveryRecord, RunRecord
+from relay.runs.view import run_model, run_summary, usage_window
 
 MAX_JSON_DEPTH = 32
 """Deepest nesting of a request body; a run request needs four levels at most."""
@@ -129,43 +133,35 @@ def _idempotency_key(request: Request) -> str | None:
     return key
 
 
-async def _deliveries(request: Request, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Delivery rows of the runs that have a callback_url (one query for a page)."""
-    from relay.store.deliveries import Deliveries
-
-    ids = [row["id"] for row in rows if row.get("callback_url")]
-    return await Deliveries(_state(request).store).for_runs(ids) if ids else {}
-
-
-async def _run_json(request: Request, row: dict[str, Any]) -> Response:
+async def _run_json(request: Request, run: RunRecord) -> Response:
     """A run, with its deliveries, as a 200 answer."""
-    found = await _deliveries(request, [row])
-    return _json(run_model(row, found.get(row["id"])))
+    found = await _state(request).service.deliveries([run])
+    return _json(run_model(run, found.get(run.id)))
 
 
 def _run_answer(
-    request: Request, row: dict[str, Any], deliveries: list[dict[str, Any]] | None = None
+    request: Request, run: RunRecord, deliveries: list[DeliveryRecord] | None = None
 ) -> Response:
-    run = run_model(row, deliveries)
+    answer = run_model(run, deliveries)
     state = _state(request)
-    location = f"{state.base_url(request)}/v1/runs/{run.id}"
-    if not run.state.final:
-        return _json(run, 202, {"Location": location})
-    if run.state == RunState.error and run.error is not None:
-        error = error_for_code(run.error.code)
+    location = f"{state.base_url(request)}/v1/runs/{answer.id}"
+    if not answer.state.final:
+        return _json(answer, 202, {"Location": location})
+    if answer.state == RunState.error and answer.error is not None:
+        error = error_for_code(answer.error.code)
         if issubclass(error, ProviderError):
             # The request did not succeed: answer with the provider fault's status, and
             # name the run so the caller can still read it.
-            retry_after = run.error.retry_after_s
+            retry_after = answer.error.retry_after_s
             if retry_after is None and issubclass(error, ProviderRateLimited):
                 retry_after = RATE_LIMITED_RETRY_AFTER_S
             raise error(
-                run.error.message,
-                details={"run_id": run.id},
+                answer.error.message,
+                details={"run_id": answer.id},
                 headers={"Location": location},
                 retry_after=retry_after,
             )
-    return _json(run, 200, {"Location": location})
+    return _json(answer, 200, {"Location": location})
 
 
 async def create_run(request: Request) -> Response:
@@ -173,31 +169,29 @@ async def create_run(request: Request) -> Response:
     key = _idempotency_key(request)
     body = await _read_request(request)
     state = _state(request)
-    row, _created = await state.service.submit(principal, body, key)
-    if body.wait and not RunState(row["state"]).final:
-        row = await state.service.wait(row["id"], state.settings.max_wait_s)
-    found = await _deliveries(request, [row])
-    return _run_answer(request, row, found.get(row["id"]))
+    run, _created = await state.service.submit(principal, body, key)
+    if body.wait and not RunState(run.state).final:
+        run = await state.service.wait(run.id, state.settings.max_wait_s)
+    found = await state.service.deliveries([run])
+    return _run_answer(request, run, found.get(run.id))
 
 
 async def get_run(request: Request) -> Response:
     principal = authenticate(request)
-    row = await _state(request).service.get(principal, request.path_params["run_id"])
-    return await _run_json(request, row)
+    run = await _state(request).service.get(principal, request.path_params["run_id"])
+    return await _run_json(request, run)
 
 
 async def run_events(request: Request) -> Response:
     """The run's state changes and output as NDJSON lines, ending with the final run."""
-    from relay.http.run_stream import follow_run
-
     principal = authenticate(request)
     state = _state(request)
-    row = await state.service.get(principal, request.path_params["run_id"])
+    run = await state.service.get(principal, request.path_params["run_id"])
     if state.live is None:  # pragma: no cover - the app always builds one
         raise NotFound("live output is not available on this relay")
     release = state.live.hold_stream(principal.name)  # 429 past the token's cap
     return HeldStream(
-        follow_run(state.live, state.service, state.store, row),
+        follow_run(state.live, state.service, run),
         release,
         media_type="application/x-ndjson",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
@@ -221,8 +215,8 @@ class HeldStream(StreamingResponse):
 
 async def cancel_run(request: Request) -> Response:
     principal = authenticate(request)
-    row = await _state(request).service.cancel(principal, request.path_params["run_id"])
-    return await _run_json(request, row)
+    run = await _state(request).service.cancel(principal, request.path_params["run_id"])
+    return await _run_json(request, run)
 
 
 async def list_runs(request: Request) -> Response:
@@ -240,15 +234,12 @@ async def list_runs(request: Request) -> Response:
         raise InvalidRequest("limit must be an integer from 1 to 200") from exc
     if not 1 <= limit <= 200:
         raise InvalidRequest("limit must be an integer from 1 to 200")
-    rows, cursor = await _state(request).store.list_runs(
-        principal.name,
-        state=state_filter,
-        job=query.get("job"),
-        limit=limit,
-        cursor=query.get("cursor"),
+    service = _state(request).service
+    page, cursor = await service.list(
+        principal, state=state_filter, job=query.get("job"), limit=limit, cursor=query.get("cursor")
     )
-    found = await _deliveries(request, rows)
-    runs = [run_summary(row, found.get(row["id"])) for row in rows]
+    found = await service.deliveries(page)
+    runs = [run_summary(run, found.get(run.id)) for run in page]
     return _json(RunList(runs=runs, next_cursor=cursor))
 
 
@@ -294,15 +285,6 @@ async def list_providers(request: Request) -> Response:
         for name, provider in state.providers.items()
     ]
     return _json(ProviderList(providers=infos))
-
-
-def usage_window(usage: Usage) -> UsageWindow:
-    return UsageWindow(
-        runs=usage.runs,
-        sandbox_seconds=round(usage.sandbox_s, 3),
-        usd=round(usage.usd, 6),
-        active=usage.active,
-    )
 
 
 def token_limits(principal: Principal) -> TokenLimits:

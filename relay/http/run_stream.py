@@ -28,10 +28,8 @@ from typing import Any
 from relay.errors import TooManyStreams
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.models import RunState
-from relay.runs.service import RunService
+from relay.runs.service import RunRecord, RunService
 from relay.runs.view import run_model
-from relay.store.database import Store
-from relay.store.deliveries import Deliveries
 
 PING_S = 15.0
 POLL_S = 0.5
@@ -144,36 +142,36 @@ def _encode(line: Line) -> bytes:
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
-async def _final_lines(store: Store, run_id: str, *, with_output: bool) -> AsyncIterator[bytes]:
-    row = await store.get_run(run_id)
-    if row is None:  # pragma: no cover - pruned meanwhile (retention.py)
+async def _final_lines(
+    service: RunService, run_id: str, *, with_output: bool
+) -> AsyncIterator[bytes]:
+    run = await service.find(run_id)
+    if run is None:  # pragma: no cover - pruned meanwhile (relay/store/retention.py)
         return
     if with_output:
-        for stream in ("stdout", "stderr"):
-            if row.get(stream):
-                yield _encode({"event": "output", "stream": stream, "text": row[stream]})
-    found = await Deliveries(store).for_runs([run_id]) if row.get("callback_url") else {}
-    run = run_model(row, found.get(run_id, [])).model_dump(mode="json")
-    yield _encode({"event": "run", "run": run})
+        for stream, text in (("stdout", run.stdout), ("stderr", run.stderr)):
+            if text:
+                yield _encode({"event": "output", "stream": stream, "text": text})
+    found = await service.deliveries([run])
+    answer = run_model(run, found.get(run_id, [])).model_dump(mode="json")
+    yield _encode({"event": "run", "run": answer})
 
 
-async def _ended_long_ago(store: Store, run_id: str) -> bool:
+async def _ended_long_ago(service: RunService, run_id: str) -> bool:
     """Whether the stored run is final and ended more than END_GRACE_S ago."""
-    row = await store.get_run(run_id)
-    if row is None:
+    run = await service.find(run_id)
+    if run is None:
         return True
-    ended = row.get("ended_at") or row["created_at"]
-    return RunState(row["state"]).final and ended + END_GRACE_S <= time.time()
+    ended = run.ended_at or run.created_at
+    return RunState(run.state).final and ended + END_GRACE_S <= time.time()
 
 
-async def follow_run(
-    live: LiveRuns, service: RunService, store: Store, row: dict[str, Any]
-) -> AsyncIterator[bytes]:
+async def follow_run(live: LiveRuns, service: RunService, run: RunRecord) -> AsyncIterator[bytes]:
     """The NDJSON lines of one run, from its start to its final state."""
-    run_id = row["id"]
+    run_id = run.id
     queue = None
-    if not RunState(row["state"]).final:
-        queue = live.follow(run_id, running_here=run_id in service._tasks)
+    if not RunState(run.state).final:
+        queue = live.follow(run_id, running_here=service.holds(run_id))
     if queue is not None:
         try:
             silent = 0.0
@@ -183,7 +181,7 @@ async def follow_run(
                 except TimeoutError:
                     # The end may never reach this buffer (it was made as the run ended):
                     # the store says when the run is over.
-                    if await _ended_long_ago(store, run_id):
+                    if await _ended_long_ago(service, run_id):
                         break
                     silent += CHECK_S
                     if silent >= PING_S:
@@ -196,18 +194,18 @@ async def follow_run(
                 yield _encode(line)
         finally:
             live.unfollow(run_id, queue)
-        async for chunk in _final_lines(store, run_id, with_output=False):
+        async for chunk in _final_lines(service, run_id, with_output=False):
             yield chunk
         return
     # Not running here: state changes from the store; output once the run has ended.
     state: RunState | None = None
     quiet = 0.0
     while True:
-        current = await store.get_run(run_id)
-        if current is None:  # pragma: no cover - pruned meanwhile (retention.py)
+        current = await service.find(run_id)
+        if current is None:  # pragma: no cover - pruned meanwhile (relay/store/retention.py)
             return
-        if current["state"] != state:
-            state = RunState(current["state"])
+        if current.state != state:
+            state = RunState(current.state)
             quiet = 0.0
             if not state.final:
                 yield _encode({"event": "state", "state": state.value})
@@ -218,5 +216,5 @@ async def follow_run(
         if quiet >= PING_S:
             quiet = 0.0
             yield _encode({"event": "ping"})
-    async for chunk in _final_lines(store, run_id, with_output=True):
+    async for chunk in _final_lines(service, run_id, with_output=True):
         yield chunk

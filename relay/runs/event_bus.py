@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from relay.store.records import RunRecord
 
 log = logging.getLogger("relay.events")
 
@@ -26,8 +28,8 @@ class RunEvent:
     state: str | None = None
     stream: str | None = None
     data: bytes = b""
-    row: dict[str, Any] | None = field(default=None, repr=False)
-    """For ``state`` and ``finished``: the run's stored row after the change."""
+    run: RunRecord | None = field(default=None, repr=False)
+    """For ``finished``: the run as stored, final."""
 
 
 Subscriber = Callable[[RunEvent], None]

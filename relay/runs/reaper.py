@@ -11,7 +11,8 @@ Each sweep (at startup and every ``RELAY_REAP_INTERVAL_S``):
    once this replica has written :data:`BEATS_BEFORE_JUDGING` heartbeats since it last
    failed to reach the store (after an outage every beat is old); on SQLite there
    is one relay, so a run owned by an earlier process is orphaned at once; a run owned
-   by this process that it no longer holds (:meth:`RunService.holds`) is orphaned too;
+   by this process that it no longer holds (the ``holds`` it is given:
+   :meth:`RunService.holds`) is orphaned too;
 2. every sandbox a provider lists as this cluster's whose run is final or past its
    deadline + grace → terminated. A sandbox whose run the store does not know is
    terminated only once older than the longest lifetime this relay gives
@@ -44,10 +45,11 @@ from typing import Any
 
 from relay.providers.base import Provider, SandboxRef
 from relay.providers.probe import PROBE_PREFIX, PROBE_TIMEOUT_S
-from relay.runs.event_bus import RunEvent
+from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.models import RunState
-from relay.runs.service import RunService
+from relay.settings import Settings
 from relay.store.database import ACTIVE, FINAL, Store
+from relay.store.records import RunRecord
 
 log = logging.getLogger("relay.reaper")
 
@@ -75,8 +77,11 @@ class Reaper:
         self,
         store: Store,
         providers: Mapping[str, Provider],
-        service: RunService,
+        settings: Settings,
         *,
+        holds: Callable[[str], bool],
+        instance_id: str,
+        events: EventBus | None = None,
         grace_s: float,
         single_replica: bool,
         reap_interval_s: float = 60.0,
@@ -87,7 +92,10 @@ class Reaper:
         self.reap_interval_s = reap_interval_s
         self.store = store
         self.providers = providers
-        self.service = service
+        self.holds = holds
+        """Whether a run is held by this process (its runs in flight): left alone."""
+        self.instance_id = instance_id
+        self.events = events
         self.grace_s = grace_s
         self.single_replica = single_replica
         self.failing: dict[str, int] = {}
@@ -100,16 +108,12 @@ class Reaper:
         self.terminated_by_reason: Counter[str] = Counter()
         self.unknown_age_total = 0  # sandboxes left alone: unknown run, no creation time
         self.failures_total = 0
-        settings = service.settings
         # The longest a sandbox of this relay can live: the create call, the longest run
         # timeout the relay gives, then the provider-side grace. Younger than that, a
         # sandbox the store does not know may be another relay's (same cluster name) or
         # one whose run row is not visible yet: it is left alone.
         self.max_lifetime_s = settings.create_timeout_s + settings.max_timeout_s + grace_s
         self.probe_lifetime_s = settings.create_timeout_s + PROBE_TIMEOUT_S + grace_s
-
-    def _held_here(self, run_id: str) -> bool:
-        return self.service.holds(run_id)
 
     async def _terminate(
         self,
@@ -154,12 +158,12 @@ class Reaper:
         )
         return True
 
-    def _reason(self, ref: SandboxRef, run: dict[str, Any] | None, now: float) -> str | None:
+    def _reason(self, ref: SandboxRef, run: RunRecord | None, now: float) -> str | None:
         """Why a listed sandbox must end (a label for logs and metrics), or None."""
         if run is not None:
-            if run["state"] in FINAL:
+            if run.state in FINAL:
                 return "run_final"
-            if run["deadline"] + self.grace_s <= now:
+            if run.deadline + self.grace_s <= now:
                 return "run_expired"
             return None
         probe = (ref.run_id or "").startswith(PROBE_PREFIX)
@@ -188,24 +192,24 @@ class Reaper:
         now = self.clock()
         live = await self.store.live_replicas(MISSED_BEATS * self.heartbeat_s + 1)
         judging = self.beats >= self.beats_before_judging
-        live.add(self.service.instance_id)
-        lost: list[tuple[dict[str, Any], bool]] = []
-        for row in await self.store.runs_in_states(ACTIVE):
-            if self._held_here(row["id"]):
+        live.add(self.instance_id)
+        lost: list[tuple[RunRecord, bool]] = []
+        for run in await self.store.runs_in_states(ACTIVE):
+            if self.holds(run.id):
                 continue
-            if self.single_replica or row["owner"] == self.service.instance_id:
+            if self.single_replica or run.owner == self.instance_id:
                 # Not held here: whoever ran it (an earlier process, or a task of this one
                 # that ended without its final write) will never write its final state.
                 orphaned = True
             else:
-                orphaned = judging and row["owner"] not in live
-            if not orphaned and row["deadline"] + self.grace_s > now:
+                orphaned = judging and run.owner not in live
+            if not orphaned and run.deadline + self.grace_s > now:
                 continue
-            report.lost_runs.append(row["id"])
-            lost.append((row, orphaned))
+            report.lost_runs.append(run.id)
+            lost.append((run, orphaned))
         if not dry_run:
             await self._bounded(
-                self._end_lost(row, orphaned, now, report) for row, orphaned in lost
+                self._end_lost(run, orphaned, now, report) for run, orphaned in lost
             )
         for name, provider in self.providers.items():
             try:
@@ -219,10 +223,10 @@ class Reaper:
             runs = await self.store.runs_by_id([ref.run_id for ref in owned if ref.run_id])
             ending: list[Awaitable[bool]] = []
             for ref in owned:
-                run = runs.get(ref.run_id or "")
-                if run is not None and self._held_here(run["id"]):
+                known = runs.get(ref.run_id or "")
+                if known is not None and self.holds(known.id):
                     continue
-                why = self._reason(ref, run, now)
+                why = self._reason(ref, known, now)
                 if why is None:
                     continue
                 if dry_run:
@@ -246,29 +250,30 @@ class Reaper:
         await asyncio.gather(*(one(item) for item in work))
 
     async def _end_lost(
-        self, row: dict[str, Any], orphaned: bool, now: float, report: SweepReport
+        self, run: RunRecord, orphaned: bool, now: float, report: SweepReport
     ) -> None:
-        if row["sandbox_id"] and row["provider"] in self.providers:
+        if run.sandbox_id and run.provider in self.providers:
             reason = "run_orphaned" if orphaned else "run_expired"
             await self._terminate(
-                row["provider"], row["sandbox_id"], report, run_id=row["id"], reason=reason
+                run.provider, run.sandbox_id, report, run_id=run.id, reason=reason
             )
         marked = await self.store.update_run(
-            row["id"],
+            run.id,
             state=RunState.lost.value,
             ended_at=now,
             error_code="sandbox_lost",
             error_message="the relay running this job stopped; the sandbox was terminated",
         )
         if marked:  # not when its owner finished it meanwhile: that one was published
-            await self._publish_lost(row["id"])
+            await self._publish_lost(run.id)
 
     async def _publish_lost(self, run_id: str) -> None:
         """Tell this replica's subscribers (metrics, webhooks, live streams) the run ended."""
-        row = await self.store.get_run(run_id)
-        if row is not None:
-            event = RunEvent(run_id, "finished", state=row["state"], row=row)
-            self.service.events.publish(event)
+        if self.events is None:
+            return
+        run = await self.store.get_run(run_id)
+        if run is not None:
+            self.events.publish(RunEvent(run_id, "finished", state=run.state, run=run))
 
     async def run_forever(self, *, sweep_first: bool = False) -> None:
         """Heartbeat every ``heartbeat_s`` and sweep every ``reap_interval_s`` (the first
@@ -276,7 +281,7 @@ class Reaper:
         next_sweep = time.monotonic() + (0 if sweep_first else self.reap_interval_s)
         while True:
             try:
-                await self.store.heartbeat(self.service.instance_id)
+                await self.store.heartbeat(self.instance_id)
                 self.beats += 1
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + self.reap_interval_s

@@ -7,6 +7,7 @@ run reads the same everywhere.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,7 +19,10 @@ from relay.runs.models import (
     RunState,
     RunSummary,
     Timings,
+    UsageWindow,
 )
+from relay.store.database import Usage
+from relay.store.records import DeliveryRecord, RunRecord
 
 
 def _iso(stamp: float | None) -> str | None:
@@ -29,63 +33,69 @@ def _iso(stamp: float | None) -> str | None:
     )
 
 
-def delivery_model(row: dict[str, Any]) -> Delivery:
+def delivery_model(delivery: DeliveryRecord) -> Delivery:
     attempts = [
         DeliveryAttempt(**(entry | {"at": _iso(entry["at"]) or ""}))
-        for entry in json.loads(row.get("attempt_log") or "[]")
+        for entry in json.loads(delivery.attempt_log or "[]")
     ]
-    pending = row["state"] == "pending"
+    pending = delivery.state == "pending"
     return Delivery(
-        id=row["id"],
-        state=row["state"],
+        id=delivery.id,
+        state=delivery.state,
         attempts=attempts,
-        next_attempt_at=_iso(row["next_attempt_at"]) if pending else None,
+        next_attempt_at=_iso(delivery.next_attempt_at) if pending else None,
     )
 
 
-def _run_fields(row: dict[str, Any], deliveries: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """What a run and a run's summary share, from its stored row and delivery rows."""
+def _run_fields(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None) -> dict[str, Any]:
+    """What a run and a run's summary share, from its record and its deliveries."""
     error = None
-    if row.get("error_code"):
+    if run.error_code:
         error = ErrorInfo(
-            code=row["error_code"],
-            message=row.get("error_message") or "",
-            retry_after_s=row.get("error_retry_after_s"),
+            code=run.error_code,
+            message=run.error_message or "",
+            retry_after_s=run.error_retry_after_s,
         )
     return {
-        "id": row["id"],
-        "job": row["job"],
-        "state": RunState(row["state"]),
-        "exit_code": row.get("exit_code"),
-        "stdout_truncated": bool(row.get("stdout_truncated")),
-        "stderr_truncated": bool(row.get("stderr_truncated")),
-        "provider": row["provider"],
-        "sandbox_id": row.get("sandbox_id"),
-        "timeout_s": row["timeout_s"],
-        "created_at": _iso(row["created_at"]) or "",
-        "started_at": _iso(row.get("started_at")),
-        "ended_at": _iso(row.get("ended_at")),
-        "duration_ms": row.get("duration_ms"),
-        "cost_usd": row.get("cost_usd") or 0.0,
-        "timings": Timings(**json.loads(row.get("timings") or "{}")),
+        "id": run.id,
+        "job": run.job,
+        "state": RunState(run.state),
+        "exit_code": run.exit_code,
+        "stdout_truncated": bool(run.stdout_truncated),
+        "stderr_truncated": bool(run.stderr_truncated),
+        "provider": run.provider,
+        "sandbox_id": run.sandbox_id,
+        "timeout_s": run.timeout_s,
+        "created_at": _iso(run.created_at) or "",
+        "started_at": _iso(run.started_at),
+        "ended_at": _iso(run.ended_at),
+        "duration_ms": run.duration_ms,
+        "cost_usd": run.cost_usd or 0.0,
+        "timings": Timings(**json.loads(run.timings or "{}")),
         "error": error,
         "deliveries": [delivery_model(delivery) for delivery in deliveries or []],
     }
 
 
-def run_summary(row: dict[str, Any], deliveries: list[dict[str, Any]] | None = None) -> RunSummary:
-    """A listed row (no output, its sizes: ``Store.list_runs``) as a listing shows it."""
+def run_summary(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None = None) -> RunSummary:
+    """A listed run (no output, its sizes: ``Store.list_runs``) as a listing shows it."""
     return RunSummary(
-        stdout_bytes=row.get("stdout_bytes") or 0,
-        stderr_bytes=row.get("stderr_bytes") or 0,
-        **_run_fields(row, deliveries),
+        stdout_bytes=run.stdout_bytes or 0,
+        stderr_bytes=run.stderr_bytes or 0,
+        **_run_fields(run, deliveries),
     )
 
 
-def run_model(row: dict[str, Any], deliveries: list[dict[str, Any]] | None = None) -> Run:
-    """A stored row (and its delivery rows) as the API shows it (the same shape everywhere)."""
-    return Run(
-        stdout=row.get("stdout") or "",
-        stderr=row.get("stderr") or "",
-        **_run_fields(row, deliveries),
+def run_model(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None = None) -> Run:
+    """A stored run (and its deliveries) as the API shows it (the same shape everywhere)."""
+    return Run(stdout=run.stdout or "", stderr=run.stderr or "", **_run_fields(run, deliveries))
+
+
+def usage_window(usage: Usage) -> UsageWindow:
+    """A token's usage over a window (a day, a month) as ``GET /v1/usage`` shows it."""
+    return UsageWindow(
+        runs=usage.runs,
+        sandbox_seconds=round(usage.sandbox_s, 3),
+        usd=round(usage.usd, 6),
+        active=usage.active,
     )

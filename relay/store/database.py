@@ -30,7 +30,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -41,6 +41,7 @@ from sqlalchemy.ext.compiler import compiles
 from relay.errors import ConfigError, InvalidRequest
 from relay.store.connection import database_url, sqlite_engine
 from relay.store.limits import Admission, DuplicateKey, check_limits
+from relay.store.records import RunRecord, RunValues
 from relay.store.schema import (
     ACTIVE,
     FINAL,
@@ -57,7 +58,7 @@ from relay.store.sqlite import fast_path
 from relay.store.sqlite.group_commit import BUSY_WAIT_S, GroupCommit
 from relay.store.sqlite.wal_checkpointer import Checkpointer
 
-__all__ = ["ACTIVE", "FINAL", "SCHEMA_VERSION", "DuplicateKey", "Store", "Usage"]
+__all__ = ["ACTIVE", "FINAL", "SCHEMA_VERSION", "DuplicateKey", "RunRecord", "Store", "Usage"]
 
 T = TypeVar("T")
 
@@ -174,9 +175,9 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         raise InvalidRequest("cursor is not one this relay gave out") from exc
 
 
-def _first(result: sa.CursorResult[Any]) -> dict[str, Any] | None:
+def _first(result: sa.CursorResult[Any]) -> RunRecord | None:
     row = result.first()
-    return dict(row._mapping) if row is not None else None
+    return RunRecord.from_row(row._mapping) if row is not None else None
 
 
 class Store:
@@ -361,8 +362,8 @@ class Store:
 
     # -- runs --------------------------------------------------------------------------
 
-    async def admit_run(self, row: Mapping[str, Any], admission: Admission | None = None) -> None:
-        """Insert ``row`` only if every limit allows it (``None``: no limits), atomically
+    async def admit_run(self, run: RunRecord, admission: Admission | None = None) -> None:
+        """Insert ``run`` only if every limit allows it (``None``: no limits), atomically
         across replicas.
 
         Raises :class:`DuplicateKey` for a known Idempotency-Key (checked first, so a retry
@@ -372,16 +373,13 @@ class Store:
         def work(conn: Connection) -> None:
             if conn.dialect.name == "postgresql":
                 conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({_LOCK_ADMIT})"))
-            key = row.get("idempotency_key")
-            if (
-                key is not None
-                and conn.execute(_BY_KEY, {"token": row["token"], "key": key}).first()
-            ):
+            key = run.idempotency_key
+            if key is not None and conn.execute(_BY_KEY, {"token": run.token, "key": key}).first():
                 raise DuplicateKey
             if admission is not None:
-                check_limits(conn, row, admission)
+                check_limits(conn, run, admission)
             try:
-                fast_path.write(conn, _INSERT, with_sizes(row))
+                fast_path.write(conn, _INSERT, with_sizes(run.columns()))
             except IntegrityError as exc:  # the unique index: another replica got there first
                 raise DuplicateKey from exc
 
@@ -399,14 +397,16 @@ class Store:
         count, seconds, usd, running = await self.run_aside(lambda conn: conn.execute(query).one())
         return Usage(int(count), float(seconds), float(usd), int(running))
 
-    async def get_run(self, run_id: str) -> dict[str, Any] | None:
+    async def get_run(self, run_id: str) -> RunRecord | None:
         return await self.read(lambda conn: _first(conn.execute(_RUN, {"run_id": run_id})))
 
-    async def find_by_key(self, token: str, key: str) -> dict[str, Any] | None:
+    async def find_by_key(self, token: str, key: str) -> RunRecord | None:
         params = {"token": token, "key": key}
         return await self.read(lambda conn: _first(conn.execute(_BY_KEY, params)))
 
-    async def update_run(self, run_id: str, *, only_if_active: bool = True, **values: Any) -> bool:
+    async def update_run(
+        self, run_id: str, *, only_if_active: bool = True, **values: Unpack[RunValues]
+    ) -> bool:
         """Update a run; with ``only_if_active`` a final state is never overwritten. A final
         state writes the run's webhook delivery (if it has a callback) in the same
         transaction."""
@@ -420,7 +420,7 @@ class Store:
 
         return await self.run(work)
 
-    async def finish_run(self, run_id: str, values: Mapping[str, Any], *, callback: bool) -> bool:
+    async def finish_run(self, run_id: str, values: RunValues, *, callback: bool) -> bool:
         """Write a run's final ``values`` if it is still active and nobody asked to cancel
         it, with its webhook delivery (``callback``) in the same transaction. False: the
         caller must look at the run (final already, or canceled through another replica)."""
@@ -442,8 +442,10 @@ class Store:
         job: str | None,
         limit: int,
         cursor: str | None,
-    ) -> tuple[list[dict[str, Any]], str | None]:
-        # Never the output columns: a page's memory follows ``limit``, not what runs printed.
+    ) -> tuple[list[RunRecord], str | None]:
+        """A page of the token's runs, newest first, without their output (its sizes
+        only: a page's memory follows ``limit``, not what the runs printed), and the
+        cursor of the next page (None: this is the last)."""
         query = sa.select(*_SUMMARY_COLUMNS).where(runs.c.token == token)
         if state:
             query = query.where(runs.c.state == state)
@@ -458,26 +460,30 @@ class Store:
                 )
             )
         query = query.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit + 1)
-        rows = await self._rows(query)
+        records = await self.read(
+            lambda conn: [RunRecord.from_row(row._mapping) for row in conn.execute(query)]
+        )
         next_cursor = None
-        if len(rows) > limit:
-            rows = rows[:limit]
-            next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"])
-        return rows, next_cursor
+        if len(records) > limit:
+            records = records[:limit]
+            next_cursor = encode_cursor(records[-1].created_at, records[-1].id)
+        return records, next_cursor
 
     async def runs_in_states(
         self, states: Iterable[str], *, owner: str | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[RunRecord]:
         query = sa.select(runs).where(runs.c.state.in_(list(states)))
         if owner is not None:
             query = query.where(runs.c.owner == owner)
-        return await self._rows(query)
+        return await self._records(query)
 
-    async def runs_by_id(self, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    async def runs_by_id(self, ids: Sequence[str]) -> dict[str, RunRecord]:
         if not ids:
             return {}
-        rows = await self._rows(sa.select(runs).where(runs.c.id.in_(list(ids))))
-        return {row["id"]: row for row in rows}
+        records = await self._records(sa.select(runs).where(runs.c.id.in_(list(ids))))
+        return {record.id: record for record in records}
 
-    async def _rows(self, query: sa.Select[Any]) -> list[dict[str, Any]]:
-        return await self.read(lambda conn: [dict(row._mapping) for row in conn.execute(query)])
+    async def _records(self, query: sa.Select[Any]) -> list[RunRecord]:
+        return await self.read(
+            lambda conn: [RunRecord.from_row(row._mapping) for row in conn.execute(query)]
+        )

@@ -1,9 +1,9 @@
 """Delivery rows: the store side of webhooks (claim with a lease, record an attempt, read).
 
 A delivery is created in the same transaction as its run's final state (see
-``store.delivery_for_final_run``). Replicas share the table: a delivery is sent only by
-the replica whose conditional UPDATE claimed it, and a claim expires (its lease), so a
-replica that dies mid-send does not hold it forever.
+``delivery_for_final_run`` in relay/store/database.py). Replicas share the table: a
+delivery is sent only by the replica whose conditional UPDATE claimed it, and a claim
+expires (its lease), so a replica that dies mid-send does not hold it forever.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from relay.store.database import Store
+from relay.store.records import DeliveryRecord
 from relay.store.schema import deliveries
 
 
@@ -25,7 +26,7 @@ class Deliveries:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    async def for_runs(self, run_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    async def for_runs(self, run_ids: Sequence[str]) -> dict[str, list[DeliveryRecord]]:
         """Each run's deliveries, oldest first; runs without any are absent."""
         if not run_ids:
             return {}
@@ -34,15 +35,15 @@ class Deliveries:
             .where(deliveries.c.run_id.in_(list(run_ids)))
             .order_by(deliveries.c.created_at, deliveries.c.id)
         )
-        found: dict[str, list[dict[str, Any]]] = {}
+        found: dict[str, list[DeliveryRecord]] = {}
         for row in await self.store.read(lambda conn: conn.execute(query).all()):
-            found.setdefault(row.run_id, []).append(dict(row._mapping))
+            found.setdefault(row.run_id, []).append(DeliveryRecord(**row._mapping))
         return found
 
-    async def get(self, delivery_id: str) -> dict[str, Any] | None:
+    async def get(self, delivery_id: str) -> DeliveryRecord | None:
         query = sa.select(deliveries).where(deliveries.c.id == delivery_id)
         row = await self.store.read(lambda conn: conn.execute(query).first())
-        return dict(row._mapping) if row else None
+        return DeliveryRecord(**row._mapping) if row else None
 
     def _due(self, now: float) -> sa.ColumnElement[bool]:
         return sa.and_(
@@ -74,7 +75,7 @@ class Deliveries:
 
     async def claim(
         self, delivery_id: str, owner: str, now: float, lease_s: float
-    ) -> dict[str, Any] | None:
+    ) -> DeliveryRecord | None:
         """Take one delivery for one attempt; None when another replica got it first.
 
         The claim is a single conditional UPDATE, so of several replicas exactly one
@@ -91,11 +92,11 @@ class Deliveries:
             )
         )
 
-        def work(conn: Connection) -> dict[str, Any] | None:
+        def work(conn: Connection) -> DeliveryRecord | None:
             if not conn.execute(query).rowcount:
                 return None
             row = conn.execute(sa.select(deliveries).where(deliveries.c.id == delivery_id)).first()
-            return dict(row._mapping) if row else None
+            return DeliveryRecord(**row._mapping) if row else None
 
         return await self.store.run(work)
 

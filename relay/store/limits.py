@@ -4,21 +4,20 @@ Per token: runs at once, runs a day, USD a day (the worst case of active runs co
 measured cost of ended ones; both read from one ``token_days`` row, which triggers keep);
 per relay: runs at once. ``Store.admit_run`` calls
 :func:`check_limits` between the idempotency check and the insert, under an advisory lock
-on PostgreSQL, so the limits hold across replicas. :func:`refusal` turns a refusal into
-the 429 the caller sees; days and months are UTC (:func:`day_start`, :func:`month_start`).
+on PostgreSQL, so the limits hold across replicas, and raises :class:`LimitReached`; what
+the caller is told of it (the 429) is the run service's (relay/runs/limits.py). Days and
+months are UTC (:func:`day_start`, :func:`month_start`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from relay.errors import BudgetExceeded, RateLimited
+from relay.store.records import RunRecord
 from relay.store.schema import ACTIVE, runs, state_in, token_days
 from relay.store.sqlite import fast_path
 
@@ -59,8 +58,8 @@ _TODAY = sa.select(
 ).where(token_days.c.token == sa.bindparam("token"), token_days.c.day == sa.bindparam("day"))
 
 
-def check_limits(conn: Connection, row: Mapping[str, Any], admission: Admission) -> None:
-    """Raise :class:`LimitReached` if inserting ``row`` would pass a limit."""
+def check_limits(conn: Connection, run: RunRecord, admission: Admission) -> None:
+    """Raise :class:`LimitReached` if inserting ``run`` would pass a limit."""
     if admission.global_concurrent is not None:
         count, first_end = fast_path.row(conn, _ACTIVE_ALL, {})
         if count >= admission.global_concurrent:
@@ -68,7 +67,7 @@ def check_limits(conn: Connection, row: Mapping[str, Any], admission: Admission)
                 "concurrency", admission.global_concurrent, (first_end or 0) - admission.now
             )
     if admission.token_concurrent is not None:
-        count, first_end = fast_path.row(conn, _ACTIVE_MINE, {"token": row["token"]})
+        count, first_end = fast_path.row(conn, _ACTIVE_MINE, {"token": run.token})
         if count >= admission.token_concurrent:
             raise LimitReached(
                 "concurrency", admission.token_concurrent, (first_end or 0) - admission.now
@@ -76,12 +75,14 @@ def check_limits(conn: Connection, row: Mapping[str, Any], admission: Admission)
     if admission.runs_per_day is None and admission.usd_per_day is None:
         return
     next_day = day_start(admission.now) + 86_400 - admission.now
-    today = {"token": row["token"], "day": day_number(row["created_at"])}
+    today = {"token": run.token, "day": day_number(run.created_at)}
     count, used = fast_path.row(conn, _TODAY, today)
     if admission.runs_per_day is not None and count >= admission.runs_per_day:
         raise LimitReached("runs_per_day", admission.runs_per_day, next_day)
-    reserved = float(row.get("reserved_usd", 0.0))
-    if admission.usd_per_day is not None and float(used) + reserved > admission.usd_per_day + 1e-12:
+    if (
+        admission.usd_per_day is not None
+        and float(used) + run.reserved_usd > admission.usd_per_day + 1e-12
+    ):
         raise LimitReached("usd_per_day", admission.usd_per_day, next_day)
 
 
@@ -99,24 +100,3 @@ def day_start(now: float) -> float:
 def month_start(now: float) -> float:
     moment = datetime.fromtimestamp(now, UTC)
     return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
-
-
-def refusal(limit: LimitReached) -> RateLimited:
-    """429 with Retry-After and the RateLimit-* headers that say when to come back."""
-    headers = {
-        "RateLimit-Limit": f"{limit.limit:g}",
-        "RateLimit-Remaining": "0",
-        "RateLimit-Reset": str(max(1, round(limit.retry_after))),
-    }
-    if limit.kind == "usd_per_day":
-        return BudgetExceeded(
-            f"this token's daily budget of ${limit.limit:g} is used up (counting the worst "
-            "case of its running runs and of this one)",
-            retry_after=limit.retry_after,
-            headers=headers,
-        )
-    what = {
-        "concurrency": f"{limit.limit:g} runs at once",
-        "runs_per_day": f"{limit.limit:g} runs a day",
-    }[limit.kind]
-    return RateLimited(f"limit reached: {what}", retry_after=limit.retry_after, headers=headers)

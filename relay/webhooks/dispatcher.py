@@ -1,8 +1,8 @@
 """Signed webhooks: when a run with a ``callback_url`` ends, POST it there, until it lands.
 
-The delivery row is written with the run's final state (``store.delivery_for_final_run``);
-this module sends it. The body is exactly what ``GET /v1/runs/{id}`` answers at that
-moment. Headers::
+The delivery row is written with the run's final state (``delivery_for_final_run`` in
+relay/store/database.py); this module sends it. The body is exactly what
+``GET /v1/runs/{id}`` answers at that moment. Headers::
 
     Relay-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">
     Relay-Run-Id: run_…
@@ -47,6 +47,7 @@ from relay.runs.view import run_model
 from relay.settings import Settings
 from relay.store.database import Store
 from relay.store.deliveries import Deliveries
+from relay.store.records import DeliveryRecord
 
 log = logging.getLogger("relay.webhooks")
 
@@ -109,7 +110,7 @@ class WebhookDispatcher:
 
     def _on_event(self, event: RunEvent) -> None:
         # Only a run with a callback has a delivery to send; the rest cost nothing here.
-        if event.kind == "finished" and event.row is not None and event.row.get("callback_url"):
+        if event.kind == "finished" and event.run is not None and event.run.callback_url:
             self._wake.set()
 
     def wake(self) -> None:
@@ -166,7 +167,7 @@ class WebhookDispatcher:
             await asyncio.wait(set(self._sending), timeout=5)
         await self._client.aclose()
 
-    async def _send(self, delivery: dict[str, Any]) -> None:
+    async def _send(self, delivery: DeliveryRecord) -> None:
         started = time.time()
         try:
             outcome = await self._attempt(delivery)
@@ -179,18 +180,18 @@ class WebhookDispatcher:
         except Exception as exc:
             log.error(
                 "webhook attempt failed inside the relay",
-                extra={"delivery_id": delivery["id"], "error_class": type(exc).__name__},
+                extra={"delivery_id": delivery.id, "error_class": type(exc).__name__},
             )
             outcome = {"error": "internal: the relay failed to send"}
         attempt = {"at": started, "duration_ms": int((time.time() - started) * 1000)}
         await self._record(delivery, attempt | outcome)
         self._wake.set()  # a slot is free and the next due time changed: look again
 
-    async def _attempt(self, delivery: dict[str, Any]) -> dict[str, Any]:
+    async def _attempt(self, delivery: DeliveryRecord) -> dict[str, Any]:
         """One POST; returns ``status_code`` and/or ``error`` (never the receiver's body)."""
         try:
             target = await check_callback_url(
-                delivery["url"],
+                delivery.url,
                 allow_http=self.settings.webhook_allow_http,
                 allow_private=self.settings.webhook_allow_private,
                 resolver=self.resolver,
@@ -199,23 +200,23 @@ class WebhookDispatcher:
             return {"error": f"refused: {exc.message}", "final": True}
         except CallbackUnresolved:
             return {"error": "dns: the host did not resolve"}
-        secret = self.secret_for(delivery["token"])
+        secret = self.secret_for(delivery.token)
         if secret is None and self.settings.webhook_secret is not None:
             secret = self.settings.webhook_secret.get_secret_value()
         if not secret:
             return {"error": "refused: no webhook secret for this token", "final": True}
-        row = await self.store.get_run(delivery["run_id"])
-        if row is None:
+        run = await self.store.get_run(delivery.run_id)
+        if run is None:
             return {"error": "refused: the run is gone", "final": True}
-        found = await self.deliveries.for_runs([row["id"]])
-        body = run_model(row, found.get(row["id"], [])).model_dump_json().encode()
+        found = await self.deliveries.for_runs([run.id])
+        body = run_model(run, found.get(run.id, [])).model_dump_json().encode()
         headers = {
             "Content-Type": "application/json",
             "Host": target.host_header,
             "Relay-Signature": sign(secret, body),
-            "Relay-Run-Id": row["id"],
-            "Relay-Delivery-Id": delivery["id"],
-            "Relay-Delivery-Attempt": str(delivery["attempts"]),
+            "Relay-Run-Id": run.id,
+            "Relay-Delivery-Id": delivery.id,
+            "Relay-Delivery-Attempt": str(delivery.attempts),
         }
         extensions = {"sni_hostname": target.tls_hostname} if target.tls_hostname else {}
         try:
@@ -229,11 +230,11 @@ class WebhookDispatcher:
         return {"status_code": answer.status_code}
 
     async def _record(
-        self, delivery: dict[str, Any], attempt: dict[str, Any], *, retry_now: bool = False
+        self, delivery: DeliveryRecord, attempt: dict[str, Any], *, retry_now: bool = False
     ) -> None:
         final = bool(attempt.pop("final", False))
         status = attempt.get("status_code")
-        number = int(delivery["attempts"])
+        number = delivery.attempts
         now = time.time()
         if status is not None and 200 <= status < 300:
             state, next_at = "delivered", now
@@ -244,15 +245,15 @@ class WebhookDispatcher:
             next_at = now if retry_now else now + backoff_s(number, self.settings.webhook_backoff_s)
         attempt = {"attempt": number, **attempt}
         await self.deliveries.record(
-            delivery["id"], self.owner, attempt, state=state, next_attempt_at=next_at
+            delivery.id, self.owner, attempt, state=state, next_attempt_at=next_at
         )
         if self.on_attempt is not None:
             self.on_attempt("retrying" if state == "pending" else state)
         log.info(
             "webhook attempt",
             extra={
-                "run_id": delivery["run_id"],
-                "delivery_id": delivery["id"],
+                "run_id": delivery.run_id,
+                "delivery_id": delivery.id,
                 "attempt": number,
                 "status": status,
                 "error_code": attempt.get("error"),

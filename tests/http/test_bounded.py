@@ -153,16 +153,16 @@ async def test_output_sizes_are_kept_with_the_output_and_filled_in_by_the_migrat
         await store.update_run("run_sized", state="succeeded", stderr="x" * 10)
         await store.admit_run(run_row("run_quiet"))
         listed, _ = await store.list_runs("ops", state=None, job=None, limit=10, cursor=None)
-        sizes = {row["id"]: (row["stdout_bytes"], row["stderr_bytes"]) for row in listed}
+        sizes = {row.id: (row.stdout_bytes, row.stderr_bytes) for row in listed}
         assert sizes == {"run_sized": (3, 10), "run_quiet": (0, 0)}
-        assert all("stdout" not in row and "stderr" not in row for row in listed)
+        assert all(row.stdout == "" and row.stderr == "" for row in listed)  # not read
 
         def forget(conn: sa.Connection) -> None:  # as a relay before version 7 left them
             conn.execute(runs.update().values(stdout_bytes=None, stderr_bytes=None))
 
         await store.run(forget)
         listed, _ = await store.list_runs("ops", state=None, job=None, limit=10, cursor=None)
-        assert {row["id"]: row["stdout_bytes"] for row in listed}["run_sized"] == 3  # measured
+        assert {row.id: row.stdout_bytes for row in listed}["run_sized"] == 3  # measured
         await store.run(schema.MIGRATIONS[7])
         stored = await store.read(
             lambda conn: conn.execute(sa.select(runs.c.id, runs.c.stdout_bytes)).all()

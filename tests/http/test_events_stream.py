@@ -21,6 +21,7 @@ from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.store.database import Store
+from relay.store.records import RunRecord
 from tests.conftest import REPO, make_settings
 from tests.relay_server import RelayProcess
 from tests.rows import run_row
@@ -159,13 +160,13 @@ def test_another_tokens_run_is_not_found(relay: RelayProcess) -> None:
 
 
 def following(
-    live: LiveRuns, service: RunService, store: Store, row: dict[str, Any]
+    live: LiveRuns, service: RunService, run: RunRecord
 ) -> tuple[asyncio.Task[None], list[dict[str, Any]]]:
     """A task reading the run's event stream, and the lines it has read so far."""
     lines: list[dict[str, Any]] = []
 
     async def read() -> None:
-        async for chunk in follow_run(live, service, store, row):
+        async for chunk in follow_run(live, service, run):
             lines.append(json.loads(chunk))
 
     return asyncio.create_task(read()), lines
@@ -179,7 +180,7 @@ async def test_on_another_replica_the_stream_polls_the_store(tmp_path: Path) -> 
         row = run_row("run_elsewhere", job=None)
         await store.admit_run(row)
         live = LiveRuns(EventBus())
-        reader, lines = following(live, service, store, row)
+        reader, lines = following(live, service, row)
         await asyncio.sleep(0.2)
         assert lines == [{"event": "state", "state": "running"}]
         await store.update_run("run_elsewhere", state="failed", exit_code=3, stdout="x\n")
@@ -199,12 +200,21 @@ async def test_a_followed_run_the_reaper_marks_lost_ends_its_stream(tmp_path: Pa
         service = RunService(
             make_settings(tmp_path), store, Catalog.load(REPO / "jobs"), {}, events=events
         )
-        reaper = Reaper(store, {}, service, grace_s=30, single_replica=True)
+        reaper = Reaper(
+            store,
+            {},
+            service.settings,
+            holds=service.holds,
+            instance_id=service.instance_id,
+            events=events,
+            grace_s=30,
+            single_replica=True,
+        )
         live = LiveRuns(events)
         row = run_row("run_reaped", job=None, owner="a-relay-that-died")
         await store.admit_run(row)
         events.publish(RunEvent("run_reaped", "state", state="running"))
-        reader, lines = following(live, service, store, row)
+        reader, lines = following(live, service, row)
         await asyncio.sleep(0.2)
         assert lines == [{"event": "state", "state": "running"}]
         assert (await reaper.sweep()).lost_runs == ["run_reaped"]
@@ -229,17 +239,16 @@ async def test_a_stream_whose_end_never_reaches_its_buffer_closes_after_a_grace(
         row = run_row("run_missed", job=None)
         await store.admit_run(row)
         await store.update_run("run_missed", state="succeeded", ended_at=time.time())
-        held: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        service._tasks["run_missed"] = held  # type: ignore[assignment]  # held here, by no task
+        service.runner.hold("run_missed")  # held here
         events = EventBus()
         live_runs = LiveRuns(events)
-        reader, lines = following(live_runs, service, store, row)
+        reader, lines = following(live_runs, service, row)
         await asyncio.wait_for(reader, 3)
         assert [line["event"] for line in lines] == ["run"]
         assert lines[0]["run"]["state"] == "succeeded"
         live_runs.close()
     finally:
-        service._tasks.clear()
+        service.runner.release("run_missed")
         await store.close()
 
 

@@ -31,6 +31,7 @@ from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.store.database import ACTIVE, Store
+from relay.store.records import RunRecord
 from tests.conftest import make_settings
 from tests.relay_server import RelayProcess
 from tests.rows import run_row
@@ -171,7 +172,7 @@ def test_reaper_terminations_after_a_crash(tmp_path: Path) -> None:
         server.stop()
 
 
-def orphaned_run(run_id: str, **values: Any) -> dict[str, Any]:
+def orphaned_run(run_id: str, **values: Any) -> RunRecord:
     """A running run's row owned by a replica that died (it never wrote its end)."""
     now = time.time()
     return run_row(
@@ -211,7 +212,15 @@ async def test_a_run_its_owner_finished_meanwhile_is_not_counted_again(tmp_path:
         events = EventBus()
         service = RunService(settings, store, Catalog({}), {}, events=events)
         reaper = Reaper(
-            store, {}, service, grace_s=30, single_replica=False, beats_before_judging=0
+            store,
+            {},
+            service.settings,
+            holds=service.holds,
+            instance_id=service.instance_id,
+            events=service.events,
+            grace_s=30,
+            single_replica=False,
+            beats_before_judging=0,
         )
         metrics = Metrics()
         metrics.attach(service, reaper, events, ["local"])
@@ -219,7 +228,7 @@ async def test_a_run_its_owner_finished_meanwhile_is_not_counted_again(tmp_path:
         seen = await store.runs_in_states(ACTIVE)  # the sweep reads the run as running…
         await store.update_run("run_raced", state="succeeded")  # …then its owner ends it
 
-        async def as_read(states: Any, *, owner: str | None = None) -> list[dict[str, Any]]:
+        async def as_read(states: Any, *, owner: str | None = None) -> list[RunRecord]:
             return seen
 
         store.runs_in_states = as_read  # type: ignore[method-assign]
@@ -227,7 +236,7 @@ async def test_a_run_its_owner_finished_meanwhile_is_not_counted_again(tmp_path:
         assert report.lost_runs == ["run_raced"]  # the sweep did try to mark it
         samples = parse(metrics.render().decode())
         assert value(samples, "relay_runs_total", job="sleep", provider="local", state="lost") == 0
-        assert (await store.get_run("run_raced") or {})["state"] == "succeeded"
+        assert (await store.get_run("run_raced")).state == "succeeded"  # type: ignore[union-attr]
     finally:
         await store.close()
 
@@ -254,7 +263,16 @@ async def test_reaper_failures_are_exposed(tmp_path: Path) -> None:
     try:
         providers: dict[str, Any] = {"stuck": StuckProvider()}
         service = RunService(settings, store, Catalog({}), providers)
-        reaper = Reaper(store, providers, service, grace_s=30, single_replica=True)
+        reaper = Reaper(
+            store,
+            providers,
+            service.settings,
+            holds=service.holds,
+            instance_id=service.instance_id,
+            events=service.events,
+            grace_s=30,
+            single_replica=True,
+        )
         metrics = Metrics()
         metrics.attach(service, reaper, EventBus(), providers)
         await reaper.sweep()
@@ -270,8 +288,8 @@ async def test_reaper_failures_are_exposed(tmp_path: Path) -> None:
 
 def test_spend_and_webhooks_counters_and_separate_registries() -> None:
     first, second = Metrics(), Metrics()
-    row = {"job": "echo", "provider": "e2b", "state": "succeeded", "cost_usd": 0.25}
-    first.on_event(RunEvent("run_1", "finished", state="succeeded", row=row))
+    run = run_row("run_1", provider="e2b", state="succeeded", cost_usd=0.25)
+    first.on_event(RunEvent("run_1", "finished", state="succeeded", run=run))
     first.on_event(RunEvent("run_1", "state", state="running"))  # only final runs count
     first.webhook_delivered("delivered")
     first.webhook_delivered("failed")

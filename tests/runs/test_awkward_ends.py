@@ -38,8 +38,8 @@ async def test_a_cancel_before_the_run_takes_a_step_closes_it(
     backend, store, tmp = world
     relay = Relay(store, backend, tmp, {})
     run, _ = await relay.service.submit(PRINCIPAL, long_run(), None)
-    canceled = await relay.service.cancel(PRINCIPAL, run["id"])  # no await in between
-    assert canceled["state"] == "canceled"
+    canceled = await relay.service.cancel(PRINCIPAL, run.id)  # no await in between
+    assert canceled.state == "canceled"
     # Whether the task got as far as creating a sandbox or not, none is left running.
     assert all(box.ended_by == "run" for box in backend.world.boxes.values())
     assert relay.service.active_runs == 0
@@ -52,9 +52,9 @@ async def test_a_shutdown_before_the_run_takes_a_step_closes_it(
     relay = Relay(store, backend, tmp, {})  # drain_s=0: shutdown stops runs at once
     run, _ = await relay.service.submit(PRINCIPAL, long_run(), None)
     await relay.service.shutdown()  # no await in between: the run's task never stepped
-    closed = await store.get_run(run["id"])
+    closed = await store.get_run(run.id)
     assert closed is not None
-    assert (closed["state"], closed["error_code"]) == ("canceled", "shutting_down")
+    assert (closed.state, closed.error_code) == ("canceled", "shutting_down")
     assert backend.world.boxes == {}  # nothing was ever created
     assert relay.service.active_runs == 0
 
@@ -69,18 +69,18 @@ async def test_a_cancel_through_another_replica_during_create_ends_the_sandbox(
     other.service.events.subscribe(seen.append)
     run, _ = await owner.service.submit(PRINCIPAL, long_run(), None)
     await asyncio.sleep(0.05)  # the owner is inside the provider's create call
-    assert (await store.get_run(run["id"]))["state"] == "starting"  # type: ignore[index]
-    canceled = await other.service.cancel(PRINCIPAL, run["id"])
-    assert canceled["state"] == "canceled"
+    assert (await store.get_run(run.id)).state == "starting"  # type: ignore[index]
+    canceled = await other.service.cancel(PRINCIPAL, run.id)
+    assert canceled.state == "canceled"
     started = time.monotonic()
-    await owner.service.wait(run["id"], 10)
+    await owner.service.wait(run.id, 10)
     [box] = backend.world.boxes.values()
     # The owner finds the run final when it writes `running`, and ends the sandbox at
     # once instead of letting the 30 s job run out.
     assert not box.alive and box.ended_by == "run"
     assert time.monotonic() - started < 5
-    final = await store.get_run(run["id"])
-    assert final is not None and final["state"] == "canceled"
+    final = await store.get_run(run.id)
+    assert final is not None and final.state == "canceled"
     # The replica that canceled it tells its metrics, webhooks and streams.
     assert [(e.kind, e.state) for e in seen] == [("finished", "canceled")]
 
@@ -97,21 +97,21 @@ async def test_a_failed_final_write_answers_the_waiter_and_lands_once_the_store_
     monkeypatch.setattr(relay.store, "finish_run", store_down)
     request = RunRequest(command=["run", "0.01", "0"], timeout_s=0.2, wait=False)
     run, _ = await relay.service.submit(PRINCIPAL, request, None)
-    seen = await relay.service.wait(run["id"], 1.0)  # answers, does not hang
-    assert seen["state"] == "succeeded"  # the outcome, kept in memory meanwhile
-    assert relay.service.holds(run["id"])  # so the reaper leaves it alone
+    seen = await relay.service.wait(run.id, 1.0)  # answers, does not hang
+    assert seen.state == "succeeded"  # the outcome, kept in memory meanwhile
+    assert relay.service.holds(run.id)  # so the reaper leaves it alone
     relay.reaper.grace_s = 0
-    await asyncio.sleep(max(0.0, seen["deadline"] - time.time()) + 0.05)
+    await asyncio.sleep(max(0.0, seen.deadline - time.time()) + 0.05)
     report = await relay.reaper.sweep()
     assert report.lost_runs == []
     monkeypatch.undo()
     deadline = time.monotonic() + 10
-    final = await store.get_run(run["id"])
-    while (final is None or final["state"] != "succeeded") and time.monotonic() < deadline:
+    final = await store.get_run(run.id)
+    while (final is None or final.state != "succeeded") and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-        final = await store.get_run(run["id"])
-    assert final is not None and final["state"] == "succeeded"
-    assert not relay.service.holds(run["id"])
+        final = await store.get_run(run.id)
+    assert final is not None and final.state == "succeeded"
+    assert not relay.service.holds(run.id)
     assert not any(box.alive for box in backend.world.boxes.values())
 
 
@@ -124,14 +124,14 @@ async def test_running_is_stored_soon_and_a_quick_run_is_written_once_with_its_s
         PRINCIPAL, RunRequest(command=["run", "0.6", "0"], timeout_s=10, wait=False), None
     )
     await asyncio.sleep(0.3)  # well past the deferred write
-    stored = await store.get_run(slow["id"])
-    assert stored is not None and stored["state"] == "running" and stored["sandbox_id"]
+    stored = await store.get_run(slow.id)
+    assert stored is not None and stored.state == "running" and stored.sandbox_id
     quick, _ = await relay.service.submit(
         PRINCIPAL, RunRequest(command=["run", "0", "0"], timeout_s=10, wait=False), None
     )
-    done = await relay.service.wait(quick["id"], 5)
-    assert done["state"] == "succeeded"
-    final = await store.get_run(quick["id"])
-    assert final is not None and final["sandbox_id"] == done["sandbox_id"] is not None
-    assert final["started_at"] is not None and final["duration_ms"] is not None
-    assert (await relay.service.wait(slow["id"], 5))["state"] == "succeeded"
+    done = await relay.service.wait(quick.id, 5)
+    assert done.state == "succeeded"
+    final = await store.get_run(quick.id)
+    assert final is not None and final.sandbox_id == done.sandbox_id is not None
+    assert final.started_at is not None and final.duration_ms is not None
+    assert (await relay.service.wait(slow.id, 5)).state == "succeeded"

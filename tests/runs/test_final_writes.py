@@ -27,6 +27,7 @@ from relay.runs.models import RunRequest
 from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.store.database import WRITE_CHECK_EVERY_S, Store
+from relay.store.records import RunRecord
 from tests.conftest import REPO, make_settings
 
 PRINCIPAL = Principal(name="writer", command=True)
@@ -80,7 +81,16 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
         service = RunService(
             settings, store, Catalog.load(REPO / "jobs"), {"local": LocalProvider(settings)}
         )
-        reaper = Reaper(store, service.providers, service, grace_s=5, single_replica=True)
+        reaper = Reaper(
+            store,
+            service.providers,
+            service.settings,
+            holds=service.holds,
+            instance_id=service.instance_id,
+            events=service.events,
+            grace_s=5,
+            single_replica=True,
+        )
         assert store.commits is not None
         driver = store.commits._driver
         filler = folder / "filler"
@@ -111,31 +121,31 @@ async def test_a_final_write_the_store_refuses_lands_once_it_recovers(rig: Rig) 
         command=["sh", "-c", "sleep 0.6; echo kept; echo also >&2; exit 3"], wait=False
     )
     row, _ = await rig.service.submit(PRINCIPAL, request, None)
-    run_id = row["id"]
+    run_id = row.id
     await asyncio.sleep(0.3)  # running, its `running` state stored
     rig.refusal.start()
     await asyncio.sleep(1.2)  # the job has ended; its final write was refused
     stored = await rig.store.get_run(run_id)
-    assert stored is not None and stored["state"] == "running"
+    assert stored is not None and stored.state == "running"
     # This process still answers for the run: its own reaper leaves it alone, and a GET
     # here reads the outcome kept in memory.
     assert rig.service.holds(run_id)
     assert (await rig.reaper.sweep(dry_run=True)).lost_runs == []
     seen = await rig.service.get(PRINCIPAL, run_id)
-    assert seen["state"] == "failed" and seen["exit_code"] == 3
+    assert seen.state == "failed" and seen.exit_code == 3
     rig.refusal.stop()
     for _ in range(100):
         stored = await rig.store.get_run(run_id)
         assert stored is not None
-        if stored["state"] != "running":
+        if stored.state != "running":
             break
         await asyncio.sleep(0.1)
-    assert stored["state"] == "failed" and stored["exit_code"] == 3
-    assert stored["stdout"] == "kept\n" and stored["stderr"] == "also\n"
+    assert stored.state == "failed" and stored.exit_code == 3
+    assert stored.stdout == "kept\n" and stored.stderr == "also\n"
     assert not rig.service.holds(run_id)
     # Its concurrency slot (max_concurrent=1) is free again.
     again, new = await rig.service.submit(PRINCIPAL, RunRequest(command=["true"]), None)
-    assert new and (await rig.service.wait(again["id"], 10))["state"] == "succeeded"
+    assert new and (await rig.service.wait(again.id, 10)).state == "succeeded"
 
 
 async def test_a_run_owned_here_with_no_task_is_an_orphan_for_its_own_reaper(
@@ -146,9 +156,18 @@ async def test_a_run_owned_here_with_no_task_is_an_orphan_for_its_own_reaper(
     store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
     try:
         service = RunService(make_settings(tmp_path), store, Catalog.load(REPO / "jobs"), {})
-        reaper = Reaper(store, {}, service, grace_s=30, single_replica=False)
+        reaper = Reaper(
+            store,
+            {},
+            service.settings,
+            holds=service.holds,
+            instance_id=service.instance_id,
+            events=service.events,
+            grace_s=30,
+            single_replica=False,
+        )
         await store.heartbeat(service.instance_id)
-        row = {
+        row = RunRecord(**{
             "id": "run_unheld",
             "token": "writer",
             "provider": "local",
@@ -164,7 +183,7 @@ async def test_a_run_owned_here_with_no_task_is_an_orphan_for_its_own_reaper(
             "stdout": "",
             "stderr": "",
             "timings": "{}",
-        }
+        })  # fmt: skip
         await store.admit_run(row)
         assert (await reaper.sweep()).lost_runs == ["run_unheld"]
     finally:

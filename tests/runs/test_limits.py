@@ -77,7 +77,7 @@ async def test_runs_per_day_at_its_edge_and_after_midnight(rig: Rig) -> None:
     principal = token("daily", runs_per_day=3)
     for _ in range(3):
         run, _ = await rig.service.submit(principal, RunRequest(command=["true"]), None)
-        assert (await rig.service.wait(run["id"], 60))["state"] == "succeeded"
+        assert (await rig.service.wait(run.id, 60)).state == "succeeded"
     with pytest.raises(RateLimited) as refused:
         await rig.service.submit(principal, RunRequest(command=["true"]), None)
     assert refused.value.code == "rate_limited" and refused.value.status == 429
@@ -99,7 +99,7 @@ async def test_concurrent_requests_race_for_the_last_slots(rig: Rig) -> None:
     refused = [r for r in results if isinstance(r, RateLimited)]
     assert len(admitted) == 2 and len(refused) == 6
     assert all(r.retry_after is not None and r.retry_after > 1 for r in refused)
-    await rig.service.cancel(principal, admitted[0][0]["id"])
+    await rig.service.cancel(principal, admitted[0][0].id)
     await rig.service.submit(principal, sleeper(), None)  # a slot came free
 
 
@@ -116,7 +116,7 @@ async def test_idempotent_retry_is_not_refused_by_its_own_slot(rig: Rig) -> None
     principal = token("retry", max_concurrent=1)
     first, created = await rig.service.submit(principal, sleeper(), "key-1")
     again, created_again = await rig.service.submit(principal, sleeper(), "key-1")
-    assert created and not created_again and again["id"] == first["id"]
+    assert created and not created_again and again.id == first.id
 
 
 async def test_budget_reserves_the_worst_case_then_records_the_actual(rig: Rig) -> None:
@@ -124,19 +124,19 @@ async def test_budget_reserves_the_worst_case_then_records_the_actual(rig: Rig) 
     principal = token("spender", usd_per_day=0.025)
     first, _ = await rig.service.submit(principal, sleeper(30, timeout_s=1), None)
     second, _ = await rig.service.submit(principal, sleeper(30, timeout_s=1), None)
-    assert first["reserved_usd"] == pytest.approx(0.01)
+    assert first.reserved_usd == pytest.approx(0.01)
     with pytest.raises(BudgetExceeded) as refused:  # 0.01 + 0.01 + 0.01 > 0.025
         await rig.service.submit(principal, sleeper(30, timeout_s=1), None)
     assert refused.value.code == "budget_exceeded"
     assert "RateLimit-Reset" in refused.value.response_headers()
-    done = [await rig.service.wait(r["id"], 15) for r in (first, second)]
+    done = [await rig.service.wait(r.id, 15) for r in (first, second)]
     for run in done:
-        assert run["state"] == "timed_out"
-        assert run["cost_usd"] == pytest.approx(run["sandbox_s"] * 0.01, abs=1e-6)
-        assert 1.0 <= run["sandbox_s"] < 5
+        assert run.state == "timed_out"
+        assert run.cost_usd == pytest.approx(run.sandbox_s * 0.01, abs=1e-6)
+        assert 1.0 <= run.sandbox_s < 5
     today, month = await rig.service.usage(principal)
     assert today.runs == 2 and today.active == 0 and month.usd == today.usd
-    assert today.usd == pytest.approx(sum(r["cost_usd"] for r in done))
+    assert today.usd == pytest.approx(sum(r.cost_usd for r in done))
     assert today.usd < 0.025  # the actual cost replaced the reservation; there is room now
     await rig.service.submit(principal, RunRequest(command=["true"], timeout_s=0.1), None)
 
@@ -183,8 +183,8 @@ def test_http_refusal_headers_and_usage(tmp_path: Path) -> None:
 async def test_timeout_is_capped_by_token_job_and_relay(rig: Rig) -> None:
     async def timeout_of(principal: Principal, request: RunRequest) -> float:
         run, _ = await rig.service.submit(principal, request, None)
-        await rig.service.wait(run["id"], 30)  # one at a time: the rig caps runs in flight at 3
-        return float(run["timeout_s"])
+        await rig.service.wait(run.id, 30)  # one at a time: the rig caps runs in flight at 3
+        return float(run.timeout_s)
 
     capped = token("capped", max_timeout_s=2)
     assert await timeout_of(capped, RunRequest(command=["true"], timeout_s=2)) == 2

@@ -30,19 +30,19 @@ async def test_output_so_far_while_running_and_kept_on_cancel(tmp_path: Path) ->
             PRINCIPAL, RunRequest(command=["sh", "-c", script], wait=False), None
         )
         for _ in range(100):
-            seen = await service.get(PRINCIPAL, row["id"])
-            if seen["stdout_truncated"] and seen["state"] == "running":
+            seen = await service.get(PRINCIPAL, row.id)
+            if seen.stdout_truncated and seen.state == "running":
                 break
             await asyncio.sleep(0.05)
-        assert seen["state"] == "running"
-        assert seen["stdout"].startswith("before\nxxx") and len(seen["stdout"]) == 1024
-        assert seen["stdout_truncated"] and seen["stderr"] == "warn\n"
-        canceled = await service.cancel(PRINCIPAL, row["id"])
-        assert canceled["state"] == "canceled"
-        stored = await store.get_run(row["id"])
+        assert seen.state == "running"
+        assert seen.stdout.startswith("before\nxxx") and len(seen.stdout) == 1024
+        assert seen.stdout_truncated and seen.stderr == "warn\n"
+        canceled = await service.cancel(PRINCIPAL, row.id)
+        assert canceled.state == "canceled"
+        stored = await store.get_run(row.id)
         assert stored is not None
-        assert stored["stdout"] == seen["stdout"] and stored["stdout_truncated"]
-        assert stored["stderr"] == "warn\n"
+        assert stored.stdout == seen.stdout and stored.stdout_truncated
+        assert stored.stderr == "warn\n"
     finally:
         await service.shutdown()
         await store.close()

@@ -90,7 +90,7 @@ async def test_foreign_and_probe_sandboxes_live_until_past_the_longest_lifetime(
             service = RunService(settings, store, Catalog({}), {name: relay})
             clock = Clock()
             reaper = Reaper(
-                store, {name: relay}, service, grace_s=settings.grace_s, single_replica=True,
+                store, {name: relay}, service.settings, holds=service.holds, instance_id=service.instance_id, events=service.events, grace_s=settings.grace_s, single_replica=True,
                 clock=clock,
             )  # fmt: skip
             metrics = Metrics()
@@ -132,7 +132,16 @@ async def test_a_probe_during_sweeps_succeeds(tmp_path: Path) -> None:
     store = await Store.open(settings.database_url)
     try:
         service = RunService(settings, store, Catalog({}), {"local": provider})
-        reaper = Reaper(store, {"local": provider}, service, grace_s=30, single_replica=True)
+        reaper = Reaper(
+            store,
+            {"local": provider},
+            service.settings,
+            holds=service.holds,
+            instance_id=service.instance_id,
+            events=service.events,
+            grace_s=30,
+            single_replica=True,
+        )
         probing = asyncio.create_task(probe("local", LocalProvider(settings), settings))
         while not probing.done():
             await reaper.sweep()

@@ -130,7 +130,7 @@ async def test_a_read_inside_an_open_group_waits_for_its_commit_and_one_outside_
     writing = asyncio.ensure_future(store.update_run("run_read", state="succeeded"))
     await asyncio.sleep(0)  # the update ran inside an open group, not yet committed
     read = await store.get_run("run_read")
-    assert read is not None and read["state"] == "succeeded"
+    assert read is not None and read.state == "succeeded"
     assert writing.done()  # the read came back only after the group's commit
     assert await writing
 

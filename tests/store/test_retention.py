@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from relay.http.metrics import Metrics
 from relay.store import retention
 from relay.store.database import Store
+from relay.store.records import RunRecord
 from relay.store.schema import deliveries, runs, token_days
 from tests.relay_server import RelayProcess
 from tests.rows import run_row
@@ -36,7 +37,7 @@ async def store(database_url: str) -> AsyncIterator[Store]:
     await opened.close()
 
 
-def _final(run_id: str, **values: Any) -> dict[str, Any]:
+def _final(run_id: str, **values: Any) -> RunRecord:
     return run_row(run_id, state="succeeded", cost_usd=0.5, **values)
 
 

@@ -4,6 +4,7 @@ database, final states kept, versioned migrations that never lose a run."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from relay.errors import ConfigError
 from relay.store.connection import database_url
 from relay.store.database import SCHEMA_VERSION, DuplicateKey, Store
 from relay.store.limits import Admission, LimitReached
+from relay.store.records import RunRecord
 from relay.store.schema import ACTIVE, meta, metadata, runs, token_days
 
 
@@ -27,13 +29,13 @@ async def store(database_url: str) -> AsyncIterator[Store]:
     await opened.close()
 
 
-def row(run_id: str, key: str | None = None, **values: Any) -> dict[str, Any]:
+def row(run_id: str, key: str | None = None, **values: Any) -> RunRecord:
     now = time.time()
-    return {
+    return RunRecord(**{
         "id": run_id, "token": "t", "job": "echo", "provider": "local", "state": "queued",
         "idempotency_key": key, "request_hash": "h", "timeout_s": 5.0, "created_at": now,
         "deadline": now + 5, "owner": "me", "stdout": "", "stderr": "", "timings": "{}",
-    } | values  # fmt: skip
+    } | values)  # fmt: skip
 
 
 async def test_survives_reopen(database_url: str) -> None:
@@ -42,7 +44,7 @@ async def test_survives_reopen(database_url: str) -> None:
     await first.close()
     second = await Store.open(database_url)
     again = await second.get_run("run_a")
-    assert again is not None and again["state"] == "queued" and len(again["stdout"]) == 100_000
+    assert again is not None and again.state == "queued" and len(again.stdout) == 100_000
     assert await second.schema_version() == SCHEMA_VERSION
     await second.close()
 
@@ -84,7 +86,7 @@ async def test_a_final_state_is_never_overwritten(store: Store) -> None:
     await store.admit_run(row("run_f"))
     assert await store.update_run("run_f", state="succeeded")
     assert not await store.update_run("run_f", state="lost")
-    assert (await store.get_run("run_f"))["state"] == "succeeded"  # type: ignore[index]
+    assert (await store.get_run("run_f")).state == "succeeded"  # type: ignore[index]
 
 
 async def test_listing_pages_in_order(store: Store) -> None:
@@ -94,7 +96,7 @@ async def test_listing_pages_in_order(store: Store) -> None:
     cursor = None
     while True:
         page, cursor = await store.list_runs("t", state=None, job=None, limit=2, cursor=cursor)
-        seen += [r["id"] for r in page]
+        seen += [r.id for r in page]
         if cursor is None:
             break
     assert seen == ["run_4", "run_3", "run_2", "run_1", "run_0"]
@@ -133,7 +135,7 @@ async def test_upgrading_from_version_1_keeps_every_run(database_url: str) -> No
     def version_1(conn: sa.Connection) -> None:  # the schema as version 1 of the relay made it
         metadata.create_all(conn, tables=[runs, meta])
         conn.execute(meta.insert().values(key="schema_version", value="1"))
-        conn.execute(runs.insert().values(**row("run_old", state="succeeded")))
+        conn.execute(runs.insert().values(**row("run_old", state="succeeded").columns()))
 
     old = await Store.open(database_url, migrate=False)
     await old.run(version_1)
@@ -141,7 +143,7 @@ async def test_upgrading_from_version_1_keeps_every_run(database_url: str) -> No
     store = await Store.open(database_url)
     try:
         assert await store.schema_version() == SCHEMA_VERSION
-        assert (await store.get_run("run_old"))["state"] == "succeeded"  # type: ignore[index]
+        assert (await store.get_run("run_old")).state == "succeeded"  # type: ignore[index]
         await store.heartbeat("new-replica")
     finally:
         await store.close()
@@ -154,7 +156,9 @@ async def test_upgrading_from_version_4_adds_the_retry_hint_and_keeps_every_run(
         metadata.create_all(conn)
         conn.execute(sa.text("ALTER TABLE runs DROP COLUMN error_retry_after_s"))
         conn.execute(meta.insert().values(key="schema_version", value="4"))
-        conn.execute(runs.insert().values(**row("run_old", state="error", error_code="x")))
+        old = row("run_old", state="error", error_code="x").columns()
+        old.pop("error_retry_after_s", None)  # not a column yet
+        conn.execute(runs.insert().values(**old))
 
     def columns(conn: sa.Connection) -> set[str]:
         return {column["name"] for column in sa.inspect(conn).get_columns("runs")}
@@ -171,12 +175,12 @@ async def test_upgrading_from_version_4_adds_the_retry_hint_and_keeps_every_run(
         assert "error_retry_after_s" in await store.run(columns)
         kept = await store.get_run("run_old")
         assert kept is not None
-        assert (kept["error_code"], kept["error_retry_after_s"]) == ("x", None)
+        assert (kept.error_code, kept.error_retry_after_s) == ("x", None)
         await store.admit_run(row("run_new"))
         assert await store.finish_run(
             "run_new", {"state": "error", "error_retry_after_s": 7.0}, callback=False
         )
-        assert (await store.get_run("run_new"))["error_retry_after_s"] == 7.0  # type: ignore[index]
+        assert (await store.get_run("run_new")).error_retry_after_s == 7.0  # type: ignore[index]
     finally:
         await store.close()
 
@@ -198,25 +202,24 @@ async def test_columns_left_out_get_their_defaults_and_any_columns_can_be_set(
     # different columns.
     now = time.time()
     await store.admit_run(
-        {"id": "run_min", "token": "t", "provider": "local", "state": "starting",
-         "request_hash": "h", "timeout_s": 5.0, "created_at": now, "deadline": now + 5,
-         "owner": "me"}
+        RunRecord(id="run_min", token="t", provider="local", state="starting",
+         request_hash="h", timeout_s=5.0, created_at=now, deadline=now + 5, owner="me")
     )  # fmt: skip
     first = await store.get_run("run_min")
     assert first is not None
-    assert (first["stdout"], first["stdout_truncated"], first["cancel_requested"]) == (
+    assert (first.stdout, first.stdout_truncated, first.cancel_requested) == (
         "",
         False,
         False,
     )
-    assert (first["cost_usd"], first["reserved_usd"], first["timings"]) == (0.0, 0.0, "{}")
+    assert (first.cost_usd, first.reserved_usd, first.timings) == (0.0, 0.0, "{}")
     assert await store.update_run("run_min", state="running", sandbox_id="sb-1")
     assert await store.update_run("run_min", cancel_requested=True)
     assert not await store.finish_run("run_min", {"state": "succeeded"}, callback=False)
     assert await store.update_run("run_min", state="canceled", stderr_truncated=True)
     final = await store.get_run("run_min")
     assert final is not None
-    assert (final["state"], final["sandbox_id"], final["stderr_truncated"]) == (
+    assert (final.state, final.sandbox_id, final.stderr_truncated) == (
         "canceled",
         "sb-1",
         True,
@@ -250,9 +253,9 @@ async def test_the_wal_is_checkpointed_off_the_loop_and_truncated_at_close(
 async def test_a_column_that_does_not_exist_is_an_error_not_a_silent_no_op(store: Store) -> None:
     await store.admit_run(row("run_typo"))
     with pytest.raises(sa.exc.SQLAlchemyError):
-        await store.update_run("run_typo", state="running", sandbox_idd="sb-1")
+        await store.update_run("run_typo", state="running", sandbox_idd="sb-1")  # type: ignore[call-arg]
     again = await store.get_run("run_typo")
-    assert again is not None and again["state"] == "queued"  # the whole write rolled back
+    assert again is not None and again.state == "queued"  # the whole write rolled back
 
 
 def test_database_urls_of_every_documented_form_are_read_and_others_refused() -> None:
@@ -294,7 +297,7 @@ async def test_a_write_waits_for_another_processs_lock_without_holding_the_loop(
     other.execute("ROLLBACK")
     other.close()
     counting.cancel()
-    assert (await store.get_run("run_locked"))["state"] == "running"  # type: ignore[index]
+    assert (await store.get_run("run_locked")).state == "running"  # type: ignore[index]
     await store.close()
 
 
@@ -368,8 +371,9 @@ async def test_upgrading_from_version_5_counts_the_days_runs_there_are(database_
         for i in range(4):  # three of them ended at $0.1 each, one still running at $1
             state = "running" if i == 3 else "succeeded"
             values = row(f"run_{i}", token="ops", state=state, cost_usd=0.1, reserved_usd=1.0)
-            conn.execute(runs.insert().values(**values))
-        conn.execute(runs.insert().values(**row("run_old", token="ops", created_at=now - 86_400)))
+            conn.execute(runs.insert().values(**values.columns()))
+        old = row("run_old", token="ops", created_at=now - 86_400)
+        conn.execute(runs.insert().values(**old.columns()))
 
     old = await Store.open(database_url, migrate=False)
     try:
@@ -392,3 +396,16 @@ async def test_upgrading_from_version_5_counts_the_days_runs_there_are(database_
             )
     finally:
         await store.close()
+
+
+async def test_a_run_reads_back_as_the_record_it_was_admitted_as(store: Store) -> None:
+    admitted = row("run_typed", stdout="é\n", callback_url="https://x.test/", cost_usd=0.25)
+    await store.admit_run(admitted)
+    read = await store.get_run("run_typed")
+    assert read == dataclasses.replace(admitted, stdout_bytes=3, stderr_bytes=0)
+    assert await store.update_run("run_typed", state="succeeded", exit_code=0)
+    listed, _ = await store.list_runs("t", state=None, job=None, limit=5, cursor=None)
+    assert listed == [dataclasses.replace(read, state="succeeded", exit_code=0, stdout="")]
+    assert read.changed(state="lost") == dataclasses.replace(read, state="lost")
+    with pytest.raises(TypeError):  # a misspelt column is refused as the record is made
+        read.changed(sandbox_idd="sb")  # type: ignore[call-arg]

@@ -198,8 +198,8 @@ async def test_forbidden_address_is_refused_at_delivery(
         await deliver(tmp_path, store, allow_private=False, resolver=resolving_to(address))
         assert receiver.received == []
     (delivery,) = (await Deliveries(store).for_runs(["run_1"]))["run_1"]
-    assert delivery["state"] == "failed" and delivery["attempts"] == 1
-    assert '"error": "refused: callback_url resolves to' in delivery["attempt_log"]
+    assert delivery.state == "failed" and delivery.attempts == 1
+    assert '"error": "refused: callback_url resolves to' in delivery.attempt_log
 
 
 async def test_localhost_is_refused_at_delivery(tmp_path: Path, store: Store) -> None:
@@ -208,7 +208,7 @@ async def test_localhost_is_refused_at_delivery(tmp_path: Path, store: Store) ->
         await deliver(tmp_path, store, allow_private=False)  # the system's resolver
         assert receiver.received == []
     (delivery,) = (await Deliveries(store).for_runs(["run_1"]))["run_1"]
-    assert delivery["state"] == "failed" and "loopback" in delivery["attempt_log"]
+    assert delivery.state == "failed" and "loopback" in delivery.attempt_log
 
 
 async def test_the_same_delivery_goes_through_when_private_is_allowed(
@@ -221,7 +221,7 @@ async def test_the_same_delivery_goes_through_when_private_is_allowed(
         (received,) = receiver.received
     assert received.headers["Host"] == f"localhost:{receiver.port}"
     (delivery,) = (await Deliveries(store).for_runs(["run_1"]))["run_1"]
-    assert delivery["state"] == "delivered"
+    assert delivery.state == "delivered"
 
 
 async def test_a_name_that_turns_private_after_submit_is_refused(
@@ -302,7 +302,7 @@ async def test_https_to_the_pinned_address_still_checks_the_urls_name(
         assert len(receiver.received) == (1 if delivered else 0)
     (delivery,) = (await Deliveries(store).for_runs(["run_1"]))["run_1"]
     if delivered:
-        assert delivery["state"] == "delivered"
+        assert delivery.state == "delivered"
         assert receiver.received[0].headers["Host"] == f"hooks.test:{receiver.port}"
     else:
-        assert delivery["state"] == "pending" and '"error": "connection' in delivery["attempt_log"]
+        assert delivery.state == "pending" and '"error": "connection' in delivery.attempt_log

@@ -18,6 +18,7 @@ from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.store.database import Store
 from relay.store.deliveries import Deliveries
+from relay.store.records import DeliveryRecord
 from relay.webhooks.dispatcher import WebhookDispatcher
 from tests.conftest import REPO, make_settings
 from tests.postgres import postgres_url
@@ -52,7 +53,7 @@ async def running_run(store: Store, url: str | None, **values: Any) -> str:
     return run_id
 
 
-async def deliveries_of(store: Store, run_id: str) -> list[dict[str, Any]]:
+async def deliveries_of(store: Store, run_id: str) -> list[DeliveryRecord]:
     return (await Deliveries(store).for_runs([run_id])).get(run_id, [])
 
 
@@ -72,20 +73,29 @@ async def test_the_final_write_creates_one_durable_delivery(store: Store, store_
         assert await deliveries_of(reopened, silent) == []
     finally:
         await reopened.close()
-    assert delivery["state"] == "pending" and delivery["attempts"] == 0
-    assert delivery["url"] == "https://hooks.example.com/h" and delivery["token"] == "hooks"
-    assert delivery["next_attempt_at"] <= time.time()
+    assert delivery.state == "pending" and delivery.attempts == 0
+    assert delivery.url == "https://hooks.example.com/h" and delivery.token == "hooks"
+    assert delivery.next_attempt_at <= time.time()
 
 
 async def test_runs_the_reaper_marks_lost_get_a_delivery(tmp_path: Path, store: Store) -> None:
     settings = make_settings(tmp_path)
     service = RunService(settings, store, Catalog.load(REPO / "jobs"), {})
     run_id = await running_run(store, "https://hooks.example.com/h")
-    reaper = Reaper(store, {}, service, grace_s=5, single_replica=True)
+    reaper = Reaper(
+        store,
+        {},
+        service.settings,
+        holds=service.holds,
+        instance_id=service.instance_id,
+        events=service.events,
+        grace_s=5,
+        single_replica=True,
+    )
     report = await reaper.sweep()
     assert run_id in report.lost_runs
     (delivery,) = await deliveries_of(store, run_id)
-    assert delivery["state"] == "pending"
+    assert delivery.state == "pending"
 
 
 async def test_a_run_canceled_from_another_replica_gets_a_delivery(
@@ -95,7 +105,7 @@ async def test_a_run_canceled_from_another_replica_gets_a_delivery(
     service = RunService(settings, store, Catalog.load(REPO / "jobs"), {})
     run_id = await running_run(store, "https://hooks.example.com/h")
     canceled = await service.cancel(Principal(name="hooks"), run_id)
-    assert canceled["state"] == "canceled"
+    assert canceled.state == "canceled"
     assert len(await deliveries_of(store, run_id)) == 1
 
 
@@ -108,19 +118,19 @@ async def test_of_many_claims_exactly_one_wins(store: Store, store_url: str) -> 
         now = time.time()
         claims = await asyncio.gather(
             *(
-                Deliveries(either).claim(delivery["id"], f"replica-{i}", now, 30)
+                Deliveries(either).claim(delivery.id, f"replica-{i}", now, 30)
                 for i, either in enumerate([store, other] * 5)
             )
         )
     finally:
         await other.close()
     winners = [claim for claim in claims if claim is not None]
-    assert len(winners) == 1 and winners[0]["attempts"] == 1
+    assert len(winners) == 1 and winners[0].attempts == 1
     # Held: not due for anyone until the lease ends or the holder records the attempt.
-    assert delivery["id"] not in await Deliveries(store).due(time.time(), 10)
-    assert delivery["id"] in await Deliveries(store).due(time.time() + 31, 10)
+    assert delivery.id not in await Deliveries(store).due(time.time(), 10)
+    assert delivery.id in await Deliveries(store).due(time.time() + 31, 10)
     assert not await Deliveries(store).record(
-        delivery["id"], "not-the-holder", {"attempt": 1}, state="delivered", next_attempt_at=0
+        delivery.id, "not-the-holder", {"attempt": 1}, state="delivered", next_attempt_at=0
     )
 
 
@@ -147,7 +157,7 @@ async def test_two_replicas_never_send_the_same_delivery(tmp_path: Path, store_u
             for run_id in run_ids:
                 assert len(receiver.for_run(run_id)) == 1, run_id
                 (delivery,) = await deliveries_of(stores[1], run_id)
-                assert delivery["state"] == "delivered" and delivery["attempts"] == 1
+                assert delivery.state == "delivered" and delivery.attempts == 1
     finally:
         for one in stores:
             await one.close()
@@ -172,7 +182,7 @@ async def test_a_receiver_too_slow_to_answer_is_a_timeout_retried_later(
         await dispatcher.drain()
         await dispatcher.aclose()
     (delivery,) = await deliveries_of(store, run_id)
-    assert delivery["state"] == "pending" and delivery["attempts"] == 1
-    assert '"error": "timeout"' in delivery["attempt_log"]
-    assert 30 <= delivery["next_attempt_at"] - time.time() <= 60  # backoff with jitter
-    assert delivery["lease_owner"] is None
+    assert delivery.state == "pending" and delivery.attempts == 1
+    assert '"error": "timeout"' in delivery.attempt_log
+    assert 30 <= delivery.next_attempt_at - time.time() <= 60  # backoff with jitter
+    assert delivery.lease_owner is None

@@ -1,0 +1,215 @@
+"""The steps of one run: create its sandbox, record it running, run the job, measure it.
+
+create the sandbox (leaving its context always terminates it) → record it running (a
+moment later, see :data:`RUNNING_WRITE_DELAY_S`) → upload the files and run the command
+within what is left of the timeout → what it cost. Writing the final state, and keeping
+the runs in flight, is the :class:`~relay.runs.runner.Runner`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from relay.errors import ProviderTimeout, RelayError
+from relay.providers.base import OutputSink, Provider, Sandbox
+from relay.runs.costs import CostModel
+from relay.runs.event_bus import EventBus, RunEvent
+from relay.runs.models import RunState
+from relay.runs.planning import Plan
+from relay.settings import Settings
+from relay.store.records import RunRecord, RunValues
+
+log = logging.getLogger("relay.service")
+
+RUNNING_WRITE_DELAY_S = 0.05
+"""A run's `running` state is stored this long after its sandbox exists: a run that ends
+sooner (a quick job) is written once, final, with its sandbox id. Events (metrics, live
+streams) see `running` at once; a GET may read `starting` for this long."""
+
+
+class RunTask:
+    """One run's steps; :attr:`run` is the run as this task has written it so far."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        run: RunRecord,
+        *,
+        settings: Settings,
+        providers: Mapping[str, Provider],
+        events: EventBus,
+        costs: CostModel,
+        record_running: Callable[[str, RunValues], None],
+    ) -> None:
+        self.plan = plan
+        self.run = run
+        self.settings = settings
+        self.providers = providers
+        self.events = events
+        self.costs = costs
+        self.record_running = record_running
+        """Stores the `running` state (the runner, which keeps track of the write)."""
+        self.sink = OutputSink(
+            settings.max_output_bytes,
+            lambda stream, data: events.publish(
+                RunEvent(run.id, "output", stream=stream, data=data)
+            ),
+        )
+        self.watch = _Stopwatch()
+
+    async def steps(self) -> RunValues:
+        """Run the job in a sandbox, always terminated; the state it ended in. A failure
+        becomes an ``error`` state; a cancellation is raised."""
+        final: RunValues = {}
+        try:
+            self.events.publish(RunEvent(self.run.id, "state", state=RunState.starting.value))
+            async with contextlib.AsyncExitStack() as stack:
+                sandbox = await self._open_sandbox(stack)
+                self._mark_running(stack, sandbox.id)
+                assert self.run.started_at is not None
+                final = await self._exec(sandbox, self.run.started_at)
+                terminate_started = time.monotonic()
+            self.watch.timings["terminate_ms"] = _ms_since(terminate_started)
+        except Exception as exc:
+            final = failure(self.run.id, self.plan, final, exc)
+        return final
+
+    async def _open_sandbox(self, stack: contextlib.AsyncExitStack) -> Sandbox:
+        """Create the sandbox inside ``stack`` (leaving it terminates the sandbox)."""
+        plan, watch = self.plan, self.watch
+        provider = self.providers[plan.provider]
+        watch.sandbox_started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.settings.create_timeout_s + 5):
+                sandbox = await stack.enter_async_context(provider.sandbox(plan.spec))
+        except TimeoutError as exc:
+            raise ProviderTimeout("the provider did not create the sandbox in time") from exc
+        watch.timings["create_ms"] = _ms_since(watch.started)
+        return sandbox
+
+    def _mark_running(self, stack: contextlib.AsyncExitStack, sandbox_id: str) -> None:
+        """The sandbox exists: the run is running, and its deadline starts now."""
+        run, started_at = self.run, time.time()
+        running: RunValues = {
+            "state": RunState.running.value,
+            "sandbox_id": sandbox_id,
+            "started_at": started_at,
+            "deadline": started_at + self.plan.timeout_s,
+        }
+        self.events.publish(RunEvent(run.id, "state", state=RunState.running.value))
+        # Stored a moment later, unless the run has ended by then: its final write then
+        # carries the sandbox id, one transaction instead of two.
+        record = asyncio.get_running_loop().call_later(
+            RUNNING_WRITE_DELAY_S, self.record_running, run.id, running
+        )
+        stack.callback(record.cancel)
+        self.run = run.changed(**running)
+
+    async def _exec(self, sandbox: Sandbox, started_at: float) -> RunValues:
+        """Upload the job's files and run its command for what is left of its timeout;
+        the state it ended in (``timed_out`` when the deadline passed)."""
+        plan, watch = self.plan, self.watch
+        if plan.files:
+            await sandbox.upload(plan.files)
+        watch.exec_started = time.monotonic()
+        remaining = max(0.0, plan.timeout_s - (time.time() - started_at))
+        deadline = asyncio.timeout(remaining)
+        result = None
+        try:
+            async with deadline:
+                result = await sandbox.exec(
+                    plan.argv,
+                    stdin=plan.stdin,
+                    env=plan.env,
+                    workdir=plan.workdir,
+                    timeout_s=remaining,
+                    output=self.sink,
+                )
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+        watch.timings["exec_ms"] = _ms_since(watch.exec_started)
+        if result is None:
+            return {"state": RunState.timed_out.value}
+        if result.memory_limit_mb is not None:
+            return {
+                "state": RunState.failed.value,
+                "exit_code": result.exit_code,
+                "error_code": "out_of_memory",
+                "error_message": (
+                    f"the job exceeded its memory limit ({result.memory_limit_mb} MiB) "
+                    "and was killed"
+                ),
+            }
+        state = RunState.succeeded if result.exit_code == 0 else RunState.failed
+        return {"state": state.value, "exit_code": result.exit_code}
+
+    def measured(self, final: RunValues) -> RunValues:
+        """``final`` with what the run cost, and ``watch``'s timings completed."""
+        plan, sink, watch = self.plan, self.sink, self.watch
+        if watch.exec_started is not None and "exec_ms" not in watch.timings:
+            watch.timings["exec_ms"] = _ms_since(watch.exec_started)
+        if sink.first_output_at is not None:
+            watch.timings["first_output_ms"] = int((sink.first_output_at - watch.started) * 1000)
+        if watch.sandbox_started is None:
+            return final
+        # Billed from the create call to the end of terminate: what the provider saw.
+        seconds = round(time.monotonic() - watch.sandbox_started, 3)
+        resources = plan.spec.resources
+        cost = self.costs.cost(plan.provider, resources.cpu, resources.memory_mb, seconds)
+        return {**final, "sandbox_s": seconds, "cost_usd": cost}
+
+
+@dataclass
+class _Stopwatch:
+    """When a run's steps began (monotonic seconds), and the timings it reports."""
+
+    started: float = field(default_factory=time.monotonic)
+    sandbox_started: float | None = None  # the create call: billing starts here
+    exec_started: float | None = None
+    timings: dict[str, int] = field(default_factory=dict)
+
+
+def failure(run_id: str, plan: Plan, final: RunValues, exc: Exception) -> RunValues:
+    """The final state after ``exc`` ended the run's task."""
+    if isinstance(exc, RelayError):
+        if final:  # the job ended; only terminating failed: the reaper retries it
+            log.error(
+                "terminate failed",
+                extra={"run_id": run_id, "provider": plan.provider, "error_code": exc.code},
+            )
+            return final
+        return {
+            "state": RunState.error.value,
+            "error_code": exc.code,
+            "error_message": exc.message,
+            "error_retry_after_s": exc.retry_after,
+        }
+    log.error(
+        "run failed inside the relay",
+        extra={"run_id": run_id, "error_class": type(exc).__name__},
+    )
+    return {
+        "state": RunState.error.value,
+        "error_code": "internal",
+        "error_message": "the relay failed while running this job",
+    }
+
+
+def canceled(reason: str) -> RunValues:
+    final: RunValues = {"state": RunState.canceled.value}
+    if reason == "shutdown":
+        final |= {
+            "error_code": "shutting_down",
+            "error_message": "the relay shut down before the run ended",
+        }
+    return final
+
+
+def _ms_since(start: float) -> int:
+    return int((time.monotonic() - start) * 1000)

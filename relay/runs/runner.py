@@ -1,0 +1,296 @@
+"""The runs in flight: each admitted run in a task of its own, and its final write.
+
+The :class:`Runner` starts a run's task (its steps: relay/runs/run_task.py), writes its
+final state once, retrying while the store refuses, and keeps what this process knows of
+its runs in flight: which it holds (the reaper leaves those alone), their output so far,
+final states the store has not taken yet. The public side (submit, get, wait, cancel) is
+relay/runs/service.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+
+from relay.providers.base import OutputSink, Provider, shielded
+from relay.runs.costs import CostModel
+from relay.runs.event_bus import EventBus, RunEvent
+from relay.runs.models import RunState
+from relay.runs.planning import Plan
+from relay.runs.run_task import RunTask, canceled
+from relay.settings import Settings
+from relay.store.database import Store
+from relay.store.records import RunRecord, RunValues
+
+log = logging.getLogger("relay.service")
+
+FINAL_WRITE_RETRY_S = (0.1, 5.0)
+"""A final write the store refused is tried again after the first figure, doubling up to
+the second, until it lands (the outcome waits in memory meanwhile)."""
+
+
+class _Done(asyncio.Event):
+    """Set when a run is final; carries the final record so a waiter needn't read it again."""
+
+    run: RunRecord | None = None
+
+
+class Runner:
+    """Runs admitted runs, and answers for them until their final state is stored."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        providers: Mapping[str, Provider],
+        events: EventBus,
+        costs: CostModel,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.providers = providers
+        self.events = events
+        self.costs = costs
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._done: dict[str, _Done] = {}
+        self._cancel_reason: dict[str, str] = {}
+        self._writes: set[asyncio.Task[None]] = set()  # deferred `running` writes in flight
+        # Runs this process answers for: from admission until their final state is stored
+        # (or given up at shutdown). The reaper leaves them alone; any other active run
+        # owned by this process is an orphan (its task died without a final write).
+        self._held: set[str] = set()
+        # Final records the store has refused so far, kept until a retry lands.
+        self._unwritten: dict[str, RunRecord] = {}
+        self._output: dict[str, OutputSink] = {}  # running runs' output so far, for a GET
+        self._closing = asyncio.Event()  # set at shutdown: final writes stop retrying
+
+    # -- what the service asks ---------------------------------------------------------
+
+    def hold(self, run_id: str) -> None:
+        """Answer for ``run_id`` from now on (before its row exists: a sweep meanwhile
+        must not call it orphaned)."""
+        self._held.add(run_id)
+
+    def release(self, run_id: str) -> None:
+        """Answer no more for a run that was not admitted after all."""
+        self._held.discard(run_id)
+
+    def holds(self, run_id: str) -> bool:
+        return run_id in self._held
+
+    def start(self, plan: Plan, run: RunRecord) -> None:
+        """Run ``plan`` for the admitted ``run`` in a task of its own."""
+        self._done[run.id] = _Done()
+        self._tasks[run.id] = asyncio.create_task(self._execute(plan, run), name=run.id)
+
+    def running(self, run_id: str) -> bool:
+        """Whether a task of this process runs ``run_id``."""
+        return run_id in self._tasks
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The tasks of the runs running here."""
+        return list(self._tasks.values())
+
+    def unwritten(self, run_id: str) -> RunRecord | None:
+        """The run finished here whose final state the store has not taken yet."""
+        return self._unwritten.get(run_id)
+
+    def output(self, run_id: str) -> OutputSink | None:
+        """A running run's output so far."""
+        return self._output.get(run_id)
+
+    async def finished(self, run_id: str, timeout_s: float) -> RunRecord | None:
+        """The run once final, if it runs here and ends within ``timeout_s``."""
+        event = self._done.get(run_id)
+        if event is None:
+            return None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+        return event.run
+
+    def stop(self, run_id: str, reason: str) -> None:
+        """Cancel the run's task; ``reason`` (canceled, shutdown, elsewhere) says why."""
+        if run_id not in self._cancel_reason:
+            self._cancel_reason[run_id] = reason
+            self._tasks[run_id].cancel()
+
+    async def closed(self, run_ids: set[str]) -> None:
+        """Wait (up to the create timeout) for stopped runs to be written final."""
+        tasks = {self._tasks[run_id] for run_id in run_ids if run_id in self._tasks}
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.settings.create_timeout_s)
+        for run_id in run_ids:
+            task = self._tasks.get(run_id)
+            if task is not None and task.done():
+                # Cancelled before its first step: its body, and the finally that writes
+                # the final state, never ran; no sandbox was made.
+                reason = self._cancel_reason.get(run_id, "shutdown")
+                run = await self.store.get_run(run_id)
+                if run is not None:
+                    sink = OutputSink(self.settings.max_output_bytes)
+                    await shielded(self._finish(run, canceled(reason), sink, {}))
+
+    async def shutdown(self, drain_s: float) -> None:
+        """Let runs finish within ``drain_s``, then cancel the rest and record it."""
+        tasks = set(self._tasks.values())
+        if tasks and drain_s > 0:
+            await asyncio.wait(tasks, timeout=drain_s)
+        for run_id in list(self._tasks):
+            self.stop(run_id, "shutdown")
+        # Final writes the store refuses get one more try each, then are given up: the
+        # next process's reaper records those runs lost.
+        self._closing.set()
+        await self.closed(set(self._tasks))
+        if self._writes:
+            await asyncio.wait(set(self._writes), timeout=self.settings.create_timeout_s)
+
+    # -- the run -----------------------------------------------------------------------
+
+    async def _execute(self, plan: Plan, run: RunRecord) -> None:
+        """Run the plan for ``run`` (the run as admitted), then write its final state."""
+        task = RunTask(
+            plan,
+            run,
+            settings=self.settings,
+            providers=self.providers,
+            events=self.events,
+            costs=self.costs,
+            record_running=self._record_running,
+        )
+        self._output[run.id] = task.sink
+        final: RunValues = {}
+        try:
+            final = await task.steps()
+        except asyncio.CancelledError:
+            final = canceled(self._cancel_reason.get(run.id, "shutdown"))
+            raise
+        finally:
+            final = task.measured(final)
+            await shielded(self._finish(task.run, final, task.sink, task.watch.timings))
+
+    def _record_running(self, run_id: str, values: RunValues) -> None:
+        task = asyncio.create_task(self._write_running(run_id, values))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write_running(self, run_id: str, values: RunValues) -> None:
+        try:
+            written = await self.store.update_run(run_id, **values)
+        except Exception as exc:  # the final write will carry the same values
+            log.warning(
+                "recording a running run failed",
+                extra={"run_id": run_id, "error_class": type(exc).__name__},
+            )
+            return
+        if not written and run_id in self._tasks:
+            # Made final elsewhere while its sandbox was being created (a DELETE through
+            # another replica, which had no sandbox id to terminate): end the sandbox now.
+            log.info("run ended elsewhere; ending its sandbox", extra={"run_id": run_id})
+            self.stop(run_id, "elsewhere")
+
+    async def _finish(
+        self, run: RunRecord, final: RunValues, sink: OutputSink, timings: dict[str, int]
+    ) -> None:
+        """Write the final state once. ``run`` is the run as this task wrote it: if nobody
+        else touched it (the usual case) one conditional UPDATE does, and nothing is read."""
+        run_id, now, started = run.id, time.time(), run.started_at
+        values: RunValues = {
+            **final,
+            # Written here too in case the deferred `running` write never happened.
+            "sandbox_id": run.sandbox_id,
+            "started_at": started,
+            "stdout": sink.text("stdout"),
+            "stderr": sink.text("stderr"),
+            "stdout_truncated": sink.truncated("stdout"),
+            "stderr_truncated": sink.truncated("stderr"),
+            "ended_at": now,
+            "duration_ms": int((now - started) * 1000) if started else None,
+            "timings": json.dumps(timings),
+        }
+        finished = await self._write_final(run, values)
+        self._output.pop(run_id, None)
+        self._tasks.pop(run_id, None)
+        self._cancel_reason.pop(run_id, None)
+        self._held.discard(run_id)
+        event = self._done.pop(run_id, None)
+        if event is not None:  # a waiter with no record reads the store instead
+            event.run = finished
+            event.set()
+        if finished is not None:
+            self.events.publish(RunEvent(run_id, "finished", state=finished.state, run=finished))
+            log.info("run finished", extra={"run_id": run_id, "state": finished.state})
+
+    async def _write_final(self, run: RunRecord, values: RunValues) -> RunRecord | None:
+        """Store the final ``values``, trying again with backoff while the store refuses
+        (a full disk, a database restarting): the run is finished, its outcome must not
+        be lost. Meanwhile the outcome is kept in memory (a GET here reads it) and the run
+        stays held, so the reaper leaves it alone. Only a shutdown gives up (then the
+        reaper of the next process records the run ``lost``); None then."""
+        run_id = run.id
+        delay, longest = FINAL_WRITE_RETRY_S
+        while True:
+            try:
+                callback = run.callback_url is not None
+                if await self.store.finish_run(run_id, values, callback=callback):
+                    finished: RunRecord | None = run.changed(**values)
+                else:
+                    finished = await self._finish_contended(run_id, values)
+            except Exception as exc:
+                if self._closing.is_set():
+                    log.error(
+                        "writing the final state failed; shutting down, so giving up",
+                        extra={"run_id": run_id, "error_class": type(exc).__name__},
+                    )
+                    finished = None
+                    break
+                self._unwritten[run_id] = run.changed(**values)
+                log.warning(
+                    "writing the final state failed; trying again",
+                    extra={
+                        "run_id": run_id,
+                        "error_class": type(exc).__name__,
+                        "retry_in_s": delay,
+                    },
+                )
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._closing.wait()  # at shutdown: one last try at once
+                delay = min(delay * 2, longest)
+                continue
+            if run_id in self._unwritten:
+                del self._unwritten[run_id]
+                log.info("final state written after retrying", extra={"run_id": run_id})
+            break
+        self._unwritten.pop(run_id, None)
+        return finished
+
+    async def _finish_contended(self, run_id: str, values: RunValues) -> RunRecord | None:
+        """The run was made final elsewhere (then it stays as it is), or canceled through
+        another replica, which terminated the sandbox under us: then it reads canceled,
+        unless the job had succeeded anyway."""
+        run = await self.store.get_run(run_id)
+        if run is None or RunState(run.state).final:
+            return run
+        if values.get("state") != RunState.succeeded.value:
+            kept: RunValues = {"state": RunState.canceled.value}
+            for key in _KEPT_WHEN_CANCELED:
+                if key in values:
+                    kept[key] = values[key]  # type: ignore[literal-required]
+            values = kept
+        if await self.store.update_run(run_id, **values):
+            return run.changed(**values)
+        return await self.store.get_run(run_id)
+
+
+_KEPT_WHEN_CANCELED = (
+    *("sandbox_id", "started_at", "sandbox_s", "cost_usd"),
+    *("ended_at", "duration_ms", "timings"),
+    # Everything printed until the cancel stays with the run.
+    *("stdout", "stderr", "stdout_truncated", "stderr_truncated"),
+)
+"""What a run canceled through another replica keeps of what its task measured."""
