@@ -41,6 +41,7 @@ from relay.providers.base import ExecResult, SandboxSpec
 from relay.runs.models import RunRequest
 from relay.settings import Settings
 from relay.store.database import Store
+from relay.store.records import RunRecord
 from tests.chaos import PRINCIPAL, MemoryBackend, Relay, _final_rows
 from tests.fakes.memory import MemoryProvider
 
@@ -223,7 +224,7 @@ async def play(seed: int, tmp: Path, steps: int = 30) -> Counts:
 def _count(
     counts: Counts,
     backend: RecordingBackend,
-    rows: Mapping[str, dict[str, Any]],
+    rows: Mapping[str, RunRecord],
     owner: Mapping[str, int],
     crashed_at: Mapping[int, float],
     foreign: set[str],
@@ -235,12 +236,12 @@ def _count(
             continue  # a crash may lose a finished run: the reaper records it lost
         counts.finished += 1
         row = rows.get(run_id)
-        if row is None or "done\n" not in (row["stdout"] or ""):
+        if row is None or "done\n" not in (row.stdout or ""):
             counts.output_lost.append(run_id)
-        elif row["exit_code"] != code:
+        elif row.exit_code != code:
             # A DELETE that landed between the job's end and its final write: the run reads
             # canceled, its output kept, its exit code not recorded. Counted apart.
-            if row["state"] == "canceled" and row["cancel_requested"]:
+            if row.state == "canceled" and row.cancel_requested:
                 counts.canceled_at_end.append(run_id)
             else:
                 counts.output_lost.append(run_id)
@@ -253,9 +254,9 @@ def _count(
             continue
         row = rows.get(box.run_id)
         relay_alive = box.run_id in owner and crashed_at[owner[box.run_id]] > box.ended_at
-        if row is None or not relay_alive or box.ended_at >= row["deadline"] + grace:
+        if row is None or not relay_alive or box.ended_at >= row.deadline + grace:
             continue
-        if row["ended_at"] is None or box.ended_at < row["ended_at"]:
+        if row.ended_at is None or box.ended_at < row.ended_at:
             counts.healthy_terminated.append(box.id)
     return counts
 
