@@ -68,6 +68,7 @@ class CrashableProvider:
     def __init__(self, inner: Provider) -> None:
         self.inner = inner
         self.name: ClassVar[str]  # type: ignore[misc]
+        self.rate = inner.rate
         self.dead = False
 
     def crash(self) -> None:

@@ -68,6 +68,7 @@ from relay.providers.base import (
     TAG_RUN,
     ExecResult,
     OutputSink,
+    Rate,
     SandboxRef,
     SandboxSpec,
     shielded,
@@ -620,6 +621,7 @@ class LocalProvider:
     """Sandboxes as bubblewrap jails (or plain process groups) on this machine."""
 
     name: ClassVar[str] = "local"
+    rate: ClassVar[Rate] = Rate(0.0, 0.0)  # the operator's own machine
 
     def __init__(self, settings: Settings) -> None:
         self.cluster = settings.cluster
