@@ -759,8 +759,11 @@ class LocalProvider:
         try:
             self._create(box)
             yield box
-        finally:
-            await shielded(self.terminate(sandbox_id))
+        except BaseException:
+            with contextlib.suppress(ProviderError):  # logged; the run's error is the one
+                await shielded(self.terminate(sandbox_id))
+            raise
+        await shielded(self.terminate(sandbox_id))
 
     def _create(self, box: LocalSandbox) -> None:
         """The sandbox's folder (tags, held lock), then its cgroup."""
