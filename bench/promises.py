@@ -38,12 +38,12 @@ from sqlalchemy.exc import OperationalError
 
 from relay.errors import RelayError
 from relay.providers.base import ExecResult, SandboxSpec
+from relay.providers.memory import API_KEY, MemoryFaults, MemoryProvider, MemoryWorld
 from relay.runs.models import RunRequest
 from relay.settings import Settings
 from relay.store.database import Store
 from relay.store.records import RunRecord
-from tests.chaos import PRINCIPAL, MemoryBackend, Relay, _final_rows
-from tests.fakes.memory import MemoryProvider
+from tests.chaos import PRINCIPAL, CrashableProvider, MemoryBackend, Relay, _final_rows
 
 WRITES = ("admit_run", "update_run", "finish_run", "heartbeat")
 
@@ -88,8 +88,8 @@ class Ledger:
 class RecordingProvider(MemoryProvider):
     """The in-memory provider, noting each job that ran to its end."""
 
-    def __init__(self, ledger: Ledger, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, ledger: Ledger, settings: Settings, world: MemoryWorld) -> None:
+        super().__init__(settings, world)
         self.ledger = ledger
 
     @contextlib.asynccontextmanager
@@ -110,10 +110,23 @@ class RecordingProvider(MemoryProvider):
 class RecordingBackend(MemoryBackend):
     ledger: Ledger = field(default_factory=Ledger)
 
-    def new_client(self, settings: Settings) -> MemoryProvider:
-        return RecordingProvider(
-            self.ledger, self.world, settings.cluster, settings.create_timeout_s
-        )
+    def new_client(self, settings: Settings) -> CrashableProvider:
+        return CrashableProvider(RecordingProvider(self.ledger, settings, self.world))
+
+    def command(self, rng: random.Random) -> list[str]:
+        """A job that prints ``done`` when it finishes: its output must never be lost."""
+        sleep, code = rng.uniform(0, 0.05), rng.choice([0, 0, 1])
+        return ["sh", "-c", f"sleep {sleep:.3f}; echo done; exit {code}"]
+
+
+async def _foreign_sandbox(world: MemoryWorld, spec: SandboxSpec) -> str:
+    """A sandbox another relay of the same cluster made (the faults armed for this relay's
+    creates are not its)."""
+    armed, world.faults = world.faults, MemoryFaults()
+    try:
+        return (await world.create(API_KEY, -1, spec)).id
+    finally:
+        world.faults = armed
 
 
 @dataclass
@@ -196,7 +209,7 @@ async def play(seed: int, tmp: Path, steps: int = 30) -> Counts:
                 spec = SandboxSpec(
                     run_id=f"run_other{seed}_{len(foreign)}", cluster="test", timeout_s=600
                 )
-                foreign.add(backend.world.allocate(spec).id)
+                foreign.add(await _foreign_sandbox(backend.world, spec))
             else:
                 await asyncio.sleep(rng.uniform(0, 0.02))
         if outages:

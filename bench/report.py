@@ -136,7 +136,7 @@ def render(results: Results) -> str:
     lines += [f"| {name} | {measured} | {_mark(ok)} |" for name, measured, ok in targets(results)]
     lines += [
         "",
-        "## (1) Overhead per run: `POST /v1/runs` (`wait: true`, bench provider) "
+        "## (1) Overhead per run: `POST /v1/runs` (`wait: true`, memory provider) "
         "vs a bare endpoint",
         "",
         "wrk, one thread, closed loop on loopback; every request a new run. Latency in ms. "
@@ -162,7 +162,7 @@ def render(results: Results) -> str:
         lines += ["", f"(4) PostgreSQL: {results.postgres_note}"]
     lines += [
         "",
-        "## (2) Waiting callers: runs that sleep on the bench provider, all sent at once",
+        "## (2) Waiting callers: runs that sleep on the memory provider, all sent at once",
         "",
         "| server | callers | succeeded | errors | all held after | RSS before | RSS peak "
         "| CPU while idle-waiting | window |",

@@ -2,7 +2,7 @@
 the stack's floor.
 
 The relay is started by :class:`tests.relay_server.RelayProcess` (the same harness the
-end-to-end tests use: a temp token file, jobs folder and SQLite file), with the bench
+end-to-end tests use: a temp token file, jobs folder and SQLite file), with the memory
 provider enabled and two bench jobs added to its catalog.
 """
 
@@ -23,15 +23,15 @@ from tests.relay_server import REPO, RelayProcess, free_port
 
 BENCH_JOBS = {
     "noop": """
-description = "Benchmark: return at once on the zero-latency bench provider."
+description = "Benchmark: return at once on the zero-latency memory provider."
 command = ["true"]
-provider = "bench"
+provider = "memory"
 timeout_s = 30
 """,
     "wait": """
-description = "Benchmark: hold a run for a while on the bench provider (no process)."
+description = "Benchmark: hold a run for a while on the memory provider (no process)."
 command = ["sleep", "{seconds}"]
-provider = "bench"
+provider = "memory"
 timeout_s = 120
 [params.seconds]
 type = "integer"
@@ -42,7 +42,7 @@ max = 100
 }
 
 RELAY_SETTINGS: dict[str, object] = {
-    "providers": "local,bench",  # local first: the echo job runs on it; bench jobs name bench
+    "providers": "local,memory",  # local first: the echo job runs on it; bench jobs name memory
     # Let 1,000 runs wait at once: no run-count limit and a long enough wait.
     "max_concurrent": 100_000,
     "max_wait_s": 120,
@@ -65,8 +65,6 @@ def relay(root: Path, **settings: object) -> Iterator[tuple[RelayProcess, str]]:
     for name, manifest in BENCH_JOBS.items():
         (server.jobs_dir / name).mkdir()
         (server.jobs_dir / name / "job.toml").write_text(manifest)
-    # The bench provider lives in bench/, beside relay/: make sure the relay can import it.
-    server.env["PYTHONPATH"] = str(REPO)
     token = server.add_token("bench")
     server.start(timeout_s=30)
     try:

@@ -1,4 +1,4 @@
-"""Benchmark (2): many callers waiting at once, each for a run that sleeps on the bench provider.
+"""Benchmark (2): many callers waiting at once, each for a run that sleeps on the memory provider.
 
 All requests are sent together on their own connections (``wait: true``). While they
 wait, the server's RSS is sampled; its CPU is measured over the window in which every run

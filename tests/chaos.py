@@ -1,7 +1,7 @@
 """Seeded random schedules of submits, cancels, faults and relay crashes.
 
 Each schedule drives the real RunService and Reaper on a real SQLite file against a
-backend: the in-memory provider world (``tests/fakes/memory.py``, fast: hundreds of
+backend: the shipped in-memory provider's world (``relay/providers/memory.py``, fast: hundreds of
 schedules), or a real provider SDK against its protocol-level fake (``tests/fakes/*``).
 A crash abandons a relay process the way ``kill -9`` does: its provider client and store
 writes stop dead, its sandboxes stay alive at the provider, and a new relay process starts
@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Protocol, get_args
 from relay.auth import Principal
 from relay.errors import RelayError
 from relay.providers.base import ExecResult, Provider, SandboxRef, SandboxSpec
+from relay.providers.memory import MemoryProvider, MemoryWorld
 from relay.providers.registry import load_provider
 from relay.runs.catalog import Catalog
 from relay.runs.models import FINAL_STATES, RunRequest, RunState
@@ -33,7 +34,6 @@ from relay.store.database import Store
 from relay.store.records import RunRecord
 from tests.conftest import make_settings
 from tests.contract.harness import Fault
-from tests.fakes.memory import MemoryProvider, MemoryWorld
 
 PRINCIPAL = Principal(name="chaos", command=True)
 
@@ -69,6 +69,7 @@ class CrashableProvider:
     def __init__(self, inner: Provider) -> None:
         self.inner = inner
         self.name: ClassVar[str]  # type: ignore[misc]
+        self.rate = inner.rate
         self.dead = False
 
     def crash(self) -> None:
@@ -137,36 +138,39 @@ class Backend(Protocol):
     def ended(self) -> dict[str, tuple[str, str | None, float | None]]: ...
 
 
+def inject_fault(faults: Any, rng: random.Random, vanish_after_s: float) -> None:
+    """Arm one of the contract's faults (every fake has them under the same names)."""
+    choice = rng.choice(get_args(Fault))
+    value = {
+        "create_status": rng.choice([500, 503, 429]),
+        "terminate_failures": 3,
+        "vanish_after_s": vanish_after_s,
+    }.get(choice, True)
+    setattr(faults, choice, value)
+
+
 @dataclass
 class MemoryBackend:
+    """The shipped memory provider; each relay process gets its own client of one world."""
+
     world: MemoryWorld = field(default_factory=MemoryWorld)
     name: str = "memory"
     timeout_s: tuple[float, float] = (0.01, 0.08)
 
-    def new_client(self, settings: Settings) -> MemoryProvider:
-        return MemoryProvider(self.world, settings.cluster, settings.create_timeout_s)
+    def new_client(self, settings: Settings) -> CrashableProvider:
+        return CrashableProvider(MemoryProvider(settings, self.world))
 
     def alive(self) -> set[str]:
         return self.world.alive()
 
     def inject(self, rng: random.Random) -> None:
-        fault = rng.choice(
-            [
-                "create_failures",
-                "create_hangs",
-                "allocate_then_fail",
-                "terminate_failures",
-                "vanish_next",
-                "cut_stream_next",
-            ]
-        )
-        setattr(self.world.faults, fault, rng.randint(1, 3))
+        inject_fault(self.world.faults, rng, vanish_after_s=0.02)
 
     def heal(self) -> None:
-        self.world.faults = type(self.world.faults)()
+        self.world.reset()
 
     def command(self, rng: random.Random) -> list[str]:
-        return ["run", f"{rng.uniform(0, 0.05):.3f}", str(rng.choice([0, 0, 1]))]
+        return ["sh", "-c", f"sleep {rng.uniform(0, 0.05):.3f}; exit {rng.choice([0, 0, 1])}"]
 
     def ended(self) -> dict[str, tuple[str, str | None, float | None]]:
         return {b.id: (b.run_id, b.ended_by, b.ended_at) for b in self.world.boxes.values()}
@@ -189,14 +193,7 @@ class FakeBackend:
         return alive
 
     def inject(self, rng: random.Random) -> None:
-        faults = self.fake.faults
-        choice = rng.choice(get_args(Fault))
-        value = {
-            "create_status": rng.choice([500, 503, 429]),
-            "terminate_failures": 3,
-            "vanish_after_s": 0.3,
-        }.get(choice, True)
-        setattr(faults, choice, value)
+        inject_fault(self.fake.faults, rng, vanish_after_s=0.3)
 
     def heal(self) -> None:
         self.fake.reset()

@@ -64,6 +64,14 @@ OutputListener = Callable[[StreamName, bytes], None]
 
 
 @dataclass(frozen=True)
+class Rate:
+    """USD per second for one vCPU, and for one GiB of memory (a provider's list price)."""
+
+    vcpu_s: float
+    gib_s: float
+
+
+@dataclass(frozen=True)
 class Resources:
     """What a run asks of the sandbox: vCPUs, memory and disk."""
 
@@ -214,6 +222,8 @@ class Provider(Protocol):
     """A sandbox backend. Instances are made once per relay and shared by all runs."""
 
     name: ClassVar[str]
+    rate: ClassVar[Rate]
+    """List prices, the default of ``RELAY_COST_RATES`` (relay/runs/costs.py)."""
 
     def check(self, spec: SandboxSpec) -> None:
         """Refuse (``EgressUnsupported``, ``SizeUnsupported``) what can't be enforced."""
@@ -249,14 +259,6 @@ DOMAIN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}
 """A host name (or ``*.domain``) an egress allow-list may name."""
 KILLED_EXIT_CODES: frozenset[int | None] = frozenset({137, -1, -9, None})
 """How a command killed with its sandbox reads (SIGKILL, a lost status, no status)."""
-
-
-@dataclass(frozen=True)
-class Rate:
-    """USD per second for one vCPU, and for one GiB of memory (a provider's list price)."""
-
-    vcpu_s: float
-    gib_s: float
 
 
 ErrorMapper = Callable[[BaseException], "ProviderError | type[ProviderError] | None"]

@@ -25,8 +25,8 @@ PROVIDERS: dict[str, Entry] = {
     "e2b": Entry("relay.providers.e2b:E2BProvider", "e2b"),
     "modal": Entry("relay.providers.modal:ModalProvider", "modal"),
     "vercel": Entry("relay.providers.vercel:VercelProvider", "vercel"),
-    # Zero-latency provider of the benchmarks (bench/provider.py): a source checkout only.
-    "bench": Entry("bench.provider:BenchProvider", None),
+    # In-memory, for tests and benchmarks (like httpx's MockTransport); never a default.
+    "memory": Entry("relay.providers.memory:MemoryProvider", None),
 }
 
 

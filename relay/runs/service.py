@@ -64,7 +64,7 @@ class RunService:
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.costs = CostModel(settings.cost_rates)
+        self.costs = CostModel(providers, settings.cost_rates)
         self.events = events or EventBus()
         self.store = store
         self.catalog = catalog

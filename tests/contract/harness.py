@@ -1,8 +1,8 @@
 """What a provider supplies to run the shared contract suite.
 
-Each provider has a module ``tests/contract/harness_<name>.py`` exporting
-``open_harness(tmp_path) -> AbstractAsyncContextManager[Harness]``. The suite in
-``test_contract.py`` runs against every harness module that exists.
+Each provider's ``tests/contract/test_<name>.py`` opens a :class:`Harness` (its
+``open_harness(tmp_path)``) and joins the suites (``suite.py``, ``fault_suite.py``) with one
+test class whose ``harness`` fixture yields it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ Fault = Literal[
     "terminate_failures",
     "vanish_after_s",
 ]
-"""The fault knobs every protocol fake (E2B, Modal, Vercel) has, under the same names."""
+"""The fault knobs every protocol fake (E2B, Modal, Vercel) and the memory world have."""
 
 Variant = Literal["impatient", "bad_key", "unreachable"]
 """Other providers on the same fake: ``impatient`` has a create timeout of
@@ -105,4 +105,6 @@ class Harness:
     """The tags (metadata, labels) a sandbox was created with."""
     image: str | None = None
     faults: Faults | None = None
-    """Fault injection, where the provider runs against a fake; None skips the fault tests."""
+    """Fault injection, where the provider runs against a fake (or the memory world)."""
+    programs: bool = True
+    """Whether commands are real programs (python3 and all); memory's are built-ins only."""

@@ -25,7 +25,7 @@ from starlette.testclient import TestClient
 from relay.auth import new_token
 from relay.http.app import create_app
 from relay.http.metrics import Metrics
-from relay.providers.base import SandboxRef
+from relay.providers.base import Rate, SandboxRef
 from relay.runs.catalog import Catalog
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.reaper import Reaper
@@ -245,6 +245,7 @@ class StuckProvider:
     """Lists one sandbox of this cluster that no run owns, and cannot terminate it."""
 
     name: ClassVar[str] = "stuck"
+    rate: ClassVar[Rate] = Rate(0.0, 0.0)
 
     async def list_owned(self) -> list[SandboxRef]:
         long_ago = datetime(2000, 1, 1, tzinfo=UTC)  # past any lifetime: the reaper ends it

@@ -111,7 +111,7 @@ def test_a_refusing_provider_fails_at_create_without_echoing_it(
 @pytest.mark.parametrize("provider", ["e2b", "modal", "vercel"])
 async def test_cloud_probe_through_the_real_sdk_leaves_nothing_alive(provider: str) -> None:
     """Each cloud provider, through its real SDK, against its protocol fake."""
-    harness = importlib.import_module(f"tests.contract.harness_{provider}")
+    harness = importlib.import_module(f"tests.contract.test_{provider}")
     with harness.running_fake() as fake:
         result = await run_probe(provider, harness.settings_for(fake))
         assert result.ok, result.error

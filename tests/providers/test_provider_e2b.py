@@ -28,7 +28,7 @@ from relay.errors import (
 from relay.providers import e2b as e2b_module
 from relay.providers.base import TAG_CLUSTER, TAG_RUN, Egress, OutputSink, Resources, SandboxSpec
 from relay.providers.e2b import E2BProvider
-from tests.contract.harness_e2b import settings_for
+from tests.contract.test_e2b import settings_for
 from tests.fakes.e2b import FakeE2B, running_fake
 from tests.fakes.e2b.isolation import bwrap_works
 from tests.relay_server import SECRET_CANARY, RelayProcess
@@ -309,7 +309,7 @@ async def test_terminate_is_idempotent(provider: E2BProvider) -> None:
 
 
 # The faults every provider shares (create errors, hangs, half-allocated creates, cut
-# streams, vanished sandboxes, failed terminates) are in tests/contract/test_faults.py.
+# streams, vanished sandboxes, failed terminates) are in tests/contract/fault_suite.py.
 
 
 async def test_rate_limited_create_is_retried_by_the_sdk_first(

@@ -42,7 +42,7 @@ from relay.providers.base import (
 )
 from relay.providers.modal import TAG_CREATED, ModalProvider
 from relay.settings import Settings
-from tests.contract.harness_modal import settings_for
+from tests.contract.test_modal import settings_for
 from tests.fakes.modal import FakeModal, running_fake
 
 
@@ -252,7 +252,7 @@ async def test_other_clusters_are_not_listed(fake: FakeModal) -> None:
 
 
 # -- faults ----------------------------------------------------------------------------------
-# The faults every provider shares are in tests/contract/test_faults.py; these are Modal's.
+# The faults every provider shares are in tests/contract/fault_suite.py; these are Modal's.
 
 
 async def test_missing_credentials_is_provider_auth(fake: FakeModal) -> None:

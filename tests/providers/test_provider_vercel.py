@@ -38,7 +38,7 @@ from relay.providers.base import (
 )
 from relay.providers.vercel import VercelProvider, network_policy_for, vcpus_for
 from relay.settings import Settings
-from tests.contract.harness_vercel import PROJECT, TEAM, TOKEN, settings_for
+from tests.contract.test_vercel import PROJECT, TEAM, TOKEN, settings_for
 from tests.fakes.vercel import BAD_KEY, BODY_MARKER, FakeVercel, jail, running_fake
 from tests.relay_server import SECRET_CANARY, RelayProcess
 
@@ -380,7 +380,7 @@ def assert_no_leak(exc: BaseException, caplog: pytest.LogCaptureFixture) -> None
 
 # The faults every provider shares (5xx/429/401 on create, a bad key, an unreachable API,
 # hanging and half-allocated creates, cut streams, vanished sandboxes, failed terminates)
-# are in tests/contract/test_faults.py; these are the ones only Vercel's API has.
+# are in tests/contract/fault_suite.py; these are the ones only Vercel's API has.
 
 
 @pytest.mark.parametrize(

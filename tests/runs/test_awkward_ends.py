@@ -29,7 +29,7 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[MemoryBackend, Store, Pat
 
 
 def long_run() -> RunRequest:
-    return RunRequest(command=["run", "30", "0"], timeout_s=60, wait=False)
+    return RunRequest(command=["sleep", "30"], timeout_s=60, wait=False)
 
 
 async def test_a_cancel_before_the_run_takes_a_step_closes_it(
@@ -95,7 +95,7 @@ async def test_a_failed_final_write_answers_the_waiter_and_lands_once_the_store_
         raise OSError("disk full")
 
     monkeypatch.setattr(relay.store, "finish_run", store_down)
-    request = RunRequest(command=["run", "0.01", "0"], timeout_s=0.2, wait=False)
+    request = RunRequest(command=["sleep", "0.01"], timeout_s=0.2, wait=False)
     run, _ = await relay.service.submit(PRINCIPAL, request, None)
     seen = await relay.service.wait(run.id, 1.0)  # answers, does not hang
     assert seen.state == "succeeded"  # the outcome, kept in memory meanwhile
@@ -121,13 +121,13 @@ async def test_running_is_stored_soon_and_a_quick_run_is_written_once_with_its_s
     backend, store, tmp = world
     relay = Relay(store, backend, tmp, {})
     slow, _ = await relay.service.submit(
-        PRINCIPAL, RunRequest(command=["run", "0.6", "0"], timeout_s=10, wait=False), None
+        PRINCIPAL, RunRequest(command=["sleep", "0.6"], timeout_s=10, wait=False), None
     )
     await asyncio.sleep(0.3)  # well past the deferred write
     stored = await store.get_run(slow.id)
     assert stored is not None and stored.state == "running" and stored.sandbox_id
     quick, _ = await relay.service.submit(
-        PRINCIPAL, RunRequest(command=["run", "0", "0"], timeout_s=10, wait=False), None
+        PRINCIPAL, RunRequest(command=["true"], timeout_s=10, wait=False), None
     )
     done = await relay.service.wait(quick.id, 5)
     assert done.state == "succeeded"

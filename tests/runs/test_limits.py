@@ -10,13 +10,17 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from relay.auth import Principal
 from relay.errors import BudgetExceeded, RateLimited
+from relay.providers.e2b import E2BProvider
 from relay.providers.local.provider import LocalProvider
+from relay.providers.modal import ModalProvider
+from relay.providers.vercel import VercelProvider
 from relay.runs.catalog import Catalog
 from relay.runs.costs import CostModel
 from relay.runs.models import SIZES, RunRequest, Size
@@ -25,6 +29,12 @@ from relay.store.database import Store
 from relay.store.limits import day_start
 from tests.conftest import REPO, make_settings
 from tests.relay_server import RelayProcess
+
+PROVIDER_CLASSES: dict[str, Any] = {
+    provider.name: provider
+    for provider in (LocalProvider, E2BProvider, ModalProvider, VercelProvider)
+}
+"""CostModel reads only ``rate``, which each provider class carries."""
 
 DAY = 86_400.0
 
@@ -153,12 +163,14 @@ async def test_budget_reserves_the_worst_case_then_records_the_actual(rig: Rig) 
     ],
 )
 def test_cost_arithmetic(provider: str, size: Size, seconds: float, expected: float) -> None:
+    """The rates are read from each provider class (no table of them anywhere else)."""
     cpu, memory_mb, _disk_mb = SIZES[size]
-    assert CostModel().cost(provider, cpu, memory_mb, seconds) == pytest.approx(expected, rel=1e-6)
+    model = CostModel(PROVIDER_CLASSES)
+    assert model.cost(provider, cpu, memory_mb, seconds) == pytest.approx(expected, rel=1e-6)
 
 
 def test_rates_can_be_overridden() -> None:
-    model = CostModel({"e2b": {"vcpu_s": 1.0}})
+    model = CostModel(PROVIDER_CLASSES, {"e2b": {"vcpu_s": 1.0}})
     assert model.cost("e2b", 2, 1024, 3) == pytest.approx(3 * (2 * 1.0 + 0.0000045))
 
 

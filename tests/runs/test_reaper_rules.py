@@ -44,7 +44,7 @@ async def backend(name: str, tmp: Path) -> AsyncIterator[Backend]:
         yield Backend(settings, lambda: LocalProvider(settings), True)
     elif name == "vercel":
         from relay.providers.vercel import VercelProvider
-        from tests.contract.harness_vercel import settings_for as vercel_settings
+        from tests.contract.test_vercel import settings_for as vercel_settings
         from tests.fakes.vercel import running_fake as vercel_fake
 
         with vercel_fake() as fake:
@@ -52,12 +52,12 @@ async def backend(name: str, tmp: Path) -> AsyncIterator[Backend]:
             yield Backend(settings, lambda: VercelProvider(settings), True)
     else:
         from relay.providers.modal import ModalProvider
-        from tests.contract.harness_modal import settings_for as modal_settings
+        from tests.contract.test_modal import settings_for as modal_settings
         from tests.fakes.modal.server import running_fake as modal_fake
 
         with modal_fake() as fake:
             settings = modal_settings(fake, database_url=f"sqlite:///{tmp / 'relay.db'}")
-            yield Backend(settings, lambda: ModalProvider(settings), False)
+            yield Backend(settings, lambda: ModalProvider(settings), True)  # tagged relay-created
 
 
 def _available(name: str) -> bool:

@@ -68,6 +68,7 @@ from relay.providers.base import (
     TAG_RUN,
     ExecResult,
     OutputSink,
+    Rate,
     SandboxRef,
     SandboxSpec,
     shielded,
@@ -625,6 +626,7 @@ class LocalProvider:
     """Sandboxes as bubblewrap jails (or plain process groups) on this machine."""
 
     name: ClassVar[str] = "local"
+    rate: ClassVar[Rate] = Rate(0.0, 0.0)  # the operator's own machine
 
     def __init__(self, settings: Settings) -> None:
         self.cluster = settings.cluster
@@ -762,8 +764,11 @@ class LocalProvider:
         try:
             self._create(box)
             yield box
-        finally:
-            await shielded(self.terminate(sandbox_id))
+        except BaseException:
+            with contextlib.suppress(ProviderError):  # logged; the run's error is the one
+                await shielded(self.terminate(sandbox_id))
+            raise
+        await shielded(self.terminate(sandbox_id))
 
     def _create(self, box: LocalSandbox) -> None:
         """The sandbox's folder (tags, held lock), then its cgroup."""

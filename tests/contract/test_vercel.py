@@ -6,9 +6,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
+
 from relay.providers.base import Provider
 from relay.providers.vercel import VercelProvider
 from relay.settings import Settings
+from tests.contract.fault_suite import FaultContract
 from tests.contract.harness import (
     IMPATIENT_CREATE_TIMEOUT_S,
     UNREACHABLE_URL,
@@ -16,6 +19,7 @@ from tests.contract.harness import (
     Harness,
     Variant,
 )
+from tests.contract.suite import ProviderContract, checked
 from tests.fakes.vercel import BAD_KEY, BODY_MARKER, FakeVercel, running_fake
 
 TOKEN = "vercel-test-token"
@@ -73,3 +77,12 @@ async def open_harness(tmp_path: Path) -> AsyncIterator[Harness]:
             yield Harness(provider, alive, lifetime_of, tags_of, faults=faults_of(fake))
         finally:
             await provider.aclose()
+
+
+class TestVercel(ProviderContract, FaultContract):
+    """The contract on Vercel."""
+
+    @pytest.fixture
+    async def harness(self, tmp_path: Path) -> AsyncIterator[Harness]:
+        async with checked(open_harness(tmp_path)) as opened:
+            yield opened

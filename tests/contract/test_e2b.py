@@ -6,9 +6,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
+
 from relay.providers.base import Provider
 from relay.providers.e2b import E2BProvider
 from relay.settings import Settings
+from tests.contract.fault_suite import FaultContract
 from tests.contract.harness import (
     BAD_KEY,
     IMPATIENT_CREATE_TIMEOUT_S,
@@ -17,6 +20,7 @@ from tests.contract.harness import (
     Harness,
     Variant,
 )
+from tests.contract.suite import ProviderContract, checked
 from tests.fakes.e2b import FakeE2B, running_fake
 
 
@@ -70,3 +74,12 @@ async def open_harness(tmp_path: Path) -> AsyncIterator[Harness]:
             yield Harness(provider, alive, lifetime_of, tags_of, faults=faults_of(fake))
         finally:
             await provider.aclose()
+
+
+class TestE2B(ProviderContract, FaultContract):
+    """The contract on E2B."""
+
+    @pytest.fixture
+    async def harness(self, tmp_path: Path) -> AsyncIterator[Harness]:
+        async with checked(open_harness(tmp_path)) as opened:
+            yield opened

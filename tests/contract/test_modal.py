@@ -6,9 +6,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
+
 from relay.providers.base import Provider
 from relay.providers.modal import ModalProvider
 from relay.settings import Settings
+from tests.contract.fault_suite import FaultContract
 from tests.contract.harness import (
     BAD_KEY,
     IMPATIENT_CREATE_TIMEOUT_S,
@@ -17,6 +20,7 @@ from tests.contract.harness import (
     Harness,
     Variant,
 )
+from tests.contract.suite import ProviderContract, checked
 from tests.fakes.modal import FakeModal, running_fake
 
 
@@ -82,3 +86,12 @@ async def open_harness(tmp_path: Path) -> AsyncIterator[Harness]:
             )
         finally:
             await provider.aclose()
+
+
+class TestModal(ProviderContract, FaultContract):
+    """The contract on Modal."""
+
+    @pytest.fixture
+    async def harness(self, tmp_path: Path) -> AsyncIterator[Harness]:
+        async with checked(open_harness(tmp_path)) as opened:
+            yield opened

@@ -7,9 +7,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
+
 from relay.providers.local.provider import LocalProvider, _marked_pids
 from tests.conftest import make_settings
 from tests.contract.harness import Harness
+from tests.contract.suite import ProviderContract, checked
 
 
 @asynccontextmanager
@@ -35,3 +38,12 @@ async def open_harness(tmp_path: Path, isolation: str = "bwrap") -> AsyncIterato
         yield Harness(provider, alive, lifetime_of, tags_of)
     finally:
         await provider.aclose()
+
+
+class TestLocal(ProviderContract):
+    """The contract on local."""
+
+    @pytest.fixture
+    async def harness(self, tmp_path: Path) -> AsyncIterator[Harness]:
+        async with checked(open_harness(tmp_path)) as opened:
+            yield opened

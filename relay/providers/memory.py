@@ -1,0 +1,421 @@
+"""An in-memory provider for tests and benchmarks (``RELAY_PROVIDERS=memory``).
+
+Like httpx's ``MockTransport``, it ships so that anyone can test against it: it follows the
+same lifecycle and passes the same contract as the real providers, costs nothing, and runs
+no process. Two halves:
+
+- :class:`MemoryWorld` is the provider's side, what a cloud's servers would be: every
+  sandbox ever made and how it ended, each sandbox's hard lifetime, and the fault switches
+  (:class:`MemoryFaults`, under the contract's fault names). It outlives any one client, so
+  a test can play a relay process that died and a second one whose reaper cleans up.
+- :class:`MemoryProvider` is one relay process's driver of a world, on the shared base:
+  it maps the world's answers (:class:`MemoryAPIError`, a refused connection) through its
+  error table like any SDK's.
+
+A sandbox runs built-in commands only, never a program of the host: ``true``, ``false``,
+``echo``, ``cat`` (its files or stdin), ``env``, ``sleep SECONDS``, ``exit CODE`` and
+``sh -c "a; b >&2; exit 3"`` (built-ins separated by ``;``, a trailing ``>&2`` sends one to
+stderr). Anything else exits 127. A relay built from settings gets a world of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import posixpath
+import shlex
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import ClassVar
+
+from relay.errors import (
+    ProviderAuth,
+    ProviderError,
+    ProviderRateLimited,
+    ProviderUnavailable,
+    SandboxLost,
+)
+from relay.providers.base import (
+    DEFAULT_WORKDIR,
+    TAG_CLUSTER,
+    TAG_RUN,
+    ErrorTable,
+    ExecResult,
+    OutputSink,
+    ProviderSandbox,
+    SandboxProvider,
+    SandboxRef,
+    SandboxSpec,
+    StreamName,
+)
+from relay.settings import Settings
+
+API_KEY = "memory-key"
+"""The one key a :class:`MemoryWorld` accepts; a provider with another is refused (401)."""
+NOT_FOUND = 127
+BODY_MARKER = "memory world:"
+"""Starts every error body of the world, so a test can tell one never reaches a caller."""
+
+
+class MemoryAPIError(Exception):
+    """An answer of the world's API other than success, by HTTP status, like an SDK's."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"{status}: {BODY_MARKER} {body}")
+        self.status = status
+
+
+class StreamCut(Exception):
+    """A command's output stream broke; the command itself runs on (follow it again)."""
+
+
+def _by_status(exc: BaseException) -> type[ProviderError] | None:
+    status = getattr(exc, "status", None)
+    if status in (401, 403):
+        return ProviderAuth
+    if status == 404:
+        return SandboxLost
+    if status == 429:
+        return ProviderRateLimited
+    if isinstance(status, int) and status >= 500:
+        return ProviderUnavailable
+    return None
+
+
+ERRORS: ErrorTable = (
+    (MemoryAPIError, _by_status),
+    (ConnectionError, ProviderUnavailable),
+)
+
+
+@dataclass
+class MemoryFaults:
+    """Fault switches, under the contract's names; each holds until :meth:`MemoryWorld.reset`."""
+
+    create_status: int | None = None
+    """Every create answers this HTTP status without allocating anything."""
+    create_hang: bool = False
+    """Creates allocate, then never answer (the relay times out; the sandbox lives on)."""
+    create_allocates_then_fails: bool = False
+    """Creates allocate a tagged sandbox, then answer 503."""
+    create_delay_s: float = 0.0
+    """Every create takes this long, then succeeds."""
+    cut_stream: bool = False
+    """Each command's output stream breaks once, after its first chunk."""
+    terminate_failures: int = 0
+    """This many terminates answer 503 (each failure counts one down)."""
+    vanish_after_s: float | None = None
+    """Each sandbox that starts a command is killed this long after."""
+
+
+@dataclass
+class Box:
+    """One sandbox as the world knows it."""
+
+    id: str
+    run_id: str
+    cluster: str
+    creator: int
+    lifetime_s: float
+    tags: dict[str, str]
+    created_at: float = field(default_factory=time.time)
+    files: dict[str, bytes] = field(default_factory=dict)
+    commands: set[Command] = field(default_factory=set)
+    alive: bool = True
+    ended_at: float | None = None
+    ended_by: str | None = None
+    """``run`` (the client that created it), ``reaper`` (another client), ``lifetime``,
+    ``vanished`` (a fault)."""
+    expiry: asyncio.TimerHandle | None = None
+
+
+@dataclass(eq=False)
+class Command:
+    """One command running in a box: its output so far and, once ended, its exit."""
+
+    chunks: list[tuple[StreamName, bytes]] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: bool = False
+    exit_code: int | None = None
+    cut: bool = False
+    task: asyncio.Task[None] | None = None
+
+    def write(self, stream: StreamName, data: bytes) -> None:
+        if data:
+            self.chunks.append((stream, data))
+            self.changed.set()
+
+    def end(self, exit_code: int | None) -> None:
+        if not self.ended:
+            self.ended, self.exit_code = True, exit_code
+            self.changed.set()
+
+
+@dataclass
+class MemoryWorld:
+    """The provider's side: every sandbox ever made, how it ended, and the fault switches."""
+
+    boxes: dict[str, Box] = field(default_factory=dict)
+    faults: MemoryFaults = field(default_factory=MemoryFaults)
+    reachable: bool = True
+    """False: every call is a refused connection (a provider nobody listens for)."""
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+    _release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def alive(self) -> set[str]:
+        return {box.id for box in self.boxes.values() if box.alive}
+
+    def created(self) -> list[str]:
+        return list(self.boxes)
+
+    def reset(self) -> None:
+        """Disarm every fault and release the creates left hanging."""
+        self.faults = MemoryFaults()
+        self._release.set()
+        self._release = asyncio.Event()
+
+    # -- the API a driver calls -------------------------------------------------------------
+
+    def _answer(self, api_key: str) -> None:
+        if not self.reachable:
+            raise ConnectionRefusedError("nothing listens for the memory world")
+        if api_key != API_KEY:
+            raise MemoryAPIError(401, "unknown key")
+
+    def _box(self, box_id: str) -> Box:
+        box = self.boxes.get(box_id)
+        if box is None or not box.alive:
+            raise MemoryAPIError(404, "no such sandbox")
+        return box
+
+    async def create(self, api_key: str, client: int, spec: SandboxSpec) -> Box:
+        self._answer(api_key)
+        faults = self.faults
+        if faults.create_status is not None:
+            raise MemoryAPIError(faults.create_status, "create refused")
+        box = Box(
+            f"mem-{next(self._ids)}", spec.run_id, spec.cluster, client, spec.lifetime_s, spec.tags
+        )
+        self.boxes[box.id] = box
+        box.expiry = asyncio.get_running_loop().call_later(
+            spec.lifetime_s, self.end, box.id, "lifetime"
+        )
+        if faults.create_delay_s:
+            await asyncio.sleep(faults.create_delay_s)
+        if faults.create_hang:
+            await self._release.wait()
+            raise MemoryAPIError(503, "create abandoned")
+        if faults.create_allocates_then_fails:
+            raise MemoryAPIError(503, "create failed after allocating")
+        return box
+
+    def destroy(self, api_key: str, client: int, box_id: str) -> None:
+        self._answer(api_key)
+        if box_id not in self.boxes:
+            raise MemoryAPIError(404, "no such sandbox")
+        if self.faults.terminate_failures:
+            self.faults.terminate_failures -= 1
+            raise MemoryAPIError(503, "terminate failed")
+        self.end(box_id, "run" if self.boxes[box_id].creator == client else "reaper")
+
+    def list(self, api_key: str, cluster: str) -> list[Box]:
+        self._answer(api_key)
+        return [box for box in self.boxes.values() if box.alive and box.cluster == cluster]
+
+    def write(self, api_key: str, box_id: str, files: Mapping[str, bytes]) -> None:
+        self._answer(api_key)
+        self._box(box_id).files.update(files)
+
+    def start(self, api_key: str, box_id: str, program: Program) -> Command:
+        self._answer(api_key)
+        box = self._box(box_id)
+        command = Command()
+        box.commands.add(command)
+        command.task = asyncio.create_task(_ran(program, command))
+        command.task.add_done_callback(lambda _: box.commands.discard(command))
+        if self.faults.vanish_after_s is not None:
+            asyncio.get_running_loop().call_later(
+                self.faults.vanish_after_s, self.end, box_id, "vanished"
+            )
+        return command
+
+    async def follow(self, command: Command, start: int) -> AsyncIterator[tuple[StreamName, bytes]]:
+        """The command's output from chunk ``start`` on, to its end (may raise StreamCut)."""
+        index = start
+        while True:
+            while index < len(command.chunks):
+                yield command.chunks[index]
+                index += 1
+                if self.faults.cut_stream and not command.cut:
+                    command.cut = True
+                    raise StreamCut
+            if command.ended:
+                return
+            command.changed.clear()
+            await command.changed.wait()
+
+    def end(self, box_id: str, by: str) -> None:
+        box = self.boxes.get(box_id)
+        if box is None or not box.alive:
+            return
+        box.alive, box.ended_at, box.ended_by = False, time.time(), by
+        if box.expiry is not None:
+            box.expiry.cancel()
+        for command in list(box.commands):
+            stop(command)
+
+
+Program = Callable[[Command], Awaitable[int]]
+
+
+async def _ran(program: Program, command: Command) -> None:
+    try:
+        command.end(await program(command))
+    except asyncio.CancelledError:
+        command.end(None)  # killed, as with its sandbox
+
+
+def stop(command: Command) -> None:
+    """Kill a command (it ends with no exit status)."""
+    if command.task is not None and not command.task.done():
+        command.task.cancel()
+    command.end(None)
+
+
+class MemoryProvider(SandboxProvider["MemorySandbox"]):
+    """One relay process's driver of a :class:`MemoryWorld` (a world of its own by default)."""
+
+    name: ClassVar[str] = "memory"
+    label: ClassVar[str] = "Memory"
+    errors: ClassVar[ErrorTable] = ERRORS
+    retry_after_s: ClassVar[float] = 1.0
+
+    _clients: ClassVar[itertools.count[int]] = itertools.count()
+
+    def __init__(
+        self, settings: Settings, world: MemoryWorld | None = None, *, api_key: str = API_KEY
+    ) -> None:
+        self.world = world if world is not None else MemoryWorld()
+        self.cluster = settings.cluster
+        self.create_timeout_s = settings.create_timeout_s
+        self._api_key = api_key
+        self._client = next(self._clients)
+
+    def check(self, spec: SandboxSpec) -> None:
+        """Everything is accepted: a built-in command reaches no network and uses no memory."""
+
+    async def create(self, spec: SandboxSpec) -> MemorySandbox:
+        box = await self.world.create(self._api_key, self._client, spec)
+        return MemorySandbox(self, box.id)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        self.world.destroy(self._api_key, self._client, sandbox_id)
+
+    async def list_tagged(self) -> list[SandboxRef]:
+        return [
+            SandboxRef(box.id, box.tags.get(TAG_RUN), datetime.fromtimestamp(box.created_at, UTC))
+            for box in self.world.list(self._api_key, self.cluster)
+            if box.tags.get(TAG_CLUSTER) == self.cluster
+        ]
+
+
+class MemorySandbox(ProviderSandbox):
+    """A sandbox of the memory world, valid inside :meth:`MemoryProvider.sandbox`."""
+
+    provider: MemoryProvider
+
+    async def write_files(self, files: Mapping[str, bytes]) -> None:
+        absolute = {_absolute(DEFAULT_WORKDIR, path): data for path, data in files.items()}
+        self.provider.world.write(self.provider._api_key, self.id, absolute)
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None,
+        env: Mapping[str, str],
+        workdir: str | None,
+        timeout_s: float,
+        output: OutputSink,
+    ) -> ExecResult:
+        world = self.provider.world
+        box = world.boxes[self.id]
+        shell = Shell(box.files, _absolute(DEFAULT_WORKDIR, workdir or "."), stdin, env)
+        command = world.start(self.provider._api_key, self.id, lambda c: shell.run(argv, c))
+        followed = 0
+        try:
+            while True:
+                try:
+                    async for stream, data in world.follow(command, followed):
+                        output.write(stream, data)
+                        followed += 1
+                    return ExecResult(command.exit_code)
+                except StreamCut:
+                    continue  # the command runs on: follow it again from where it broke
+        finally:
+            stop(command)  # cancelled by the relay's deadline: the command ends too
+
+
+@dataclass
+class Shell:
+    """The built-in commands of a memory sandbox, over its files."""
+
+    files: Mapping[str, bytes]
+    workdir: str
+    stdin: bytes | None
+    env: Mapping[str, str]
+
+    async def run(self, argv: Sequence[str], command: Command) -> int:
+        if len(argv) == 3 and argv[0] == "sh" and argv[1] == "-c":
+            return await self.script(argv[2], command)
+        return await self.builtin(argv, command, "stdout")
+
+    async def script(self, text: str, command: Command) -> int:
+        code = 0
+        for statement in text.split(";"):
+            words = shlex.split(statement)
+            stream: StreamName = "stdout"
+            if words[-1:] == [">&2"]:
+                words, stream = words[:-1], "stderr"
+            if words[:1] == ["exit"]:
+                return int(words[1]) if len(words) > 1 else code
+            if words:
+                code = await self.builtin(words, command, stream)
+        return code
+
+    async def builtin(self, argv: Sequence[str], command: Command, stream: StreamName) -> int:
+        name, args = argv[0], list(argv[1:])
+        if name in ("true", "false"):
+            return int(name == "false")
+        if name == "echo":
+            command.write(stream, (" ".join(args) + "\n").encode())
+        elif name == "env":
+            command.write(stream, "".join(f"{k}={v}\n" for k, v in self.env.items()).encode())
+        elif name == "sleep":
+            await asyncio.sleep(float(args[0]))
+        elif name == "exit":
+            return int(args[0]) if args else 0
+        elif name == "cat":
+            return self.cat(args, command, stream)
+        else:
+            command.write("stderr", f"memory: {name}: command not found\n".encode())
+            return NOT_FOUND
+        return 0
+
+    def cat(self, paths: list[str], command: Command, stream: StreamName) -> int:
+        if not paths:
+            command.write(stream, self.stdin or b"")
+            return 0
+        for path in paths:
+            data = self.files.get(_absolute(self.workdir, path))
+            if data is None:
+                command.write("stderr", f"cat: {path}: No such file or directory\n".encode())
+                return 1
+            command.write(stream, data)
+        return 0
+
+
+def _absolute(base: str, path: str) -> str:
+    return posixpath.normpath(posixpath.join(base, path))

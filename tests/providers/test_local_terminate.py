@@ -1,0 +1,54 @@
+"""A local sandbox whose cleanup fails: logged and left to the reaper, never in place of the
+run's own error (the same rule the base lifecycle gives every other provider)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from relay.errors import ProviderError
+from relay.providers.base import SandboxSpec
+from relay.providers.local.provider import LocalProvider
+from tests.conftest import make_settings
+
+
+async def test_a_failed_cleanup_does_not_replace_the_runs_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider = LocalProvider(make_settings(tmp_path, local_isolation="none"))
+    spec = SandboxSpec(run_id="run_stuck", cluster="test", timeout_s=5)
+    pinned: Path | None = None
+    try:
+        with pytest.raises(RuntimeError, match="the job's own failure"):
+            async with provider.sandbox(spec) as box:
+                # A mount inside the sandbox's folder: removing the folder fails (EBUSY).
+                pinned = provider.root / box.id / "work"
+                subprocess.run(["mount", "-t", "tmpfs", "none", str(pinned)], check=True)
+                raise RuntimeError("the job's own failure")
+        assert any("cleanup failed" in record.getMessage() for record in caplog.records)
+        assert [ref.run_id for ref in await provider.list_owned()] == ["run_stuck"]
+        # Once the cause is gone, the reaper's terminate finishes the job.
+        subprocess.run(["umount", str(pinned)], check=True)
+        pinned = None
+        await provider.terminate(box.id)
+        assert await provider.list_owned() == []
+    finally:
+        if pinned is not None:
+            subprocess.run(["umount", str(pinned)], check=False)
+        await provider.aclose()
+
+
+async def test_a_failed_cleanup_is_raised_when_nothing_else_failed(tmp_path: Path) -> None:
+    provider = LocalProvider(make_settings(tmp_path, local_isolation="none"))
+    pinned: Path | None = None
+    try:
+        with pytest.raises(ProviderError):
+            async with provider.sandbox(SandboxSpec("run_ok", "test", 5)) as box:
+                pinned = provider.root / box.id / "work"
+                subprocess.run(["mount", "-t", "tmpfs", "none", str(pinned)], check=True)
+    finally:
+        if pinned is not None:
+            subprocess.run(["umount", str(pinned)], check=False)
+        await provider.aclose()
