@@ -466,14 +466,14 @@ def interrupted(client: Client, run_id: str, prog: str) -> int:
     it if a second Ctrl-C comes within :data:`CANCEL_WINDOW_S`."""
     follow = "relay run --attach" if prog.startswith("relay") else f"{prog} --attach"
     cancel = "relay runs cancel" if prog.startswith("relay") else "curl -X DELETE …/v1/runs/"
-    print(
-        f"\nrun {run_id} is still going. Follow it: {follow} {run_id}   "
-        f"Cancel it: {cancel} {run_id}\n"
-        f"(Ctrl-C again within {CANCEL_WINDOW_S:g} s cancels it now)",
-        file=sys.stderr,
-        flush=True,
-    )
-    try:
+    try:  # a second Ctrl-C may come as soon as the words are out
+        print(
+            f"\nrun {run_id} is still going. Follow it: {follow} {run_id}   "
+            f"Cancel it: {cancel} {run_id}\n"
+            f"(Ctrl-C again within {CANCEL_WINDOW_S:g} s cancels it now)",
+            file=sys.stderr,
+            flush=True,
+        )
         time.sleep(CANCEL_WINDOW_S)
     except KeyboardInterrupt:
         try:
