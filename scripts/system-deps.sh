@@ -20,6 +20,8 @@ if [ "$mode" = "test" ]; then
     command -v kubectl >/dev/null 2>&1 || packages+=(kubectl)
     docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1 \
         || packages+=(docker-compose)
+    # Renders the /docs page headless (tests/http/test_docs_page.py).
+    command -v chromium >/dev/null 2>&1 || packages+=(chromium)
 fi
 [ ${#packages[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then

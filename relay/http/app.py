@@ -26,6 +26,7 @@ from relay.auth import TokenStore
 from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError, StoreUnavailable
 from relay.http.access_log import AccessLog
 from relay.http.app_state import AppState
+from relay.http.docs_page import docs_routes
 from relay.http.metrics import Metrics
 from relay.http.routes import routes
 from relay.http.run_stream import LiveRuns
@@ -226,7 +227,7 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             await store.close()
 
     app = Starlette(
-        routes=routes,
+        routes=[*routes, *docs_routes],
         lifespan=lifespan,
         exception_handlers={
             RelayError: _relay_error,
