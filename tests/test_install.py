@@ -1,0 +1,57 @@
+"""The install: the distribution name, the licence that ships with it, and the lock file.
+
+"relay" on the package index is an unrelated project, so the distribution is
+``sandbox-relay`` (the import package and the ``relay`` command keep their name): no doc,
+recipe or hint may tell anyone to ``pip install relay``.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from tests.conftest import REPO
+
+DISTRIBUTION = "sandbox-relay"
+OLD_NAME = re.compile(
+    # `relay[extra]` or `pip install relay` as a distribution, not a path (`./relay[all]`),
+    # not the command (`relay serve`) and not part of a longer name (`sandbox-relay[all]`).
+    r"(?<![\w/.-])relay\[|pip install (?:-\S+ )*['\"]?relay(?![\w/.-])"
+)
+
+
+def _texts() -> list[Path]:
+    """Every file a person or the code reads an install command from."""
+    found = [
+        REPO / name
+        for name in ("README.md", "CHANGELOG.md", "pyproject.toml", "Dockerfile", "Makefile")
+    ]
+    for folder, pattern in (("docs", "*.md"), ("deploy", "*"), ("relay", "*.py")):
+        found += [path for path in (REPO / folder).rglob(pattern) if path.is_file()]
+    return [path for path in found if path.exists()]
+
+
+def test_the_distribution_is_sandbox_relay_and_the_command_relay() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["name"] == DISTRIBUTION
+    assert project["scripts"] == {"relay": "relay.cli:main"}
+    extras = project["optional-dependencies"]
+    references = [item for items in extras.values() for item in items if "[" in item]
+    assert references and all(item.startswith(f"{DISTRIBUTION}[") for item in references)
+
+
+def test_no_doc_or_hint_names_the_old_distribution() -> None:
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in _texts()
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if OLD_NAME.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_a_missing_sdk_names_the_distribution_to_install() -> None:
+    source = (REPO / "relay" / "providers" / "registry.py").read_text()
+    hints = re.findall(r"pip install [^\"]+", source)
+    assert hints and all(hint.startswith(f"pip install '{DISTRIBUTION}") for hint in hints)
