@@ -31,8 +31,9 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 RUN python -m venv /opt/relay
 WORKDIR /src
-# README.md is part of the package metadata (pyproject's readme), so it is copied too.
-COPY pyproject.toml README.md ./
+# README.md and LICENSE are part of the package metadata (pyproject's readme and
+# license-files), so they are copied too.
+COPY pyproject.toml README.md LICENSE ./
 # Dependencies first, against an empty stand-in package: this layer is rebuilt only when
 # pyproject.toml changes, not on every code change. All of them ship wheels for 3.11, so
 # the slim image needs no compiler.

@@ -55,3 +55,17 @@ def test_a_missing_sdk_names_the_distribution_to_install() -> None:
     source = (REPO / "relay" / "providers" / "registry.py").read_text()
     hints = re.findall(r"pip install [^\"]+", source)
     assert hints and all(hint.startswith(f"pip install '{DISTRIBUTION}") for hint in hints)
+
+
+def test_the_mit_licence_ships_in_the_package_metadata() -> None:
+    licence = (REPO / "LICENSE").read_text()
+    assert licence.startswith("MIT License\n") and "WITHOUT WARRANTY OF ANY KIND" in licence
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT"
+    assert project["license-files"] == ["LICENSE"]
+    # The image builds the package from a copy of the files its metadata names.
+    assert re.search(r"^COPY pyproject\.toml README\.md LICENSE \./$", _dockerfile(), re.M)
+
+
+def _dockerfile() -> str:
+    return (REPO / "Dockerfile").read_text()
