@@ -69,3 +69,48 @@ def test_the_mit_licence_ships_in_the_package_metadata() -> None:
 
 def _dockerfile() -> str:
     return (REPO / "Dockerfile").read_text()
+
+
+LOCK = REPO / "requirements" / "dev.lock"
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)$")
+
+
+def _name(requirement: str) -> str:
+    """The normalised project name of a requirement (PEP 503)."""
+    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    assert match, requirement
+    return re.sub(r"[-_.]+", "-", match.group(0)).lower()
+
+
+def _pins() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in LOCK.read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = PIN.match(line)
+        assert match, f"not a name==version pin: {line!r}"
+        pins[_name(match.group(1))] = match.group(2)
+    return pins
+
+
+def test_the_lock_pins_every_dependency_but_not_the_package() -> None:
+    pins = _pins()
+    assert DISTRIBUTION not in pins and "relay" not in pins
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"])
+    for items in project["optional-dependencies"].values():
+        wanted += [item for item in items if not item.startswith(DISTRIBUTION)]
+    missing = {_name(item) for item in wanted} - set(pins)
+    assert not missing, f"{sorted(missing)} not in {LOCK.name}: run `make lock`"
+
+
+def test_make_test_and_ci_install_from_the_lock() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    assert "LOCK   := requirements/dev.lock" in makefile
+    installs = re.findall(r"^\t\$\(BIN\)/pip install .*$", makefile, re.M)
+    assert installs and all("-c $(LOCK)" in line for line in installs), installs
+    assert re.search(r"^\$\(VENV\)/\.dev: pyproject\.toml \$\(LOCK\)", makefile, re.M)
+    assert re.search(r"^lock:$", makefile, re.M)
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+    readme = (REPO / "README.md").read_text()
+    assert "pip install -c requirements/dev.lock -e '.[dev]'" in readme and "make lock" in readme
