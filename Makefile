@@ -2,20 +2,33 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# Every dependency pinned (the dev extra's whole tree): with warnings as errors, a new release
+# of any of them must not change what `make test` and CI run. `make lock` refreshes it.
+LOCK   := requirements/dev.lock
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: serve test lint format bench system-deps clean
+.PHONY: serve test lint format bench system-deps lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.base: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+$(VENV)/.base: pyproject.toml $(LOCK) | $(BIN)/python
+	$(BIN)/pip install -q -c $(LOCK) -e .
 	@touch $@
 
-$(VENV)/.dev: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev]'
+$(VENV)/.dev: pyproject.toml $(LOCK) | $(BIN)/python
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev]'
 	@touch $@ $(VENV)/.base
+
+# The newest releases pyproject.toml allows, resolved in a throwaway venv and written down;
+# the package itself is left out (--exclude-editable). Review the diff, run `make test`, commit.
+lock:
+	rm -rf $(VENV)-lock
+	$(PYTHON) -m venv $(VENV)-lock
+	$(VENV)-lock/bin/pip install -q -e '.[dev]'
+	{ sed -n '/^#/p' $(LOCK); $(VENV)-lock/bin/pip freeze --exclude-editable; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf $(VENV)-lock
 
 system-deps:
 	@bash scripts/system-deps.sh
@@ -44,4 +57,4 @@ bench: $(VENV)/.dev
 	$(BIN)/python -m bench.promises --write
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV)-lock .pytest_cache .mypy_cache .ruff_cache

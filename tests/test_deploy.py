@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import tomllib
 from collections.abc import Iterator
@@ -98,11 +99,15 @@ def test_dockerfile_base_is_slim_python_311() -> None:
     assert froms and all(args.startswith("${PYTHON_IMAGE}") for args in froms)
 
 
-def test_dockerfile_installs_all_extras_and_bubblewrap() -> None:
-    runs = " ".join(args for keyword, args in _dockerfile_instructions() if keyword == "RUN")
-    assert re.search(r"pip install \"?\.\[all\]\"?", runs)
+def test_dockerfile_installs_the_chosen_extras_from_the_lock_and_bubblewrap() -> None:
+    instructions = _dockerfile_instructions()
+    assert ("ARG", "EXTRAS=all") in instructions
+    runs = " ".join(args for keyword, args in instructions if keyword == "RUN")
+    assert re.search(r"pip install -c requirements/dev\.lock \"\.\[\$\{EXTRAS\}\]\"", runs)
+    assert "[all]" not in runs, "an install that ignores EXTRAS"
     final_runs = " ".join(args for keyword, args in _final_stage() if keyword == "RUN")
     assert re.search(r"apt-get install .*\bbubblewrap\b", final_runs)
+    assert re.search(r"apt-get install .*\bpasst\b", final_runs), "no pasta for egress"
 
 
 def test_dockerfile_runs_as_non_root() -> None:
@@ -115,7 +120,12 @@ def test_dockerfile_runs_as_non_root() -> None:
 def test_dockerfile_serves_on_8080_with_relay_entrypoint() -> None:
     final = _final_stage()
     assert ("EXPOSE", "8080") in final
-    assert ("ENTRYPOINT", '["relay"]') in final
+    assert ("ENTRYPOINT", '["relay-entrypoint"]') in final
+    assert any(
+        keyword == "COPY"
+        and args.endswith("scripts/container-entrypoint.sh /usr/local/bin/relay-entrypoint")
+        for keyword, args in final
+    )
     assert ("CMD", '["serve"]') in final
     env = " ".join(args for keyword, args in final if keyword == "ENV")
     assert "RELAY_HOST=0.0.0.0" in env
@@ -144,7 +154,8 @@ def test_dockerignore_keeps_secrets_out_and_build_inputs_in() -> None:
         if keyword == "COPY" and "--from=" not in args:
             sources = [part for part in args.split() if not part.startswith("--")][:-1]
             copied.update(sources)
-    assert {"pyproject.toml", "README.md", "relay", "jobs"} <= copied
+    assert {"pyproject.toml", "README.md", "relay", "jobs", "requirements/dev.lock"} <= copied
+    assert "scripts/container-entrypoint.sh" in copied
     assert not copied & patterns, "the Dockerfile copies something .dockerignore drops"
 
 
@@ -656,3 +667,145 @@ def test_deploy_doc_covers_the_recipes() -> None:
         assert needle in text, needle
     for name in sorted(SECRETS):
         assert name in text, f"{name} is not in docs/deploy.md"
+
+
+# --- one container: the env file, the entrypoint, bubblewrap ------------------------------
+
+CONTAINER_ENV = DEPLOY / "container.env"
+ENTRYPOINT = ROOT / "scripts" / "container-entrypoint.sh"
+IMAGE_UID = 10001
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines as `docker run --env-file` reads them (no quotes, no comments)."""
+    pairs = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            pairs[key.strip()] = value
+    return pairs
+
+
+def _image_env() -> dict[str, str]:
+    """The final stage's ENV (KEY=VALUE words), as the container starts with them."""
+    env = " ".join(args for keyword, args in _final_stage() if keyword == "ENV")
+    return dict(word.split("=", 1) for word in env.split() if "=" in word)
+
+
+def test_container_env_binds_all_addresses_with_the_image_paths_and_bwrap() -> None:
+    env = _env_file(CONTAINER_ENV)
+    image = _image_env()
+    assert env["RELAY_HOST"] == "0.0.0.0"
+    for name in ("RELAY_PORT", "RELAY_TOKENS_FILE", "RELAY_JOBS_DIR", "RELAY_DATABASE_URL"):
+        assert env[name] == image[name], name
+    assert env["RELAY_LOCAL_ISOLATION"] == "bwrap", "a silent fallback to no sandbox"
+    known = {f"RELAY_{name.upper()}" for name in Settings.model_fields}
+    assert set(env) <= known, set(env) - known
+    assert not set(env) & SECRETS - {"RELAY_DATABASE_URL"}, "a secret in a file of the repo"
+    documented = (ROOT / "docs" / "deploy.md").read_text()
+    assert "--env-file deploy/container.env" in documented
+    for flag in ("seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"):
+        assert flag in CONTAINER_ENV.read_text() and flag in documented, flag
+
+
+def _entrypoint(
+    env: dict[str, str], *argv: str, uid: int | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The image's entrypoint, run by dash (the slim image's /bin/sh) with the image's ENV
+    overridden by an env file, as `docker run --env-file` does."""
+    command = ["dash", str(ENTRYPOINT), *argv]
+    if uid is not None:
+        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
+    full = {**_image_env(), **env, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    return _run(command, env=full)
+
+
+@pytest.mark.skipif(shutil.which("dash") is None, reason="dash is not installed")
+def test_entrypoint_refuses_env_example_in_one_line() -> None:
+    done = _entrypoint(_env_file(ROOT / ".env.example"), "serve")
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert "RELAY_HOST=127.0.0.1" in line and "deploy/container.env" in line
+    relative = {**_env_file(CONTAINER_ENV), "RELAY_TOKENS_FILE": "tokens.toml"}
+    [line] = _entrypoint(relative, "serve").stderr.splitlines()
+    assert "RELAY_TOKENS_FILE=tokens.toml" in line and "deploy/container.env" in line
+
+
+@pytest.mark.skipif(shutil.which("dash") is None, reason="dash is not installed")
+def test_entrypoint_names_the_fix_for_a_tokens_file_the_image_user_cannot_read() -> None:
+    folder = Path(tempfile.mkdtemp(prefix="relay-image-"))
+    try:
+        folder.chmod(0o755)
+        tokens = folder / "tokens.toml"
+        env = {**_env_file(CONTAINER_ENV), "RELAY_TOKENS_FILE": str(tokens)}
+        [line] = _entrypoint(env, "serve", uid=IMAGE_UID).stderr.splitlines()
+        assert f"no tokens file at {tokens}" in line and ":ro" in line
+        tokens.write_text("")
+        tokens.chmod(0o600)  # as `make serve` writes it
+        done = _entrypoint(env, "serve", uid=IMAGE_UID)
+        assert done.returncode == 2
+        [line] = done.stderr.splitlines()
+        assert f"not readable by uid {IMAGE_UID}" in line and "chmod 644 tokens.toml" in line
+        tokens.chmod(0o644)  # the fix it names: then relay itself runs
+        done = _entrypoint(env, "serve", "--help")
+        assert done.returncode == 0 and "usage: relay serve" in done.stdout, done.stderr
+        # Other commands (`tokens new` into a mounted folder) are not checked.
+        assert _entrypoint(_env_file(ROOT / ".env.example"), "--version").returncode == 0
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_local_isolation_bwrap_refuses_to_start_in_one_line_without_bubblewrap(
+    tmp_path: Path,
+) -> None:
+    env = {
+        # The interpreter's folder only: no bwrap on this PATH, as in an image without it.
+        "PATH": str(Path(sys.executable).parent),
+        "HOME": str(tmp_path),
+        "RELAY_PROVIDERS": "local",
+        "RELAY_LOCAL_ISOLATION": "bwrap",
+        "RELAY_TOKENS_FILE": str(tmp_path / "tokens.toml"),
+        "RELAY_DATABASE_URL": f"sqlite:///{tmp_path / 'relay.db'}",
+        "RELAY_LOCAL_ROOT": str(tmp_path / "sandboxes"),
+        "RELAY_JOBS_DIR": str(ROOT / "jobs"),
+    }
+    made = _run([sys.executable, "-m", "relay", "tokens", "new", "ci"], env=env, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    done = _run([sys.executable, "-m", "relay", "serve"], env=env, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line == (
+        "error: RELAY_LOCAL_ISOLATION=bwrap: bubblewrap is not installed: "
+        "apt-get install bubblewrap"
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "flag"),
+    [
+        # bubblewrap 0.8's own words under Docker's defaults, one missing allowance each.
+        ("bwrap: Can't mount proc on /newroot/proc: Operation not permitted", "systempaths="),
+        (
+            "bwrap: No permissions to creating new namespace, likely because the kernel does "
+            "not allow non-privileged user namespaces.",
+            "seccomp=unconfined",
+        ),
+        ("bwrap: setting up uid map: Permission denied", "seccomp=unconfined"),
+        ("bwrap: Failed to make / slave: Permission denied", "apparmor=unconfined"),
+    ],
+)
+def test_a_failing_bubblewrap_names_the_flag_the_container_lacks(error: str, flag: str) -> None:
+    from relay.providers.local.provider import bwrap_fix
+
+    assert flag in bwrap_fix(error)
+
+
+def test_readiness_comments_say_what_readyz_checks() -> None:
+    for path in (K8S / "deployment.yaml", DEPLOY / "fly.toml"):
+        text = path.read_text()
+        assert "providers ok" not in text, path
+        [comment] = re.findall(r"^\s*# (?:Ready for traffic|Readiness).*(?:\n\s*#.*)*", text, re.M)
+        words = " ".join(re.sub(r"^\s*#", "", line) for line in comment.splitlines())
+        words = " ".join(words.lower().split())
+        for word in ("store", "writes", "token file", "draining", "no cloud provider"):
+            assert word in words, (path, word)

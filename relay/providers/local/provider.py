@@ -141,19 +141,54 @@ def _system_binds() -> list[str]:
 
 def bwrap_works() -> bool:
     """True when bubblewrap is installed and can create its namespaces here."""
+    return bwrap_problem() is None
+
+
+BWRAP_FIXES = (
+    # (words in bwrap's error, what the host must allow), the first match wins. In a
+    # container these are the `docker run` flags docs/deploy.md explains.
+    (
+        ("can't mount proc",),
+        "a container masks /proc: run it with --security-opt systempaths=unconfined",
+    ),
+    (
+        ("no permissions to create", "creating new namespace", "setting up uid map"),
+        "user namespaces are refused: in a container run it with --security-opt "
+        "seccomp=unconfined (or a seccomp profile that allows them), on a host allow them "
+        "(sysctl user.max_user_namespaces, kernel.apparmor_restrict_unprivileged_userns=0)",
+    ),
+    (
+        ("permission denied", "operation not permitted"),
+        "a security profile refuses its mounts: in a container run it with --security-opt "
+        "apparmor=unconfined (and seccomp=unconfined, systempaths=unconfined)",
+    ),
+)
+
+
+def bwrap_fix(error: str) -> str:
+    """What the host must allow for bubblewrap, from the error it printed."""
+    lowered = error.lower()
+    for words, fix in BWRAP_FIXES:
+        if any(word in lowered for word in words):
+            return fix
+    return "see docs/deploy.md (bubblewrap in a container), or set RELAY_LOCAL_ISOLATION=none"
+
+
+def bwrap_problem() -> str | None:
+    """Why bubblewrap cannot sandbox a job here, in one line naming the fix, or ``None``."""
     path = shutil.which("bwrap")
     if path is None:
-        return False
+        return "bubblewrap is not installed: apt-get install bubblewrap"
     probe = [path, "--unshare-all", *_system_binds(), "--", "/usr/bin/true"]
     try:
-        return (
-            subprocess.run(
-                probe, capture_output=True, timeout=10, check=False, env=HOST_ENV
-            ).returncode
-            == 0
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
+        done = subprocess.run(probe, capture_output=True, timeout=10, check=False, env=HOST_ENV)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bubblewrap did not run ({exc})"
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.decode(errors="replace").strip().splitlines()
+    error = lines[-1] if lines else f"exit {done.returncode}"
+    return f"bubblewrap fails here ({error}); {bwrap_fix(error)}"
 
 
 def sandbox_root(settings: Settings) -> Path:
@@ -636,6 +671,12 @@ class LocalProvider:
             self.isolation = "bwrap" if bwrap_works() else "none"
         else:
             self.isolation = settings.local_isolation
+        if settings.local_isolation == "bwrap":
+            # Asked for by name (deploy/container.env does): refuse to start rather than
+            # answer every run with an error that hides what the host must allow.
+            problem = bwrap_problem()
+            if problem is not None:
+                raise ConfigError(f"RELAY_LOCAL_ISOLATION=bwrap: {problem}")
         self.bwrap = shutil.which("bwrap", path=HOST_ENV["PATH"]) or "bwrap"
         self.network = private_network.available(settings.local_network)
         self.egress_allow = list(settings.local_egress_allow)

@@ -1,0 +1,116 @@
+"""The install: the distribution name, the licence that ships with it, and the lock file.
+
+"relay" on the package index is an unrelated project, so the distribution is
+``sandbox-relay`` (the import package and the ``relay`` command keep their name): no doc,
+recipe or hint may tell anyone to ``pip install relay``.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from tests.conftest import REPO
+
+DISTRIBUTION = "sandbox-relay"
+OLD_NAME = re.compile(
+    # `relay[extra]` or `pip install relay` as a distribution, not a path (`./relay[all]`),
+    # not the command (`relay serve`) and not part of a longer name (`sandbox-relay[all]`).
+    r"(?<![\w/.-])relay\[|pip install (?:-\S+ )*['\"]?relay(?![\w/.-])"
+)
+
+
+def _texts() -> list[Path]:
+    """Every file a person or the code reads an install command from."""
+    found = [
+        REPO / name
+        for name in ("README.md", "CHANGELOG.md", "pyproject.toml", "Dockerfile", "Makefile")
+    ]
+    for folder, pattern in (("docs", "*.md"), ("deploy", "*"), ("relay", "*.py")):
+        found += [path for path in (REPO / folder).rglob(pattern) if path.is_file()]
+    return [path for path in found if path.exists()]
+
+
+def test_the_distribution_is_sandbox_relay_and_the_command_relay() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["name"] == DISTRIBUTION
+    assert project["scripts"] == {"relay": "relay.cli:main"}
+    extras = project["optional-dependencies"]
+    references = [item for items in extras.values() for item in items if "[" in item]
+    assert references and all(item.startswith(f"{DISTRIBUTION}[") for item in references)
+
+
+def test_no_doc_or_hint_names_the_old_distribution() -> None:
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in _texts()
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if OLD_NAME.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_a_missing_sdk_names_the_distribution_to_install() -> None:
+    source = (REPO / "relay" / "providers" / "registry.py").read_text()
+    hints = re.findall(r"pip install [^\"]+", source)
+    assert hints and all(hint.startswith(f"pip install '{DISTRIBUTION}") for hint in hints)
+
+
+def test_the_mit_licence_ships_in_the_package_metadata() -> None:
+    licence = (REPO / "LICENSE").read_text()
+    assert licence.startswith("MIT License\n") and "WITHOUT WARRANTY OF ANY KIND" in licence
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT"
+    assert project["license-files"] == ["LICENSE"]
+    # The image builds the package from a copy of the files its metadata names.
+    assert re.search(r"^COPY pyproject\.toml README\.md LICENSE \./$", _dockerfile(), re.M)
+
+
+def _dockerfile() -> str:
+    return (REPO / "Dockerfile").read_text()
+
+
+LOCK = REPO / "requirements" / "dev.lock"
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)$")
+
+
+def _name(requirement: str) -> str:
+    """The normalised project name of a requirement (PEP 503)."""
+    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    assert match, requirement
+    return re.sub(r"[-_.]+", "-", match.group(0)).lower()
+
+
+def _pins() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in LOCK.read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = PIN.match(line)
+        assert match, f"not a name==version pin: {line!r}"
+        pins[_name(match.group(1))] = match.group(2)
+    return pins
+
+
+def test_the_lock_pins_every_dependency_but_not_the_package() -> None:
+    pins = _pins()
+    assert DISTRIBUTION not in pins and "relay" not in pins
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"])
+    for items in project["optional-dependencies"].values():
+        wanted += [item for item in items if not item.startswith(DISTRIBUTION)]
+    missing = {_name(item) for item in wanted} - set(pins)
+    assert not missing, f"{sorted(missing)} not in {LOCK.name}: run `make lock`"
+
+
+def test_make_test_and_ci_install_from_the_lock() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    assert "LOCK   := requirements/dev.lock" in makefile
+    installs = re.findall(r"^\t\$\(BIN\)/pip install .*$", makefile, re.M)
+    assert installs and all("-c $(LOCK)" in line for line in installs), installs
+    assert re.search(r"^\$\(VENV\)/\.dev: pyproject\.toml \$\(LOCK\)", makefile, re.M)
+    assert re.search(r"^lock:$", makefile, re.M)
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+    readme = (REPO / "README.md").read_text()
+    assert "pip install -c requirements/dev.lock -e '.[dev]'" in readme and "make lock" in readme
