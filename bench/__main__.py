@@ -18,7 +18,7 @@ from pathlib import Path
 from bench import admission, bounded, local, promises, servers, waiting
 from bench.load import LoadResult, run_wrk
 from bench.report import Results, machine_line, render, targets
-from relay.providers.local.provider import bwrap_works
+from relay.providers.local.invocation import bwrap_works
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 NOOP = {"job": "noop"}

@@ -35,7 +35,8 @@ from pathlib import Path
 from bench.client import KeepAliveClient
 from relay.providers.base import Egress, OutputSink, Resources, SandboxSpec
 from relay.providers.local import cgroups
-from relay.providers.local.provider import LocalProvider, LocalSandbox
+from relay.providers.local.provider import LocalProvider
+from relay.providers.local.sandbox import LocalSandbox
 from relay.runs.models import SIZES, Size
 from relay.settings import Settings
 

@@ -72,7 +72,7 @@ def _dev_setup(settings: Settings) -> str | None:
 def _dev_isolation(settings: Settings) -> Settings:
     """``serve --dev`` on a machine without bubblewrap: say so loudly and run unisolated,
     so the first try works; a real deployment keeps ``auto``, which refuses instead."""
-    from relay.providers.local.provider import bwrap_works
+    from relay.providers.local.invocation import bwrap_works
 
     if settings.local_isolation != "auto" or "local" not in settings.providers or bwrap_works():
         return settings
@@ -119,7 +119,7 @@ def _check_startup(settings: Settings) -> None:
 
 
 def _isolation_in_use(settings: Settings) -> str:
-    from relay.providers.local.provider import bwrap_works
+    from relay.providers.local.invocation import bwrap_works
 
     if settings.local_isolation == "none":
         return "none (RELAY_LOCAL_ISOLATION=none): jobs run WITHOUT a sandbox"

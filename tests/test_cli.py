@@ -167,11 +167,11 @@ def test_serve_dev_prints_a_curl_that_works(tmp_path: Path) -> None:
 def test_dev_mode_without_bubblewrap_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import relay.providers.local.provider
+    import relay.providers.local.invocation
     from relay.cli import _dev_isolation
     from relay.settings import Settings
 
-    monkeypatch.setattr(relay.providers.local.provider, "bwrap_works", lambda: False)
+    monkeypatch.setattr(relay.providers.local.invocation, "bwrap_works", lambda: False)
     settings = _dev_isolation(Settings(_env_file=None))  # type: ignore[call-arg]
     assert settings.local_isolation == "none"
     assert "WITHOUT isolation" in capsys.readouterr().err

@@ -795,7 +795,7 @@ def test_local_isolation_bwrap_refuses_to_start_in_one_line_without_bubblewrap(
     ],
 )
 def test_a_failing_bubblewrap_names_the_flag_the_container_lacks(error: str, flag: str) -> None:
-    from relay.providers.local.provider import bwrap_fix
+    from relay.providers.local.invocation import bwrap_fix
 
     assert flag in bwrap_fix(error)
 

@@ -160,7 +160,7 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
     tokens = TokenStore(settings.tokens_file)
     catalog = Catalog.load(settings.jobs_dir)
     if "local" in settings.providers:
-        from relay.providers.local.provider import check_root, sandbox_root
+        from relay.providers.local.root import check_root, sandbox_root
 
         check_root(sandbox_root(settings))  # refuse an untrusted root before serving
     metrics_token = settings.metrics_token

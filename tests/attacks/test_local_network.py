@@ -27,7 +27,8 @@ import pytest
 from relay.errors import EgressUnsupported
 from relay.providers.base import Egress, SandboxSpec
 from relay.providers.local import private_network
-from relay.providers.local.provider import LocalProvider, bwrap_works
+from relay.providers.local.invocation import bwrap_works
+from relay.providers.local.provider import LocalProvider
 from tests.conftest import make_settings
 from tests.relay_server import RelayProcess
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.providers.local.provider import LocalProvider, _marked_pids
+from relay.providers.local.provider import LocalProvider
+from relay.providers.local.root import marked_pids
 from tests.conftest import make_settings
 from tests.contract.harness import Harness
 from tests.contract.suite import ProviderContract, checked
@@ -25,7 +26,7 @@ async def open_harness(tmp_path: Path, isolation: str = "bwrap") -> AsyncIterato
     async def alive() -> set[str]:
         ids = {home.name for home in root.iterdir()}
         known.update(ids)
-        return ids | {i for i in known if _marked_pids(i)}
+        return ids | {i for i in known if marked_pids(i)}
 
     async def tags_of(sandbox_id: str) -> dict[str, str]:
         data = json.loads((root / sandbox_id / "tags.json").read_text())

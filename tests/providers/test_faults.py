@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from relay.providers.local.provider import _marked_pids
+from relay.providers.local.root import marked_pids
 from relay.runs.reaper import BEATS_BEFORE_JUDGING
 from tests.relay_server import RelayProcess
 
@@ -42,7 +42,7 @@ def local_rig(tmp: Path) -> Iterator[Rig]:
     def alive() -> set[str]:
         ids = {home.name for home in root.iterdir()}
         seen.update(ids)
-        return ids | {i for i in seen if _marked_pids(i)}
+        return ids | {i for i in seen if marked_pids(i)}
 
     yield Rig("local", {"local_isolation": "bwrap", "local_root": root}, alive)
 

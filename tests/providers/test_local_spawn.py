@@ -16,14 +16,10 @@ import pytest
 
 from relay.providers.base import Egress, OutputSink, SandboxSpec
 from relay.providers.local import spawn
-from relay.providers.local.provider import (
-    HOST_ENV,
-    LocalProvider,
-    LocalSandbox,
-    _limits,
-    _marked_pids,
-    bwrap_works,
-)
+from relay.providers.local.invocation import HOST_ENV, base_rlimits, bwrap_works
+from relay.providers.local.provider import LocalProvider
+from relay.providers.local.root import marked_pids
+from relay.providers.local.sandbox import LocalSandbox
 from tests.conftest import make_settings
 from tests.relay_server import RelayProcess
 
@@ -63,7 +59,7 @@ async def test_the_job_runs_under_the_sandbox_limits(tmp_path: Path, isolation: 
         await provider.aclose()
     assert result.exit_code == 0
     cpu_s = int(spec.lifetime_s)
-    assert _limits_seen(sink.text("stdout")) == _limits(cpu_s, spec.resources.memory_mb)
+    assert _limits_seen(sink.text("stdout")) == base_rlimits(cpu_s, spec.resources.memory_mb)
 
 
 @needs_bwrap
@@ -91,15 +87,15 @@ def test_killing_the_relay_kills_its_sandboxes(tmp_path: Path) -> None:
         sandbox_id = None
         while time.monotonic() < deadline and not sandbox_id:
             current = relay.get(token, f"/v1/runs/{run['id']}").json()
-            if current["state"] == "running" and _marked_pids(current["sandbox_id"]):
+            if current["state"] == "running" and marked_pids(current["sandbox_id"]):
                 sandbox_id = current["sandbox_id"]
             time.sleep(0.05)
         assert sandbox_id, "the sleep job never started"
         relay.kill()  # SIGKILL: no cleanup runs in the relay
         deadline = time.monotonic() + 10
-        while _marked_pids(sandbox_id) and time.monotonic() < deadline:
+        while marked_pids(sandbox_id) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _marked_pids(sandbox_id) == []
+        assert marked_pids(sandbox_id) == []
     finally:
         relay.kill()
 

@@ -1,0 +1,239 @@
+"""How the local provider starts a command on the host: bubblewrap's options (the
+read-only system binds, the sandbox's accounts), the rlimits, the memfds that carry options
+and files, the ``setpriv`` wrapper in front of bubblewrap, and :class:`Invocation`, which
+holds all of it until the command is spawned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from relay.errors import ConfigError, ProviderError
+from relay.providers.base import DEFAULT_WORKDIR
+
+_ETC_FILES = (
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "resolv.conf",
+    "hosts",
+    "nsswitch.conf",
+    "localtime",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "python3",
+    "python3.11",
+    "mime.types",
+    "gai.conf",
+    "host.conf",
+    "protocols",
+    "services",
+    "os-release",
+    "debian_version",
+)
+BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": DEFAULT_WORKDIR, "LANG": "C.UTF-8"}
+"""A job's environment before its own variables and the sandbox marker."""
+HOST_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+"""The whole environment of every host-side process the relay starts with bubblewrap."""
+ACCOUNTS = {
+    "passwd": b"root:x:0:0:root:/root:/usr/sbin/nologin\n"
+    b"nobody:x:65534:65534:nobody:/workspace:/usr/sbin/nologin\n",
+    "group": b"root:x:0:\nnogroup:x:65534:\n",
+}
+"""``/etc/passwd`` and ``/etc/group`` inside a sandbox: the host's would name its users."""
+_PR_SET_PDEATHSIG = 1
+MIB = 1024 * 1024
+WRITABLE = ("/workspace", "/tmp")  # noqa: S108
+"""The sandbox's writable mounts (tmpfs), the only places uploads and workdirs may be."""
+
+
+def system_binds() -> list[str]:
+    """Read-only system folders and harmless /etc files; nothing of the relay's own."""
+    binds = ["--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "lib", "lib32", "lib64", "sbin"):
+        host = Path("/", link)
+        if host.is_symlink():
+            binds += ["--symlink", os.readlink(host), f"/{link}"]
+        elif host.is_dir():
+            binds += ["--ro-bind", str(host), f"/{link}"]
+    for name in _ETC_FILES:
+        if Path("/etc", name).exists():
+            binds += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    return [*binds, "--proc", "/proc", "--dev", "/dev"]
+
+
+def bwrap_works() -> bool:
+    """True when bubblewrap is installed and can create its namespaces here."""
+    return bwrap_problem() is None
+
+
+BWRAP_FIXES = (
+    # (words in bwrap's error, what the host must allow), the first match wins. In a
+    # container these are the `docker run` flags docs/deploy.md explains.
+    (
+        ("can't mount proc",),
+        "a container masks /proc: run it with --security-opt systempaths=unconfined",
+    ),
+    (
+        ("no permissions to create", "creating new namespace", "setting up uid map"),
+        "user namespaces are refused: in a container run it with --security-opt "
+        "seccomp=unconfined (or a seccomp profile that allows them), on a host allow them "
+        "(sysctl user.max_user_namespaces, kernel.apparmor_restrict_unprivileged_userns=0)",
+    ),
+    (
+        ("permission denied", "operation not permitted"),
+        "a security profile refuses its mounts: in a container run it with --security-opt "
+        "apparmor=unconfined (and seccomp=unconfined, systempaths=unconfined)",
+    ),
+)
+
+
+def bwrap_fix(error: str) -> str:
+    """What the host must allow for bubblewrap, from the error it printed."""
+    lowered = error.lower()
+    for words, fix in BWRAP_FIXES:
+        if any(word in lowered for word in words):
+            return fix
+    return "see docs/deploy.md (bubblewrap in a container), or set RELAY_LOCAL_ISOLATION=none"
+
+
+def bwrap_problem() -> str | None:
+    """Why bubblewrap cannot sandbox a job here, in one line naming the fix, or ``None``."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return "bubblewrap is not installed: apt-get install bubblewrap"
+    probe = [path, "--unshare-all", *system_binds(), "--", "/usr/bin/true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, timeout=10, check=False, env=HOST_ENV)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bubblewrap did not run ({exc})"
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.decode(errors="replace").strip().splitlines()
+    error = lines[-1] if lines else f"exit {done.returncode}"
+    return f"bubblewrap fails here ({error}); {bwrap_fix(error)}"
+
+
+def base_rlimits(cpu_s: int, memory_mb: int) -> dict[str, tuple[int, int]]:
+    """The rlimits of a sandbox's processes, by ``prlimit`` option name."""
+    address_space = max(memory_mb, 256) * MIB * 2
+    return {
+        "cpu": (cpu_s, cpu_s + 1),
+        "fsize": (1 << 30, 1 << 30),
+        "as": (address_space, address_space),
+    }
+
+
+_RLIMITS = {
+    "cpu": resource.RLIMIT_CPU,
+    "fsize": resource.RLIMIT_FSIZE,
+    "as": resource.RLIMIT_AS,
+    "nproc": resource.RLIMIT_NPROC,
+}
+
+
+def child_setup(limits: Mapping[str, tuple[int, int]]) -> Callable[[], None]:
+    """Runs in the child before exec: die with the relay, and apply the rlimits."""
+
+    def setup() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        for name, limit in limits.items():
+            resource.setrlimit(_RLIMITS[name], limit)
+
+    return setup
+
+
+def sandbox_path(path: str, workdir: str) -> PurePosixPath:
+    """An upload or workdir path inside the sandbox, which must be under a writable mount."""
+    if "\0" in path:
+        raise ProviderError("a path contains a NUL byte")
+    normal = PurePosixPath(os.path.normpath(PurePosixPath(workdir, path)))
+    for inside in WRITABLE:
+        if normal == PurePosixPath(inside) or normal.is_relative_to(inside):
+            return normal
+    raise ProviderError(f"the local provider can write only under /workspace or /tmp: {path}")
+
+
+@dataclass
+class Invocation:
+    """How to start one command: the host argv and environment, and the memfds that
+    carry bwrap's options (``args``) and the uploaded files to it."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None = None
+    setup: Callable[[], None] | None = None
+    fds: list[int] = field(default_factory=list)  # passed to the child, closed after spawn
+    info: tuple[int, int] | None = None  # (read, write) of bwrap's --info-fd pipe
+    block: tuple[int, int] | None = None  # (read, write) of bwrap's --block-fd pipe
+    closed: set[int] = field(default_factory=set)
+    """fds already closed: a number closed twice may by then be another object's."""
+
+    def child_fds(self) -> list[int]:
+        ends = [self.info[1]] if self.info else []
+        ends += [self.block[0]] if self.block else []
+        return [fd for fd in (*self.fds, *ends) if fd not in self.closed]
+
+    def _close(self, fd: int) -> None:
+        if fd not in self.closed:
+            self.closed.add(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def close_child_ends(self) -> None:
+        for fd in self.child_fds():
+            self._close(fd)
+
+    def close(self) -> None:
+        self.close_child_ends()
+        for pipe in (self.info, self.block):
+            for fd in pipe or ():
+                self._close(fd)
+
+
+def memfd(name: str, content: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def refuse_nul(values: Sequence[str], what: str) -> None:
+    if any("\0" in value for value in values):
+        raise ProviderError(f"the {what} contains a NUL byte")
+
+
+def host_wrapper() -> list[str]:
+    """``setpriv`` before bubblewrap: ``--pdeathsig KILL`` ends the sandbox's host-side
+    processes with the relay, and a relay running as root drops to nobody (65534), for
+    bubblewrap maps the sandbox's user to the user that starts it: an escape would
+    otherwise be the host's root."""
+    setpriv = shutil.which("setpriv", path=HOST_ENV["PATH"])
+    if setpriv is None:
+        raise ConfigError(
+            "the local provider needs setpriv (util-linux) to start bubblewrap; install it, "
+            "or set RELAY_LOCAL_ISOLATION=none to run without isolation"
+        )
+    wrapper = [setpriv, "--pdeathsig=KILL"]
+    if os.geteuid() == 0:
+        wrapper += ["--reuid=65534", "--regid=65534", "--clear-groups"]
+        wrapper += ["--inh-caps=-all", "--bounding-set=-all"]
+    return [*wrapper, "--"]

@@ -1,0 +1,103 @@
+"""The local provider's sandbox root on the host: the root's checks, each sandbox's folder
+(its ``tags.json`` and the ``lock`` held while it lives) and their removal, and the
+processes of a sandbox found by its marker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+from relay.errors import ConfigError
+from relay.providers.base import SANDBOX_MARKER
+from relay.settings import Settings
+
+LOCK_FILE = "lock"
+TAGS_FILE = "tags.json"
+
+
+def sandbox_root(settings: Settings) -> Path:
+    """``RELAY_LOCAL_ROOT``, else ``sandboxes`` in the relay's state directory."""
+    if settings.local_root is not None:
+        return settings.local_root
+    return settings.state_directory() / "sandboxes"
+
+
+def check_root(root: Path) -> None:
+    """Create the sandbox root 0700, or refuse one the relay cannot trust as found."""
+    try:
+        found = root.lstat()
+    except FileNotFoundError:
+        root.mkdir(parents=True, mode=0o700)
+        return
+    if not stat.S_ISDIR(found.st_mode):
+        raise ConfigError(f"{root}: the local sandbox root is not a folder")
+    if found.st_uid != os.geteuid():
+        raise ConfigError(
+            f"{root}: the local sandbox root belongs to uid {found.st_uid}, not to the "
+            f"relay's user (uid {os.geteuid()}); remove it or set RELAY_LOCAL_ROOT"
+        )
+    if found.st_mode & 0o077:
+        raise ConfigError(
+            f"{root}: the local sandbox root has mode {stat.S_IMODE(found.st_mode):04o}; "
+            "it must allow no group or other access (chmod 700 it, or remove it)"
+        )
+
+
+def kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def marked_pids(sandbox_id: str) -> list[int]:
+    """Processes whose environment carries this sandbox's marker (setsid escapees)."""
+    marker = f"{SANDBOX_MARKER}={sandbox_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+    return found
+
+
+def lock_held(home: Path) -> bool:
+    """True while some relay (this one included) keeps the sandbox's lock."""
+    try:
+        fd = os.open(home / LOCK_FILE, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def remove_home(home: Path) -> None:
+    """Remove a sandbox's folder, its ``tags.json`` last, so a folder that could not be
+    removed stays listed for the reaper. Unreadable folders (``chmod 000``) are opened up."""
+
+    def opened_up(function: Callable[..., object], path: str, _exc: object) -> None:
+        os.chmod(os.path.dirname(path) or ".", 0o700)
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o700)
+        function(path)
+
+    for entry in list(home.iterdir()):
+        if entry.name == TAGS_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, onerror=opened_up)
+        else:
+            entry.unlink()
+    (home / TAGS_FILE).unlink(missing_ok=True)
+    home.rmdir()

@@ -1,0 +1,344 @@
+"""A local sandbox (:class:`LocalSandbox`): its uploads, the command it starts in
+bubblewrap (or a process group), the setup steps run before the job starts, and the pumps
+of its output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from ipaddress import IPv4Network
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+from relay.errors import ProviderError, SandboxLost
+from relay.providers.base import (
+    DEFAULT_WORKDIR,
+    SANDBOX_MARKER,
+    ExecResult,
+    OutputSink,
+    SandboxSpec,
+)
+from relay.providers.local import cgroups, private_network
+from relay.providers.local.invocation import (
+    ACCOUNTS,
+    BASE_ENV,
+    HOST_ENV,
+    MIB,
+    WRITABLE,
+    Invocation,
+    child_setup,
+    memfd,
+    refuse_nul,
+    sandbox_path,
+    system_binds,
+)
+from relay.providers.local.root import kill_group
+from relay.providers.local.spawn import Child, spawn
+from relay.providers.local.spawn import close as close_child
+
+log = logging.getLogger("relay.providers.local")
+
+_READ_CHUNK = 65_536
+_INFO_TIMEOUT_S = 30.0
+
+SetupStep = Callable[["LocalSandbox", int], Awaitable[None]]
+"""A step run with the pid of bwrap's child, after it exists and before it runs the job."""
+
+
+class ProviderView(Protocol):
+    """What a sandbox reads of its provider: ``LocalProvider``, whose module imports this
+    one, so the sandbox names the provider by what it uses of it."""
+
+    @property
+    def root(self) -> Path: ...
+    @property
+    def isolation(self) -> str: ...
+    @property
+    def network(self) -> private_network.NetworkTool | None: ...
+    @property
+    def egress_allow(self) -> Sequence[IPv4Network]: ...
+    @property
+    def bwrap(self) -> str: ...
+    @property
+    def prlimit(self) -> str | None: ...
+    @property
+    def timeout(self) -> str: ...
+    @property
+    def host_wrapper(self) -> Sequence[str]: ...
+    @property
+    def setup_steps(self) -> Sequence[SetupStep]: ...
+    def sizes(self, spec: SandboxSpec) -> tuple[int, int]: ...
+    def rlimits(self, cpu_s: int, memory_mb: int) -> dict[str, tuple[int, int]]: ...
+
+
+class LocalSandbox:
+    """A host folder (tags and lock), a cgroup, and the processes started in it."""
+
+    def __init__(self, provider: ProviderView, sandbox_id: str, spec: SandboxSpec) -> None:
+        self.id = sandbox_id
+        self.provider = provider
+        self.spec = spec
+        self.home = provider.root / sandbox_id
+        self.processes: list[Child] = []
+        self.created = time.monotonic()
+        self.files: dict[PurePosixPath, bytes] = {}
+        self.group: cgroups.SandboxGroup | None = None
+        self.lock: int | None = None
+        self.network: private_network.Attachment | None = None
+        self.memory_mb, self.disk_mb = provider.sizes(spec)
+
+    def _host_path(self, path: str, workdir: str) -> Path:
+        """Without bubblewrap: where a sandbox path lives on the host."""
+        inside = sandbox_path(path, workdir)
+        top = PurePosixPath("/", inside.parts[1])
+        outside = self.home / ("work" if top == PurePosixPath(DEFAULT_WORKDIR) else "tmp")
+        resolved = (outside / inside.relative_to(top)).resolve()
+        if not resolved.is_relative_to(outside.resolve()):
+            raise ProviderError(f"the path leaves the sandbox: {path}")
+        return resolved
+
+    async def upload(self, files: Mapping[str, bytes]) -> None:
+        for path, content in files.items():
+            if self.provider.isolation == "none":
+                target = self._host_path(path, DEFAULT_WORKDIR)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                await asyncio.to_thread(target.write_bytes, content)
+            else:
+                self.files[sandbox_path(path, DEFAULT_WORKDIR)] = content
+
+    def _bwrap_args(self, workdir: str, env: Mapping[str, str]) -> tuple[list[str], list[int]]:
+        """bwrap's options (read from its --args memfd) and the file memfds they name."""
+        disk = str(self.disk_mb * MIB)
+        args = ["--die-with-parent", "--unshare-all", "--new-session"]
+        args += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
+        args += system_binds()
+        for mount in (*WRITABLE, "/dev/shm"):  # noqa: S108 (inside the sandbox)
+            args += ["--size", disk, "--tmpfs", mount]
+        fds: list[int] = []
+        try:
+            # The sandbox's own accounts, not the host's (names and home folders).
+            for name, content in ACCOUNTS.items():
+                fd = memfd(name, content)
+                fds.append(fd)
+                args += ["--ro-bind-data", str(fd), f"/etc/{name}"]
+            for path, content in self.files.items():
+                fd = memfd("upload", content)
+                fds.append(fd)
+                args += ["--dir", str(path.parent), "--perms", "0644", "--file", str(fd)]
+                args.append(str(path))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        tool = self.provider.network
+        if self.spec.egress.open and tool is not None:
+            # The host's resolv.conf may name 127.0.0.53, closed to the sandbox.
+            fd = memfd("resolv.conf", tool.resolv_conf().encode())
+            fds.append(fd)
+            args += ["--ro-bind-data", str(fd), "/etc/resolv.conf"]
+        args += ["--dir", workdir, "--remount-ro", "/", "--chdir", workdir, "--clearenv"]
+        for name, value in {**BASE_ENV, **env, SANDBOX_MARKER: self.id}.items():
+            args += ["--setenv", name, value]
+        return args, fds
+
+    def launch(
+        self,
+        argv: Sequence[str],
+        workdir: str,
+        cpu_s: int,
+        env: Mapping[str, str],
+        lifetime_s: int | None = None,
+    ) -> Invocation:
+        """How to start ``argv`` in this sandbox (the caller spawns it and closes the fds).
+
+        With bubblewrap, ``prlimit`` sets the rlimits and bwrap's ``--die-with-parent``
+        ties the sandbox to the relay, so no Python runs in the child and the spawn can
+        use vfork: a ``preexec_fn`` forces a full fork of the relay, 5-10 ms for a relay
+        of ~100 MB, on every run. Without bubblewrap (or prlimit) the child setup does it.
+
+        ``lifetime_s`` is the sandbox's hard deadline, kept by ``timeout -s KILL`` on the
+        host side of bubblewrap (under ``setpriv --pdeathsig KILL``, so it also dies with
+        the relay): a job cannot see, stop or outlive it.
+        """
+        limits = self.provider.rlimits(cpu_s, self.memory_mb)
+        if lifetime_s is not None and self.provider.isolation == "none":
+            argv = ["timeout", "-s", "KILL", str(lifetime_s), *argv]
+        if self.provider.isolation == "none":
+            job_env = {**BASE_ENV, **env, SANDBOX_MARKER: self.id, "HOME": str(self.home / "work")}
+            cwd = str(self._host_path(".", workdir))
+            return Invocation(list(argv), job_env, cwd, child_setup(limits))
+        refuse_nul(list(argv), "command")
+        refuse_nul([*env, *env.values()], "environment")
+        options, fds = self._bwrap_args(workdir, env)
+        invocation = Invocation([], dict(HOST_ENV), fds=fds)
+        try:
+            args_fd = memfd("bwrap-args", b"".join(o.encode() + b"\0" for o in options))
+            invocation.fds.append(args_fd)
+            invocation.info = os.pipe2(os.O_CLOEXEC)
+            invocation.block = os.pipe2(os.O_CLOEXEC)
+        except BaseException:
+            invocation.close()
+            raise
+        command = list(self.provider.host_wrapper)
+        if lifetime_s is not None:
+            command += [self.provider.timeout, "-s", "KILL", str(lifetime_s)]
+        command += [self.provider.bwrap, "--args", str(args_fd)]
+        command += ["--info-fd", str(invocation.info[1]), "--block-fd", str(invocation.block[0])]
+        command += ["--", *argv]
+        if self.provider.prlimit is None:
+            invocation.argv, invocation.setup = command, child_setup(limits)
+            return invocation
+        flags = [f"--{name}={soft}:{hard}" for name, (soft, hard) in limits.items()]
+        invocation.argv = [self.provider.prlimit, *flags, "--", *command]
+        return invocation
+
+    async def _release(self, process: Child, invocation: Invocation) -> None:
+        """Read bwrap's child pid, run the setup steps with it, then let the job start.
+
+        If bwrap ends before it reports (bad options), its exit and stderr tell the run.
+        """
+        assert invocation.info is not None and invocation.block is not None
+        invocation.close_child_ends()
+        info = await _read_info(invocation.info[0])
+        if info is None:
+            return
+        try:
+            pid = int(str(info["child-pid"]))
+            for step in self.provider.setup_steps:
+                await step(self, pid)
+        except private_network.NetworkError as exc:
+            kill_group(process.pid)  # before the block fd closes: EOF would start the job
+            log.warning("sandbox %s: private network failed: %s", self.id, exc)
+            raise ProviderError("could not attach the sandbox's private network") from exc
+        except ProcessLookupError:
+            # bwrap's child ended during its own setup (a file it could not create):
+            # nothing can run, and bwrap's exit and stderr tell the run why.
+            kill_group(process.pid)
+            return
+        except (OSError, ValueError, KeyError) as exc:
+            kill_group(process.pid)
+            log.warning(
+                "sandbox %s: a setup step failed",
+                self.id,
+                extra={"error_class": type(exc).__name__, "error": str(exc)[:200]},
+            )
+            raise ProviderError("could not set up the sandbox's limits") from exc
+        os.write(invocation.block[1], b"1")
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None,
+        env: Mapping[str, str],
+        workdir: str | None,
+        timeout_s: float,
+        output: OutputSink,
+    ) -> ExecResult:
+        workdir = str(sandbox_path(workdir or ".", DEFAULT_WORKDIR))
+        if self.provider.isolation == "none":
+            self._host_path(".", workdir).mkdir(parents=True, exist_ok=True)
+        # The sandbox's own hard deadline: even a relay that hangs cannot keep it alive.
+        left = max(1, int(self.created + self.spec.lifetime_s - time.monotonic()))
+        cpu_s = max(1, int(self.spec.lifetime_s))
+        invocation = self.launch(argv, workdir, cpu_s, env, lifetime_s=left)
+        try:
+            try:
+                process = await spawn(
+                    invocation.argv,
+                    stdin=stdin is not None,
+                    env=invocation.env,
+                    cwd=invocation.cwd,
+                    preexec_fn=invocation.setup,
+                    pass_fds=invocation.child_fds(),
+                )
+            except OSError as exc:
+                raise ProviderError(f"could not start the command: {exc.strerror}") from exc
+            self.processes.append(process)
+            code = await self._run(process, invocation, stdin, output)
+        finally:
+            invocation.close()
+        if not self.home.exists():
+            raise SandboxLost("the sandbox was terminated during the run")
+        killed = self.group.oom_kills() if self.group is not None else 0
+        memory_limit = self.memory_mb + self.disk_mb if killed else None
+        return ExecResult(exit_code=code if code >= 0 else 128 - code, memory_limit_mb=memory_limit)
+
+    async def _run(
+        self, process: Child, invocation: Invocation, stdin: bytes | None, output: OutputSink
+    ) -> int:
+        pumps = [
+            asyncio.create_task(_pump(process.stdout, "stdout", output)),
+            asyncio.create_task(_pump(process.stderr, "stderr", output)),
+        ]
+        try:
+            if invocation.info is not None:
+                async with asyncio.timeout(_INFO_TIMEOUT_S):
+                    await self._release(process, invocation)
+            if stdin is not None and process.stdin is not None:
+                pumps.append(asyncio.create_task(_feed(process.stdin, stdin)))
+            code = await process.wait()
+            # A background child may hold the pipes open after the command ended (only
+            # without bubblewrap, whose PID namespace ends with the command): don't wait.
+            await asyncio.wait(pumps, timeout=1.0)
+        finally:
+            if process.returncode is None:
+                kill_group(process.pid)
+            for pump in pumps:
+                pump.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            close_child(process)
+            if self.network is not None:
+                network, self.network = self.network, None
+                await network.close()
+        return code
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _read_info(fd: int) -> dict[str, object] | None:
+    """bwrap's ``--info-fd`` JSON, or ``None`` when it closed the pipe without one."""
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+    data = bytearray()
+    while True:
+        readable: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, _set_once, readable)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(fd)
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            return None
+        data += chunk
+        with contextlib.suppress(ValueError):
+            info = json.loads(data)
+            if isinstance(info, dict):
+                return info
+
+
+async def _pump(stream: asyncio.StreamReader | None, name: str, output: OutputSink) -> None:
+    if stream is None:
+        return
+    while chunk := await stream.read(_READ_CHUNK):
+        output.write("stdout" if name == "stdout" else "stderr", chunk)
+
+
+async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
+    with contextlib.suppress(ConnectionError):
+        pipe.write(data)
+        await pipe.drain()
+        pipe.close()
