@@ -95,7 +95,10 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
-    log.error("unhandled error", extra={"error_class": type(exc).__name__})
+    log.error(
+        "unhandled error",
+        extra={"error_class": type(exc).__name__, "traceback": logs.traceback_of(exc)},
+    )
     return error_response(request, RelayError())
 
 
