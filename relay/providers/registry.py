@@ -39,9 +39,7 @@ def load_provider(name: str, settings: Settings) -> Provider:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        # The distribution is sandbox-relay: "relay" on the package index is someone else's.
-        extra = f"[{entry.extra}]" if entry.extra else ""
-        hint = f"pip install 'sandbox-relay{extra}'"
+        hint = f"pip install 'relay[{entry.extra}]'" if entry.extra else "reinstall relay"
         raise ConfigError(f"provider {name!r} needs its SDK: {hint}") from exc
     provider: Provider = getattr(module, class_name)(settings)
     return provider
