@@ -136,7 +136,7 @@ class RunService:
         except BaseException:
             self.runner.release(run_id)
             raise
-        if limit_headers is not None:
+        if limit_headers is not None and standing is not None:
             limit_headers.update(
                 rate_limit_headers(admission, standing, run.reserved_usd, admitted=True)
             )

@@ -362,21 +362,24 @@ class Store:
 
     # -- runs --------------------------------------------------------------------------
 
-    async def admit_run(self, run: RunRecord, admission: Admission | None = None) -> Standing:
+    async def admit_run(
+        self, run: RunRecord, admission: Admission | None = None
+    ) -> Standing | None:
         """Insert ``run`` only if every limit allows it (``None``: no limits), atomically
-        across replicas; returns the token's standing before it (for RateLimit headers).
+        across replicas; returns the token's standing before it (for RateLimit headers),
+        ``None`` when no limits were weighed.
 
         Raises :class:`DuplicateKey` for a known Idempotency-Key (checked first, so a retry
         is never refused by a limit its first attempt took) or :class:`LimitReached`.
         """
 
-        def work(conn: Connection) -> Standing:
+        def work(conn: Connection) -> Standing | None:
             if conn.dialect.name == "postgresql":
                 conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({_LOCK_ADMIT})"))
             key = run.idempotency_key
             if key is not None and conn.execute(_BY_KEY, {"token": run.token, "key": key}).first():
                 raise DuplicateKey
-            standing = check_limits(conn, run, admission) if admission else Standing()
+            standing = check_limits(conn, run, admission) if admission else None
             try:
                 fast_path.write(conn, _INSERT, with_sizes(run.columns()))
             except IntegrityError as exc:  # the unique index: another replica got there first
