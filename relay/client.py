@@ -23,6 +23,7 @@ A webhook receiver checks each callback with ``verify_signature(secret, header, 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import hmac
 import json
@@ -321,20 +322,60 @@ class Client:
         return self._request("GET", path)[1]
 
 
+STANDARD_SECRET_PREFIX = "whsec_"  # noqa: S105  # a prefix, not a secret
+
+
+def standard_webhooks_key(secret: str | bytes) -> bytes:
+    """The HMAC key of the Standard Webhooks signature for a relay webhook secret.
+
+    As the Standard Webhooks spec says, a ``whsec_`` secret is the base64 of the key; any
+    other secret (the relay's own are plain text) is the key as UTF-8 bytes. A receiver's
+    library takes the second kind as bytes: ``Webhook(secret.encode())``, or as the string
+    ``"whsec_" + base64(secret)``.
+    """
+    if isinstance(secret, bytes):
+        return secret
+    if secret.startswith(STANDARD_SECRET_PREFIX):
+        encoded = secret[len(STANDARD_SECRET_PREFIX) :]
+        return base64.b64decode(encoded + "=" * (-len(encoded) % 4))
+    return secret.encode()
+
+
+def standard_webhooks_signature(
+    secret: str | bytes, message_id: str, stamp: int, body: bytes
+) -> str:
+    """``v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">`` (``webhook-signature``)."""
+    signed = f"{message_id}.{stamp}.".encode() + body
+    digest = hmac.new(standard_webhooks_key(secret), signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
 def verify_signature(
     secret: str | bytes,
-    header: str | None,
+    header: str | typing.Mapping[str, str] | None,
     body: bytes,
     tolerance_s: float = 300.0,
     *,
     now: float | None = None,
 ) -> bool:
-    """True when ``header`` (``Relay-Signature: t=…,v1=…``) signs exactly ``body`` with
-    ``secret`` and its time is within ``tolerance_s`` of now; pass the raw request body.
+    """True when a delivery signs exactly ``body`` with ``secret`` and its time is within
+    ``tolerance_s`` of now; pass the raw request body.
 
-    Receivers should also ignore a ``Relay-Delivery-Id`` they have already handled:
-    a delivery is retried until it is answered with a 2xx.
+    ``header`` is either the request's headers (any mapping, such as ``self.headers`` of
+    ``http.server``): the Standard Webhooks ``webhook-id``, ``webhook-timestamp`` and
+    ``webhook-signature`` are checked, else ``Relay-Signature``; or the ``Relay-Signature``
+    value alone (``t=…,v1=…``).
+
+    Receivers should also ignore a delivery id (``webhook-id``, the same as
+    ``Relay-Delivery-Id``) they have already handled: a delivery is retried until it is
+    answered with a 2xx.
     """
+    moment = time.time() if now is None else now
+    if header is not None and not isinstance(header, str):
+        headers = {str(key).lower(): value for key, value in header.items()}
+        if headers.get("webhook-signature"):
+            return _verify_standard(secret, headers, body, tolerance_s, moment)
+        header = headers.get("relay-signature")
     if not header:
         return False
     stamp: int | None = None
@@ -347,11 +388,26 @@ def verify_signature(
             signatures.append(value)
     if stamp is None or not signatures:
         return False
-    if abs((time.time() if now is None else now) - stamp) > tolerance_s:
+    if abs(moment - stamp) > tolerance_s:
         return False
     key_bytes = secret.encode() if isinstance(secret, str) else secret
     expected = hmac.new(key_bytes, f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
     return any(hmac.compare_digest(expected, candidate) for candidate in signatures)
+
+
+def _verify_standard(
+    secret: str | bytes, headers: dict[str, str], body: bytes, tolerance_s: float, now: float
+) -> bool:
+    message_id = headers.get("webhook-id", "")
+    stamp_text = headers.get("webhook-timestamp", "")
+    if not message_id or not stamp_text.isdigit():
+        return False
+    stamp = int(stamp_text)
+    if abs(now - stamp) > tolerance_s:
+        return False
+    expected = standard_webhooks_signature(secret, message_id, stamp, body).encode()
+    candidates = headers["webhook-signature"].split()  # several, space-separated
+    return any(hmac.compare_digest(expected, candidate.encode()) for candidate in candidates)
 
 
 def parse_params(pairs: list[str]) -> dict[str, Any]:

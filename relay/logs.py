@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 import time
+import traceback
 from collections.abc import Iterable
 from typing import Any
 
@@ -37,6 +38,7 @@ FIELDS = (
     "duration_ms",
     "delivery_id",
     "attempt",
+    "traceback",
 )
 
 _context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("relay_log_context")
@@ -153,3 +155,24 @@ def configure(level: str, fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # relay.access instead
+
+
+def traceback_of(error: BaseException) -> str:
+    """The stack of ``error`` and of the errors it came from, for a log line, told without
+    anything the program held: each frame's file, line, function and source text, and each
+    error's class name. Frame locals are not read, and no error's message is kept: an
+    unexpected error's message may quote a request body, a header or a key (an SDK's URL,
+    a ``KeyError`` of a caller's value), and the class and the place find the bug."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        frames = traceback.extract_tb(current.__traceback__)  # no locals captured
+        kind = type(current)
+        stack = "".join(traceback.format_list(frames))
+        parts.append(f"{kind.__module__}.{kind.__qualname__} (message not logged)\n{stack}")
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+    return "\nwhich came from: ".join(parts).rstrip()

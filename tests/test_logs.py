@@ -9,13 +9,21 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.testclient import TestClient
 
 from relay import logs
-from tests.relay_server import RelayProcess
+from relay.auth import new_token
+from relay.http.app import create_app
+from tests.conftest import make_settings
+from tests.relay_server import SECRET_CANARY, RelayProcess
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +154,46 @@ def test_other_libraries_chatter_is_dropped_and_known_secrets_blanked(
         "oops [redacted] was here",
         "a relay debug line",
     ]
+
+
+def test_a_500_logs_its_stack_without_values(tmp_path: Path) -> None:
+    """The unexpected error's class and frames are logged; its message, the frame locals,
+    the body and the token are not (the message may quote any of them)."""
+
+    def lookup(body: bytes, token: str) -> None:
+        held = {"token": token, "body": body}  # a frame local that must not be logged
+        raise KeyError(f"{held} {SECRET_CANARY}")
+
+    async def broken(request: Request) -> Response:
+        try:
+            lookup(await request.body(), request.headers["authorization"])
+        except KeyError as error:
+            raise RuntimeError(f"wrapped {SECRET_CANARY}") from error
+        return Response()
+
+    settings = make_settings(tmp_path)
+    token = new_token(settings.tokens_file, "boom")
+    app = create_app(settings)
+    app.router.routes.insert(0, Route("/boom", broken, methods=["POST"]))
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.JsonFormatter())
+    logger = logging.getLogger("relay.app")
+    logger.addHandler(handler)
+    try:
+        with TestClient(app, raise_server_exceptions=False) as client:
+            answer = client.post(
+                "/boom",
+                content=b"body-marker-55 " + SECRET_CANARY.encode(),
+                headers={"Authorization": f"Bearer {token}"},
+            )
+    finally:
+        logger.removeHandler(handler)
+    assert answer.status_code == 500 and answer.json()["error"]["code"] == "internal"
+    [line] = [json.loads(raw) for raw in stream.getvalue().splitlines()]
+    assert line["event"] == "unhandled error" and line["error_class"] == "RuntimeError"
+    stack = line["traceback"]
+    assert "builtins.RuntimeError" in stack and "builtins.KeyError" in stack
+    assert "in lookup" in stack and "in broken" in stack and "test_logs.py" in stack
+    for secret in (SECRET_CANARY, token, "body-marker-55", "Bearer"):
+        assert secret not in stream.getvalue(), secret

@@ -96,7 +96,10 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
-    log.error("unhandled error", extra={"error_class": type(exc).__name__})
+    log.error(
+        "unhandled error",
+        extra={"error_class": type(exc).__name__, "traceback": logs.traceback_of(exc)},
+    )
     return error_response(request, RelayError())
 
 
@@ -142,8 +145,17 @@ class RequestContext:
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
+                sent = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                # A handler's headers for whatever it answers, an error included (the
+                # RateLimit fields of POST /v1/runs); the answer's own win.
+                extra: dict[str, str] = scope["state"].get("extra_headers") or {}
+                names = {name.lower() for name, _ in sent}
+                sent += [
+                    (name.lower().encode(), value.encode())
+                    for name, value in extra.items()
+                    if name.lower().encode() not in names
+                ]
+                message["headers"] = sent
             await send(message)
 
         if too_large:

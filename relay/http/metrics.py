@@ -26,6 +26,8 @@ The series (names are stable API; dashboards depend on them):
 ``relay_local_cleanup_failures_total``      counter    (local sandbox cleanups that failed)
 ``relay_pruned_rows_total``                 counter    table (runs, deliveries)
 ``relay_store_bytes``                       gauge      (SQLite file pages, or PG database)
+``relay_build_info``                        gauge      version, python (always 1)
+``process_*``                               various    (this process: CPU, memory, fds)
 ==========================================  =========  ===============================
 
 Run metrics come from the ``finished`` event: the run service publishes it for each run
@@ -42,16 +44,25 @@ from __future__ import annotations
 
 import hmac
 import json
+import platform
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from relay import __version__
 from relay.errors import Unauthorized
 from relay.runs.event_bus import EventBus, RunEvent
 
@@ -185,6 +196,16 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_LiveCollector(self))
+        # The process's CPU, memory, open files and start time, read from /proc at scrape
+        # time (nothing on a system without /proc); the usual names: process_*.
+        ProcessCollector(registry=self.registry)
+        build = Gauge(
+            "relay_build_info",
+            "Always 1; the labels say which relay and Python answer.",
+            ("version", "python"),
+            registry=self.registry,
+        )
+        build.labels(version=__version__, python=platform.python_version()).set(1)
         self._children: dict[tuple[Any, ...], Any] = {}
 
     def _labels(self, metric: Any, *values: str) -> Any:

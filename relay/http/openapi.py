@@ -65,11 +65,20 @@ _RUN_LINKS = {
 """A run answer leads to the run's own URL (clients and fuzzers follow these)."""
 _RETRY = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
 _RATE_LIMIT = {
-    name: {"schema": {"type": "integer"}, "description": text}
+    name: {"schema": {"type": "string"}, "description": text}
     for name, text in (
-        ("RateLimit-Limit", "the limit that was reached"),
-        ("RateLimit-Remaining", "what is left of it (0)"),
-        ("RateLimit-Reset", "seconds until it resets"),
+        (
+            "RateLimit-Policy",
+            "the token's limits, an IETF structured-field list (draft-ietf-httpapi-ratelimit-"
+            'headers): `"concurrent";q=2;qu="concurrent-requests"`, `"runs-day";q=100;w=86400`, '
+            '`"usd-day";q=150;qu="usd-cents";w=86400` (USD in whole cents); only for a token '
+            "with limits",
+        ),
+        (
+            "RateLimit",
+            'what is left of each: `"runs-day";r=99;t=3600` (`r` remaining, `t` seconds until '
+            "it is back); only for a token with limits",
+        ),
     )
 }
 
@@ -159,13 +168,15 @@ def _create_run(common: dict[str, Any]) -> dict[str, Any]:
             "content": {"application/json": {"schema": _ref("RunRequest"), "examples": examples}},
         },
         "responses": {
-            "200": _json("Run", "the finished run", _LOCATION, _RUN_LINKS),
+            "200": _json("Run", "the finished run", {**_LOCATION, **_RATE_LIMIT}, _RUN_LINKS),
             "429": _json(
                 "ErrorBody",
                 "error codes: rate_limited, budget_exceeded",
                 {**_RETRY, **_RATE_LIMIT},
             ),
-            "202": _json("Run", "accepted; poll Location", _LOCATION, _RUN_LINKS),
+            "202": _json(
+                "Run", "accepted; poll Location", {**_LOCATION, **_RATE_LIMIT}, _RUN_LINKS
+            ),
             **_errors(400, 403, 409, 413, 415, 422, 502, 503, 504),
             **common,
         },

@@ -169,7 +169,9 @@ async def create_run(request: Request) -> Response:
     key = _idempotency_key(request)
     body = await _read_request(request)
     state = _state(request)
-    run, _created = await state.service.submit(principal, body, key)
+    limits: dict[str, str] = {}
+    request.state.extra_headers = limits  # the RateLimit fields, on any answer from here on
+    run, _created = await state.service.submit(principal, body, key, limits)
     if body.wait and not RunState(run.state).final:
         run = await state.service.wait(run.id, state.settings.max_wait_s)
     found = await state.service.deliveries([run])

@@ -1,17 +1,37 @@
 """The limits policy: which limits a token's new run is admitted under, and what a caller
-is told when one refuses it.
+is told of them.
 
 The limits are decided in the database, in the transaction that inserts the run
-(relay/store/limits.py), which raises :class:`~relay.store.limits.LimitReached`; the run
-service turns that into the 429 here, once.
+(relay/store/limits.py), which raises :class:`~relay.store.limits.LimitReached` or returns
+the token's :class:`~relay.store.limits.Standing`; the run service turns either into the
+headers here, once.
+
+Every answer to ``POST /v1/runs`` by a token with limits carries the IETF RateLimit header
+fields (draft-ietf-httpapi-ratelimit-headers, the ``RateLimit-Policy`` and ``RateLimit``
+structured fields), one policy per limit the token has::
+
+    RateLimit-Policy: "concurrent";q=2;qu="concurrent-requests", "runs-day";q=100;w=86400,
+                      "usd-day";q=150;qu="usd-cents";w=86400
+    RateLimit: "concurrent";r=1, "runs-day";r=99;t=3600, "usd-day";r=140;t=3600
+
+Quotas and remainders are integers, as the fields require: a USD budget is counted in
+cents (``qu="usd-cents"``; ``usd_per_day = 1.5`` is ``q=150``; fractions of a cent, in the
+quota or what is left, are rounded down).
+``t`` is the seconds until the policy's quota is back: midnight UTC for the daily ones; for
+runs at once, given only when none is left, the expected end of the soonest running run.
+A 429 adds ``Retry-After``, the ``t`` of the limit that refused.
 """
 
 from __future__ import annotations
 
+import math
+
 from relay.auth import Principal
 from relay.errors import BudgetExceeded, RateLimited
 from relay.settings import Settings
-from relay.store.limits import Admission, LimitReached
+from relay.store.limits import Admission, LimitReached, Standing, day_start
+
+DAY_S = 86_400
 
 
 def admission_for(principal: Principal, settings: Settings, now: float) -> Admission:
@@ -25,22 +45,53 @@ def admission_for(principal: Principal, settings: Settings, now: float) -> Admis
     )
 
 
-def refusal(limit: LimitReached) -> RateLimited:
-    """429 with Retry-After and the RateLimit-* headers that say when to come back."""
-    headers = {
-        "RateLimit-Limit": f"{limit.limit:g}",
-        "RateLimit-Remaining": "0",
-        "RateLimit-Reset": str(max(1, round(limit.retry_after))),
-    }
+def cents(usd: float) -> int:
+    """Whole cents of an amount, rounded down (a limit of 1.5 is exactly 150, not 149.99…;
+    one finer than a cent, such as 0.025, is told as 2)."""
+    return max(0, math.floor(round(usd * 100, 6)))
+
+
+def rate_limit_headers(
+    admission: Admission, standing: Standing, reserved_usd: float, admitted: bool
+) -> dict[str, str]:
+    """``RateLimit-Policy`` and ``RateLimit`` for a token's limits, after the run was
+    admitted (it counts) or refused (it does not); empty for a token with no limits."""
+    taken = 1 if admitted else 0
+    until_midnight = max(1, math.ceil(day_start(admission.now) + DAY_S - admission.now))
+    policies: list[str] = []
+    states: list[str] = []
+    if admission.token_concurrent is not None and standing.active is not None:
+        left = max(0, admission.token_concurrent - standing.active - taken)
+        policies.append(f'"concurrent";q={admission.token_concurrent};qu="concurrent-requests"')
+        frees = f";t={max(1, math.ceil(standing.frees_in))}" if standing.frees_in else ""
+        states.append(f'"concurrent";r={left}' + (frees if left == 0 else ""))
+    if admission.runs_per_day is not None and standing.runs_today is not None:
+        left = max(0, admission.runs_per_day - standing.runs_today - taken)
+        policies.append(f'"runs-day";q={admission.runs_per_day};w={DAY_S}')
+        states.append(f'"runs-day";r={left};t={until_midnight}')
+    if admission.usd_per_day is not None and standing.usd_today is not None:
+        spent = standing.usd_today + (reserved_usd if admitted else 0.0)
+        left = cents(admission.usd_per_day - spent)
+        policies.append(f'"usd-day";q={cents(admission.usd_per_day)};qu="usd-cents";w={DAY_S}')
+        states.append(f'"usd-day";r={left};t={until_midnight}')
+    if not policies:
+        return {}
+    return {"RateLimit-Policy": ", ".join(policies), "RateLimit": ", ".join(states)}
+
+
+def refusal(limit: LimitReached, admission: Admission, reserved_usd: float) -> RateLimited:
+    """429 with ``Retry-After`` (when the refusing limit frees) and the RateLimit fields."""
+    headers = rate_limit_headers(admission, limit.standing, reserved_usd, admitted=False)
+    retry_after = math.ceil(limit.retry_after)  # whole seconds, as ``t`` says
     if limit.kind == "usd_per_day":
         return BudgetExceeded(
             f"this token's daily budget of ${limit.limit:g} is used up (counting the worst "
             "case of its running runs and of this one)",
-            retry_after=limit.retry_after,
+            retry_after=retry_after,
             headers=headers,
         )
     what = {
         "concurrency": f"{limit.limit:g} runs at once",
         "runs_per_day": f"{limit.limit:g} runs a day",
     }[limit.kind]
-    return RateLimited(f"limit reached: {what}", retry_after=limit.retry_after, headers=headers)
+    return RateLimited(f"limit reached: {what}", retry_after=retry_after, headers=headers)

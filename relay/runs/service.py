@@ -28,7 +28,7 @@ from relay.runs.callback_urls import refuse_unsafe_callback
 from relay.runs.catalog import Catalog
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
-from relay.runs.limits import admission_for, refusal
+from relay.runs.limits import admission_for, rate_limit_headers, refusal
 from relay.runs.models import RunRequest, RunState
 from relay.runs.planning import Planner, request_hash
 from relay.runs.runner import Runner
@@ -77,9 +77,15 @@ class RunService:
         self._drain_started: float | None = None
 
     async def submit(
-        self, principal: Principal, request: RunRequest, idempotency_key: str | None
+        self,
+        principal: Principal,
+        request: RunRequest,
+        idempotency_key: str | None,
+        limit_headers: dict[str, str] | None = None,
     ) -> tuple[RunRecord, bool]:
-        """Admit and start a run; returns it and whether it is new."""
+        """Admit and start a run; returns it and whether it is new. ``limit_headers``, if
+        given, receives the RateLimit fields of a new run's answer (relay/runs/limits.py);
+        a refusal carries its own."""
         if not self.accepting:
             raise ShuttingDown(retry_after=5)
         # Only a retry with the same key is compared to its first request.
@@ -115,8 +121,9 @@ class RunService:
             callback_url=request.callback_url,
         )
         self.runner.hold(run_id)  # before the row exists: a sweep now must not orphan it
+        admission = admission_for(principal, self.settings, now)
         try:
-            await self.store.admit_run(run, admission_for(principal, self.settings, now))
+            standing = await self.store.admit_run(run, admission)
         except DuplicateKey:
             self.runner.release(run_id)
             existing = await self.store.find_by_key(principal.name, idempotency_key or "")
@@ -125,10 +132,14 @@ class RunService:
             return _same_request(existing, digest), False
         except LimitReached as limit:
             self.runner.release(run_id)
-            raise refusal(limit) from None
+            raise refusal(limit, admission, run.reserved_usd) from None
         except BaseException:
             self.runner.release(run_id)
             raise
+        if limit_headers is not None and standing is not None:
+            limit_headers.update(
+                rate_limit_headers(admission, standing, run.reserved_usd, admitted=True)
+            )
         # The run's task copies this context: its log lines carry these ids too.
         logs.bind(run_id=run_id, token=principal.name, job=plan.job, provider=plan.provider)
         self.runner.start(plan, run)

@@ -40,7 +40,7 @@ from sqlalchemy.ext.compiler import compiles
 
 from relay.errors import ConfigError, InvalidRequest
 from relay.store.connection import database_url, sqlite_engine
-from relay.store.limits import Admission, DuplicateKey, check_limits
+from relay.store.limits import Admission, DuplicateKey, Standing, check_limits
 from relay.store.records import RunRecord, RunValues
 from relay.store.schema import (
     ACTIVE,
@@ -362,28 +362,31 @@ class Store:
 
     # -- runs --------------------------------------------------------------------------
 
-    async def admit_run(self, run: RunRecord, admission: Admission | None = None) -> None:
+    async def admit_run(
+        self, run: RunRecord, admission: Admission | None = None
+    ) -> Standing | None:
         """Insert ``run`` only if every limit allows it (``None``: no limits), atomically
-        across replicas.
+        across replicas; returns the token's standing before it (for RateLimit headers),
+        ``None`` when no limits were weighed.
 
         Raises :class:`DuplicateKey` for a known Idempotency-Key (checked first, so a retry
         is never refused by a limit its first attempt took) or :class:`LimitReached`.
         """
 
-        def work(conn: Connection) -> None:
+        def work(conn: Connection) -> Standing | None:
             if conn.dialect.name == "postgresql":
                 conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({_LOCK_ADMIT})"))
             key = run.idempotency_key
             if key is not None and conn.execute(_BY_KEY, {"token": run.token, "key": key}).first():
                 raise DuplicateKey
-            if admission is not None:
-                check_limits(conn, run, admission)
+            standing = check_limits(conn, run, admission) if admission else None
             try:
                 fast_path.write(conn, _INSERT, with_sizes(run.columns()))
             except IntegrityError as exc:  # the unique index: another replica got there first
                 raise DuplicateKey from exc
+            return standing
 
-        await self.run(work)
+        return await self.run(work)
 
     async def usage(self, token: str, since: float) -> Usage:
         """Runs, sandbox seconds and USD of a token's runs created since ``since``."""

@@ -37,14 +37,30 @@ class Admission:
     now: float
 
 
-class LimitReached(Exception):
-    """A limit refused the run: which one, its value, and when to try again (seconds)."""
+@dataclass(frozen=True)
+class Standing:
+    """What the token had used when a run was weighed, before that run (``None``: not read,
+    its limit being unset). ``frees_in`` is the seconds until the soonest of the token's
+    running runs is expected to end (see :func:`_frees_in`), read when at its limit."""
 
-    def __init__(self, kind: str, limit: float, retry_after: float) -> None:
+    active: int | None = None
+    frees_in: float | None = None
+    runs_today: int | None = None
+    usd_today: float | None = None
+
+
+class LimitReached(Exception):
+    """A limit refused the run: which one, its value, when to try again (seconds), and the
+    token's standing at that moment."""
+
+    def __init__(
+        self, kind: str, limit: float, retry_after: float, standing: Standing | None = None
+    ) -> None:
         super().__init__(kind)
         self.kind = kind
         self.limit = limit
         self.retry_after = max(1.0, retry_after)
+        self.standing = standing or Standing()
 
 
 _active = runs.c.state.in_(state_in(ACTIVE))
@@ -58,32 +74,80 @@ _TODAY = sa.select(
 ).where(token_days.c.token == sa.bindparam("token"), token_days.c.day == sa.bindparam("day"))
 
 
-def check_limits(conn: Connection, run: RunRecord, admission: Admission) -> None:
-    """Raise :class:`LimitReached` if inserting ``run`` would pass a limit."""
+def check_limits(conn: Connection, run: RunRecord, admission: Admission) -> Standing:
+    """Raise :class:`LimitReached` if inserting ``run`` would pass a limit; else the
+    token's standing before ``run`` (for the RateLimit headers of the answer)."""
     if admission.global_concurrent is not None:
-        count, first_end = fast_path.row(conn, _ACTIVE_ALL, {})
+        count, _ = fast_path.row(conn, _ACTIVE_ALL, {})
         if count >= admission.global_concurrent:
-            raise LimitReached(
-                "concurrency", admission.global_concurrent, (first_end or 0) - admission.now
-            )
+            frees_in = _frees_in(conn, None, admission.now)
+            raise LimitReached("concurrency", admission.global_concurrent, frees_in)
+    standing = Standing()
     if admission.token_concurrent is not None:
-        count, first_end = fast_path.row(conn, _ACTIVE_MINE, {"token": run.token})
+        count, _ = fast_path.row(conn, _ACTIVE_MINE, {"token": run.token})
+        standing = Standing(active=count)
         if count >= admission.token_concurrent:
-            raise LimitReached(
-                "concurrency", admission.token_concurrent, (first_end or 0) - admission.now
-            )
+            frees_in = _frees_in(conn, run.token, admission.now)
+            daily = _today(conn, run, admission)
+            standing = Standing(count, frees_in, *daily)
+            raise LimitReached("concurrency", admission.token_concurrent, frees_in, standing)
     if admission.runs_per_day is None and admission.usd_per_day is None:
-        return
+        return standing
     next_day = day_start(admission.now) + 86_400 - admission.now
-    today = {"token": run.token, "day": day_number(run.created_at)}
-    count, used = fast_path.row(conn, _TODAY, today)
-    if admission.runs_per_day is not None and count >= admission.runs_per_day:
-        raise LimitReached("runs_per_day", admission.runs_per_day, next_day)
+    runs_today, used = _today(conn, run, admission)
+    standing = Standing(standing.active, None, runs_today, used)
+    if admission.runs_per_day is not None and (runs_today or 0) >= admission.runs_per_day:
+        raise LimitReached("runs_per_day", admission.runs_per_day, next_day, standing)
     if (
         admission.usd_per_day is not None
-        and float(used) + run.reserved_usd > admission.usd_per_day + 1e-12
+        and (used or 0.0) + run.reserved_usd > admission.usd_per_day + 1e-12
     ):
-        raise LimitReached("usd_per_day", admission.usd_per_day, next_day)
+        raise LimitReached("usd_per_day", admission.usd_per_day, next_day, standing)
+    return standing
+
+
+def _today(
+    conn: Connection, run: RunRecord, admission: Admission
+) -> tuple[int | None, float | None]:
+    """The token's runs and USD of the day ``run`` is in (``None``: no daily limit)."""
+    if admission.runs_per_day is None and admission.usd_per_day is None:
+        return None, None
+    today = {"token": run.token, "day": day_number(run.created_at)}
+    count, used = fast_path.row(conn, _TODAY, today)
+    return int(count), float(used)
+
+
+RECENT_RUNS = 50
+"""How many of the latest runs :func:`_frees_in` learns durations from (a bounded read)."""
+
+
+def _frees_in(conn: Connection, token: str | None, now: float) -> float:
+    """Seconds until the soonest running run (the token's, or any with ``None``) is
+    expected to end: its start plus the longest time its job took in the latest
+    :data:`RECENT_RUNS` ended runs, at most its deadline; a job with no such run is
+    expected at its deadline. A run past its expected end may end any moment: 1 s.
+
+    Its deadline alone (the create timeout plus the job's timeout) would tell the caller of
+    a 3 s job to come back in 90 s. Read only when refusing, from a bounded index scan."""
+    mine = (runs.c.token == token,) if token is not None else ()
+    recent = (
+        sa.select(runs.c.job, runs.c.created_at, runs.c.ended_at)
+        .where(*mine)
+        .order_by(runs.c.created_at.desc())
+        .limit(RECENT_RUNS)
+    )
+    took: dict[str | None, float] = {}
+    for job, created_at, ended_at in conn.execute(recent):
+        if ended_at is not None:
+            took[job] = max(took.get(job, 0.0), ended_at - created_at)
+    active = sa.select(runs.c.job, runs.c.created_at, runs.c.deadline).where(_active, *mine)
+    ends = [
+        min(deadline, created_at + took[job]) if job in took else deadline
+        for job, created_at, deadline in conn.execute(active)
+    ]
+    if not ends:
+        return 1.0
+    return max(1.0, float(min(ends)) - now)
 
 
 def day_number(stamp: float) -> int:

@@ -4,12 +4,18 @@ The delivery row is written with the run's final state (``delivery_for_final_run
 relay/store/database.py); this module sends it. The body is exactly what
 ``GET /v1/runs/{id}`` answers at that moment. Headers::
 
+    webhook-id: dlv_…               (Standard Webhooks: the delivery id)
+    webhook-timestamp: <unix seconds>
+    webhook-signature: v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">
     Relay-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">
     Relay-Run-Id: run_…
     Relay-Delivery-Id: dlv_…        (the same on every attempt: receivers dedupe on it)
     Relay-Delivery-Attempt: 1
 
 The secret is the token's ``webhook_secret`` (token file), else ``RELAY_WEBHOOK_SECRET``.
+``Relay-Signature`` keys the HMAC with its UTF-8 bytes; ``webhook-signature`` does so too,
+except for a ``whsec_`` secret, whose base64 is decoded as the Standard Webhooks spec says
+(relay/client.py: ``standard_webhooks_key``).
 A non-2xx answer (redirects included), a timeout or a connection error is retried after
 ``RELAY_WEBHOOK_BACKOFF_S * 2**(attempt-1)``, with jitter, up to
 ``RELAY_WEBHOOK_MAX_ATTEMPTS``; a URL refused at delivery (see callback_urls.py) is not.
@@ -35,6 +41,7 @@ from typing import Any
 import httpx
 
 from relay import __version__
+from relay.client import standard_webhooks_signature
 from relay.errors import CallbackRefused
 from relay.runs.callback_urls import (
     CallbackUnresolved,
@@ -62,6 +69,18 @@ def sign(secret: str, body: bytes, timestamp: int | None = None) -> str:
     stamp = int(time.time()) if timestamp is None else timestamp
     digest = hmac.new(secret.encode(), f"{stamp}.".encode() + body, hashlib.sha256)
     return f"t={stamp},v1={digest.hexdigest()}"
+
+
+def signature_headers(secret: str, delivery_id: str, body: bytes) -> dict[str, str]:
+    """Both signatures of ``body``, made at one moment: the Standard Webhooks headers, whose
+    receivers' libraries verify them, and ``Relay-Signature``."""
+    stamp = int(time.time())
+    return {
+        "webhook-id": delivery_id,
+        "webhook-timestamp": str(stamp),
+        "webhook-signature": standard_webhooks_signature(secret, delivery_id, stamp, body),
+        "Relay-Signature": sign(secret, body, stamp),
+    }
 
 
 def backoff_s(attempt: int, base_s: float) -> float:
@@ -213,7 +232,7 @@ class WebhookDispatcher:
         headers = {
             "Content-Type": "application/json",
             "Host": target.host_header,
-            "Relay-Signature": sign(secret, body),
+            **signature_headers(secret, delivery.id, body),
             "Relay-Run-Id": run.id,
             "Relay-Delivery-Id": delivery.id,
             "Relay-Delivery-Attempt": str(delivery.attempts),

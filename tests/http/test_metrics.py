@@ -8,6 +8,7 @@ provider whose terminate fails, since nothing local refuses to terminate.
 from __future__ import annotations
 
 import asyncio
+import platform
 import signal
 import threading
 import time
@@ -22,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from relay import __version__
 from relay.auth import new_token
 from relay.http.app import create_app
 from relay.http.metrics import Metrics
@@ -131,6 +133,19 @@ def test_labels_are_templates_never_raw_input(relay: RelayProcess) -> None:
     assert value(samples, "relay_http_requests_total", **{
         "method": "other", "route": "/v1/jobs", "status": "405"
     }) >= 1  # fmt: skip
+
+
+def test_process_and_build_info_series(relay: RelayProcess) -> None:
+    """The relay's own process (not the test's) and its build, on the app's registry."""
+    _, samples = scrape(relay)
+    build = {labels: v for (name, labels), v in samples.items() if name == "relay_build_info"}
+    assert list(build.values()) == [1.0]
+    labels = dict(next(iter(build)))
+    assert labels["version"] == __version__ and labels["python"] == platform.python_version()
+    assert value(samples, "process_resident_memory_bytes") > 1_000_000
+    assert value(samples, "process_open_fds") > 0
+    start = value(samples, "process_start_time_seconds")
+    assert 0 < time.time() - start < 3600
 
 
 def test_in_flight_follows_a_running_run(relay: RelayProcess) -> None:

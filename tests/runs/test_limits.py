@@ -7,6 +7,7 @@ injected clock, so a day can roll over inside a test.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,9 +93,10 @@ async def test_runs_per_day_at_its_edge_and_after_midnight(rig: Rig) -> None:
         await rig.service.submit(principal, RunRequest(command=["true"]), None)
     assert refused.value.code == "rate_limited" and refused.value.status == 429
     headers = refused.value.response_headers()
-    until_midnight = day_start(rig.clock.now) + DAY - rig.clock.now
-    assert headers["Retry-After"] == headers["RateLimit-Reset"] == str(round(until_midnight))
-    assert headers["RateLimit-Limit"] == "3" and headers["RateLimit-Remaining"] == "0"
+    until_midnight = round(day_start(rig.clock.now) + DAY - rig.clock.now)
+    assert headers["Retry-After"] == str(until_midnight)
+    assert headers["RateLimit-Policy"] == f'"runs-day";q=3;w={DAY:.0f}'
+    assert headers["RateLimit"] == f'"runs-day";r=0;t={until_midnight}'
     rig.clock.now = day_start(rig.clock.now) + DAY + 1  # the next day
     await rig.service.submit(principal, RunRequest(command=["true"]), None)
 
@@ -132,13 +134,17 @@ async def test_idempotent_retry_is_not_refused_by_its_own_slot(rig: Rig) -> None
 async def test_budget_reserves_the_worst_case_then_records_the_actual(rig: Rig) -> None:
     # local is priced at $0.01 per vCPU-second here; a small run is 1 vCPU.
     principal = token("spender", usd_per_day=0.025)
-    first, _ = await rig.service.submit(principal, sleeper(30, timeout_s=1), None)
+    told: dict[str, str] = {}
+    first, _ = await rig.service.submit(principal, sleeper(30, timeout_s=1), None, told)
+    # Whole cents, as the field needs an integer: $0.025 is told as 2, $0.015 left as 1.
+    assert told["RateLimit-Policy"] == f'"usd-day";q=2;qu="usd-cents";w={DAY:.0f}'
+    assert told["RateLimit"].startswith('"usd-day";r=1;t=')
     second, _ = await rig.service.submit(principal, sleeper(30, timeout_s=1), None)
     assert first.reserved_usd == pytest.approx(0.01)
     with pytest.raises(BudgetExceeded) as refused:  # 0.01 + 0.01 + 0.01 > 0.025
         await rig.service.submit(principal, sleeper(30, timeout_s=1), None)
     assert refused.value.code == "budget_exceeded"
-    assert "RateLimit-Reset" in refused.value.response_headers()
+    assert refused.value.response_headers()["RateLimit"].startswith('"usd-day";r=0;t=')
     done = [await rig.service.wait(r.id, 15) for r in (first, second)]
     for run in done:
         assert run.state == "timed_out"
@@ -174,20 +180,73 @@ def test_rates_can_be_overridden() -> None:
     assert model.cost("e2b", 2, 1024, 3) == pytest.approx(3 * (2 * 1.0 + 0.0000045))
 
 
-def test_http_refusal_headers_and_usage(tmp_path: Path) -> None:
+def rate_limit(headers: httpx.Headers) -> dict[str, dict[str, str]]:
+    """``RateLimit``/``RateLimit-Policy`` items: name → parameters (a test-sized parser of
+    the structured-field lists the relay writes)."""
+    items: dict[str, dict[str, str]] = {}
+    for item in headers.get_list("ratelimit", split_commas=True):
+        name, *parameters = item.strip().split(";")
+        assert name.startswith('"') and name.endswith('"'), item
+        items[name.strip('"')] = dict(parameter.split("=", 1) for parameter in parameters)
+    return items
+
+
+def test_http_rate_limit_fields_on_every_answer(tmp_path: Path) -> None:
     server = RelayProcess(tmp_path / "r", local_isolation="bwrap")
-    limited = server.add_token("limited", command=True, limits={"runs_per_day": 1})
+    limits = {"runs_per_day": 2, "usd_per_day": 1.5, "max_concurrent": 2}
+    limited = server.add_token("limited", command=True, limits=limits)
+    free = server.add_token("free", command=True)
     server.start()
     try:
-        assert server.post(limited, {"command": ["true"]}).status_code == 200
+        first = server.post(limited, {"command": ["true"]})
+        assert first.status_code == 200
+        assert first.headers["RateLimit-Policy"] == (
+            '"concurrent";q=2;qu="concurrent-requests", "runs-day";q=2;w=86400, '
+            '"usd-day";q=150;qu="usd-cents";w=86400'  # $1.5 as whole cents, not 1.5
+        )
+        left = rate_limit(first.headers)
+        until_midnight = left["runs-day"]["t"]
+        assert 1 <= int(until_midnight) <= 86_400 and left["usd-day"]["t"] == until_midnight
+        assert left == {
+            "concurrent": {"r": "1"},  # this run is still counted as running when admitted
+            "runs-day": {"r": "1", "t": until_midnight},
+            "usd-day": {"r": "150", "t": until_midnight},
+        }
+        later = server.post(limited, {"command": ["true"], "wait": False})
+        assert later.status_code == 202 and rate_limit(later.headers)["runs-day"]["r"] == "0"
         refused = server.post(limited, {"command": ["true"]})
         assert refused.status_code == 429
         assert refused.json()["error"]["code"] == "rate_limited"
-        for header in ("Retry-After", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"):
-            assert header in refused.headers
+        assert refused.headers["RateLimit-Policy"] == first.headers["RateLimit-Policy"]
+        assert rate_limit(refused.headers)["runs-day"]["r"] == "0"
+        assert refused.headers["Retry-After"] == rate_limit(refused.headers)["runs-day"]["t"]
+        unlimited = server.post(free, {"command": ["true"]})
+        assert unlimited.status_code == 200 and "RateLimit" not in unlimited.headers
         report = httpx.get(server.url + "/v1/usage", headers=server.headers(limited)).json()
-        assert report["token"] == "limited" and report["today"]["runs"] == 1
-        assert report["limits"]["runs_per_day"] == 1 and report["month"]["runs"] == 1
+        assert report["token"] == "limited" and report["today"]["runs"] == 2
+        assert report["limits"]["runs_per_day"] == 2 and report["month"]["runs"] == 2
+    finally:
+        server.stop()
+
+
+def test_retry_after_of_runs_at_once_is_when_a_run_is_expected_to_end(tmp_path: Path) -> None:
+    """A run of a job that takes ~1 s holds the only slot: come back in ~1 s, not at its
+    deadline (the create timeout plus its timeout, here 40 s)."""
+    server = RelayProcess(tmp_path / "r", local_isolation="bwrap", create_timeout_s=10)
+    limited = server.add_token("limited", command=True, limits={"max_concurrent": 1})
+    server.start()
+    try:
+        nap = {"command": ["sleep", "1"], "timeout_s": 30}
+        assert server.post(limited, nap).json()["state"] == "succeeded"  # how long it takes
+        running = server.post(limited, {**nap, "wait": False})
+        assert running.status_code == 202
+        refused = server.post(limited, nap)
+        assert refused.status_code == 429
+        retry_after = int(refused.headers["Retry-After"])
+        assert 1 <= retry_after <= 3, retry_after
+        assert rate_limit(refused.headers)["concurrent"] == {"r": "0", "t": str(retry_after)}
+        time.sleep(retry_after + 0.5)
+        assert server.post(limited, {"command": ["true"]}).status_code == 200
     finally:
         server.stop()
 

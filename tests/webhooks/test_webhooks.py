@@ -4,6 +4,7 @@ loopback, retries with backoff, survives a restart, and refuses unsafe URLs at s
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import Iterator
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
 
 from relay.client import verify_signature
 from relay.store.database import Store
@@ -20,6 +23,7 @@ from tests.relay_server import RelayProcess, free_port
 from tests.rows import run_row
 
 TOKEN_SECRET = "whsec-token-5b1e"
+STANDARD_SECRET = "whsec_" + base64.b64encode(b"standard-key-3e8a-0123456789abcd").decode()
 GLOBAL_SECRET = "whsec-global-9c2d"
 ECHO = {"job": "echo", "params": {"message": "hi"}}
 
@@ -45,6 +49,8 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
     server.add_token("hooks")
     give_webhook_secret(server, "hooks", TOKEN_SECRET)
     server.add_token("plain")
+    server.add_token("standard")
+    give_webhook_secret(server, "standard", STANDARD_SECRET)
     server.start()
     yield server
     server.stop()
@@ -108,6 +114,41 @@ def test_each_run_is_delivered_once_signed_with_its_secret(relay: RelayProcess) 
         time.sleep(0.3)  # longer than a retry would wait: nothing more arrives
         for run in [*own, shared]:
             assert len(receiver.for_run(run["id"])) == 1
+
+
+def test_standard_webhooks_signature_is_sent_alongside(relay: RelayProcess) -> None:
+    """A receiver's Standard Webhooks library verifies each delivery: a ``whsec_`` secret
+    as the spec has it (base64 of the key), a plain one as its bytes; ``verify_signature``
+    checks either scheme from the headers."""
+    with Receiver() as receiver:
+        plain, standard = (
+            submit(relay, "hooks", receiver.url),
+            submit(relay, "standard", receiver.url),
+        )
+        (by_plain,) = receiver.wait_for(plain["id"])
+        (by_standard,) = receiver.wait_for(standard["id"])
+    for received, secret, library in [
+        (by_plain, TOKEN_SECRET, Webhook(TOKEN_SECRET.encode())),
+        (by_standard, STANDARD_SECRET, Webhook(STANDARD_SECRET)),
+    ]:
+        headers, body = received.headers, received.body
+        assert library.verify(body, headers)["id"] == received.headers["Relay-Run-Id"]
+        assert headers["webhook-id"] == headers["Relay-Delivery-Id"]
+        assert headers["Relay-Signature"].startswith(f"t={headers['webhook-timestamp']},")
+        with pytest.raises(WebhookVerificationError):
+            library.verify(body + b" ", headers)
+        assert verify_signature(secret, headers, body, 60)  # webhook-signature
+        assert verify_signature(secret, headers["Relay-Signature"], body, 60)
+        only_relay = {k: v for k, v in headers.items() if not k.startswith("webhook-")}
+        assert verify_signature(secret, only_relay, body, 60)
+        assert not verify_signature(secret, headers, body + b" ", 60)
+        assert not verify_signature("whsec-other-secret", headers, body, 60)
+        assert not verify_signature(secret, {**headers, "webhook-id": "dlv_other"}, body, 60)
+        assert not verify_signature(secret, headers, body, 60, now=time.time() + 120)
+    # The plain secret's Standard key is its bytes: the whsec_ spelling of it verifies too.
+    as_whsec = "whsec_" + base64.b64encode(TOKEN_SECRET.encode()).decode()
+    assert Webhook(as_whsec).verify(by_plain.body, by_plain.headers)
+    assert verify_signature(as_whsec, by_plain.headers, by_plain.body, 60)
 
 
 def test_a_receiver_failing_twice_gets_three_attempts(relay: RelayProcess) -> None:
