@@ -72,7 +72,10 @@ def test_echo_job(relay: RelayProcess, fake_modal: FakeModal) -> None:
     assert run["provider"] == "modal" and run["cost_usd"] > 0  # at Modal's list price
     entry = created_for(fake_modal, run["id"])
     assert entry["sandbox_id"] == run["sandbox_id"]
-    assert entry["tags"] == {"relay-cluster": "e2e", "relay-run": run["id"]}
+    tags = dict(entry["tags"])
+    created = float(tags.pop("relay-created"))  # the reaper's age rule (Modal lists no time)
+    assert tags == {"relay-cluster": "e2e", "relay-run": run["id"]}
+    assert abs(created - time.time()) < 600
     assert entry["network"] == {"type": "BLOCKED", "cidrs": [], "domains": []}
     assert entry["lifetime"] == 10 + 30  # the job's timeout plus RELAY_GRACE_S
     assert run["sandbox_id"] in {sandbox_id for sandbox_id, _ in fake_modal.ledger.terminated}
