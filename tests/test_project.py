@@ -18,7 +18,7 @@ def test_one_version_string() -> None:
     assert project["project"]["dynamic"] == ["version"]
     assert project["tool"]["hatch"]["version"]["path"] == "relay/__init__.py"
     assert re.fullmatch(r"\d+\.\d+\.\d+", relay.__version__)
-    assert version("relay") == relay.__version__  # what pip installed says the same
+    assert version("sandbox-relay") == relay.__version__  # what pip installed says the same
 
 
 def test_pre_commit_runs_what_make_lint_runs() -> None:
