@@ -65,8 +65,8 @@ class LimitReached(Exception):
 
 _active = runs.c.state.in_(state_in(ACTIVE))
 _mine = runs.c.token == sa.bindparam("token")
-_ACTIVE_ALL = sa.select(sa.func.count(), sa.func.min(runs.c.deadline)).where(_active)
-_ACTIVE_MINE = sa.select(sa.func.count(), sa.func.min(runs.c.deadline)).where(_active, _mine)
+_ACTIVE_ALL = sa.select(sa.func.count()).where(_active)
+_ACTIVE_MINE = sa.select(sa.func.count()).where(_active, _mine)
 # One row, kept by triggers (relay/store/schema.py): the cost does not grow with the day's runs.
 _TODAY = sa.select(
     sa.func.coalesce(sa.func.sum(token_days.c.runs), 0),
@@ -78,13 +78,13 @@ def check_limits(conn: Connection, run: RunRecord, admission: Admission) -> Stan
     """Raise :class:`LimitReached` if inserting ``run`` would pass a limit; else the
     token's standing before ``run`` (for the RateLimit headers of the answer)."""
     if admission.global_concurrent is not None:
-        count, _ = fast_path.row(conn, _ACTIVE_ALL, {})
+        (count,) = fast_path.row(conn, _ACTIVE_ALL, {})
         if count >= admission.global_concurrent:
             frees_in = _frees_in(conn, None, admission.now)
             raise LimitReached("concurrency", admission.global_concurrent, frees_in)
     standing = Standing()
     if admission.token_concurrent is not None:
-        count, _ = fast_path.row(conn, _ACTIVE_MINE, {"token": run.token})
+        (count,) = fast_path.row(conn, _ACTIVE_MINE, {"token": run.token})
         standing = Standing(active=count)
         if count >= admission.token_concurrent:
             frees_in = _frees_in(conn, run.token, admission.now)
