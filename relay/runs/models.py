@@ -30,7 +30,7 @@ MAX_IDEMPOTENCY_KEY_CHARS = 255
 MAX_PATH_BYTES = 1024
 """Longest ``files`` path or ``workdir`` (UTF-8 bytes): a host path must still fit PATH_MAX."""
 MAX_PATH_PARTS = 32
-"""Deepest ``files`` path or ``workdir``, in folders."""
+"""Deepest ``files`` path or ``workdir``, in names (its folders and the file)."""
 MAX_NAME_BYTES = 255
 """Longest single file or folder name (UTF-8 bytes), as every Linux file system has it."""
 
@@ -112,7 +112,7 @@ def _relative_path(value: str) -> str:
         raise ValueError(f"must be at most {MAX_PATH_BYTES} bytes")
     parts = normal.split("/")
     if len(parts) > MAX_PATH_PARTS:
-        raise ValueError(f"must be at most {MAX_PATH_PARTS} folders deep")
+        raise ValueError(f"must be at most {MAX_PATH_PARTS} names deep (its folders and the file)")
     if any(len(part.encode("utf-8")) > MAX_NAME_BYTES for part in parts):
         raise ValueError(f"each name in it must be at most {MAX_NAME_BYTES} bytes")
     return normal
