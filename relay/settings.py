@@ -2,6 +2,10 @@
 
 Built once (``Settings()``) and passed down; no other module reads ``os.environ``.
 Secrets are :class:`pydantic.SecretStr`, so they print as ``**********``.
+
+A cloud provider's own settings (keys, URLs) live next to its code, as a
+:class:`ProviderSettings` model read from ``RELAY_<PROVIDER>_*`` the same way; the
+provider asks for its part with :meth:`Settings.section`.
 """
 
 from __future__ import annotations
@@ -9,12 +13,27 @@ from __future__ import annotations
 import contextlib
 from ipaddress import IPv4Network
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+
+
+class ProviderSettings(BaseSettings):
+    """A provider's own settings, declared in its module with its ``env_prefix``
+    (``RELAY_E2B_``); built by :meth:`Settings.section`, never read on its own."""
+
+    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
+    @classmethod
+    def keyword_prefix(cls) -> str:
+        """How its fields are named as keywords of :class:`Settings` (``e2b_``)."""
+        return str(cls.model_config.get("env_prefix", "")).lower().removeprefix("relay_")
+
+
+Section = TypeVar("Section", bound=ProviderSettings)
 
 
 class Settings(BaseSettings):
@@ -23,6 +42,26 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="RELAY_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
     )
+    _env_file: Any = PrivateAttr(None)
+    _given: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        # Kept for the providers' sections: the same .env file, and the keywords given here
+        # (``Settings(e2b_api_key=...)``) winning over the environment, as for any setting.
+        self._env_file = values.get("_env_file", self.model_config.get("env_file"))
+        self._given = {key: value for key, value in values.items() if not key.startswith("_")}
+
+    def section(self, model: type[Section]) -> Section:
+        """A provider's settings, read from the same sources as these (a missing or
+        malformed value is the model's :class:`pydantic.ValidationError`)."""
+        prefix = model.keyword_prefix()
+        given = {
+            key.removeprefix(prefix): value
+            for key, value in self._given.items()
+            if key.startswith(prefix)
+        }
+        return model(_env_file=self._env_file, **given)
 
     # Serving
     host: str = "127.0.0.1"
@@ -109,26 +148,6 @@ class Settings(BaseSettings):
     """The user-mode networking of ``egress = ["*"]`` sandboxes; ``off`` refuses them."""
     local_egress_allow: Annotated[list[IPv4Network], NoDecode] = []
     """Private or link-local ranges ``["*"]`` sandboxes may reach (host loopback never)."""
-
-    # E2B
-    e2b_api_key: SecretStr | None = None
-    e2b_api_url: str | None = None
-    e2b_sandbox_url: str | None = None
-    e2b_domain: str | None = None
-    e2b_template: str = "base"
-
-    # Modal
-    modal_token_id: SecretStr | None = None
-    modal_token_secret: SecretStr | None = None
-    modal_app: str = "relay"
-    modal_server_url: str | None = None
-    modal_environment: str | None = None
-
-    # Vercel
-    vercel_token: SecretStr | None = None
-    vercel_team_id: str | None = None
-    vercel_project_id: str | None = None
-    vercel_base_url: str | None = None
 
     def state_directory(self) -> Path:
         """The relay's own folder: ``RELAY_STATE_DIR``, else the SQLite file's folder, else

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import pytest
 from relay.errors import ERROR_CLASSES
 from relay.http.openapi import document
 from relay.http.routes import routes
+from relay.providers.registry import PROVIDERS
 from relay.settings import Settings
 from tests.conftest import REPO
 from tests.relay_server import RelayProcess
@@ -25,7 +27,23 @@ CLIENT_VARIABLES = {"RELAY_URL", "RELAY_TOKEN"}
 
 
 def setting_names() -> set[str]:
-    return {f"RELAY_{name.upper()}" for name in Settings.model_fields}
+    """The relay's settings and each provider's own (its module's settings model)."""
+    names = {f"RELAY_{name.upper()}" for name in Settings.model_fields}
+    for entry in PROVIDERS.values():
+        module_name, class_name = entry.target.split(":")
+        provider = getattr(importlib.import_module(module_name), class_name)
+        model = provider.settings_model
+        if model is not None:
+            prefix = model.model_config["env_prefix"]
+            names |= {f"{prefix}{field.upper()}" for field in model.model_fields}
+    return names
+
+
+def test_each_providers_settings_are_its_own() -> None:
+    """A provider's keys are in its module's model, read under its own prefix."""
+    names = setting_names()
+    assert {"RELAY_E2B_API_KEY", "RELAY_MODAL_TOKEN_ID", "RELAY_VERCEL_TOKEN"} <= names
+    assert not any(name.startswith(("e2b_", "modal_", "vercel_")) for name in Settings.model_fields)
 
 
 def test_every_setting_is_in_env_example_and_readme() -> None:

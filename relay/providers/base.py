@@ -51,6 +51,7 @@ from relay.errors import (
     RelayError,
     SandboxLost,
 )
+from relay.settings import ProviderSettings
 
 log = logging.getLogger("relay.providers")
 
@@ -224,6 +225,8 @@ class Provider(Protocol):
     name: ClassVar[str]
     rate: ClassVar[Rate]
     """List prices, the default of ``RELAY_COST_RATES`` (relay/runs/costs.py)."""
+    settings_model: ClassVar[type[ProviderSettings] | None]
+    """Its own ``RELAY_<NAME>_*`` settings, if any (see :meth:`Settings.section`)."""
 
     def check(self, spec: SandboxSpec) -> None:
         """Refuse (``EgressUnsupported``, ``SizeUnsupported``) what can't be enforced."""
@@ -350,6 +353,8 @@ class SandboxProvider(ABC, Generic[S]):
     rate: ClassVar[Rate] = Rate(0.0, 0.0)
     """List prices, the default of ``RELAY_COST_RATES`` (relay/runs/costs.py)."""
     errors: ClassVar[ErrorTable] = ()
+    settings_model: ClassVar[type[ProviderSettings] | None] = None
+    """Its own ``RELAY_<NAME>_*`` settings (keys, URLs), read with ``Settings.section``."""
     retry_after_s: ClassVar[float] = 5.0
     """Suggested delay of a rate-limited answer whose SDK hides the provider's own."""
     terminate_timeout_s: ClassVar[float] = 20.0

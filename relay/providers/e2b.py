@@ -43,6 +43,8 @@ from e2b.exceptions import (
     SandboxUnreachableException,
     ServiceBusyException,
 )
+from pydantic import SecretStr
+from pydantic_settings import SettingsConfigDict
 
 from relay.errors import (
     ConfigError,
@@ -73,7 +75,7 @@ from relay.providers.base import (
     SandboxSpec,
     shielded,
 )
-from relay.settings import Settings
+from relay.settings import ProviderSettings, Settings
 
 log = logging.getLogger("relay.providers.e2b")
 
@@ -106,6 +108,18 @@ ERRORS: ErrorTable = (
 )
 
 
+class E2BSettings(ProviderSettings):
+    """``RELAY_E2B_*``: the key, and URL overrides for a self-hosted E2B or a fake."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAY_E2B_")
+
+    api_key: SecretStr | None = None
+    api_url: str | None = None
+    sandbox_url: str | None = None
+    domain: str | None = None
+    template: str = "base"
+
+
 class E2BProvider(SandboxProvider["E2BSandbox"]):
     """Runs sandboxes on E2B; every SDK call gets the relay's credentials explicitly."""
 
@@ -113,25 +127,28 @@ class E2BProvider(SandboxProvider["E2BSandbox"]):
     label: ClassVar[str] = "E2B"
     rate: ClassVar[Rate] = Rate(0.000014, 0.0000045)
     errors: ClassVar[ErrorTable] = ERRORS
+    settings_model: ClassVar[type[ProviderSettings] | None] = E2BSettings
     retry_after_s: ClassVar[float] = 5.0  # the SDK hides Retry-After (it already retried)
     terminate_timeout_s: ClassVar[float] = 15.0
 
     def __init__(self, settings: Settings) -> None:
-        if settings.e2b_api_key is None:
+        config = settings.section(E2BSettings)
+        if config.api_key is None:
             raise ConfigError("RELAY_E2B_API_KEY is required when the e2b provider is enabled")
-        self._settings = settings
+        self._cluster = settings.cluster
+        self._template = config.template
         self.create_timeout_s = settings.create_timeout_s
-        domain = settings.e2b_domain or "e2b.app"
+        domain = config.domain or "e2b.app"
         # Everything explicit, so no E2B_* variable of the relay's process steers the SDK.
         self._opts: dict[str, Any] = {
-            "api_key": settings.e2b_api_key.get_secret_value(),
+            "api_key": config.api_key.get_secret_value(),
             "domain": domain,
-            "api_url": settings.e2b_api_url or f"https://api.{domain}",
+            "api_url": config.api_url or f"https://api.{domain}",
             "debug": False,
             "request_timeout": settings.create_timeout_s,
         }
-        if settings.e2b_sandbox_url:
-            self._opts["sandbox_url"] = settings.e2b_sandbox_url
+        if config.sandbox_url:
+            self._opts["sandbox_url"] = config.sandbox_url
 
     def check(self, spec: SandboxSpec) -> None:
         """Refuse what E2B cannot enforce; never widen a network policy."""
@@ -165,7 +182,7 @@ class E2BProvider(SandboxProvider["E2BSandbox"]):
             internet = True
         else:
             network = {"allow_out": list(spec.egress.hosts), "deny_out": [ALL_TRAFFIC]}
-        template = spec.image or self._settings.e2b_template
+        template = spec.image or self._template
         try:
             sdk = await AsyncSandbox.create(
                 template=template,
@@ -187,7 +204,7 @@ class E2BProvider(SandboxProvider["E2BSandbox"]):
 
     async def list_tagged(self) -> list[SandboxRef]:
         """Sandboxes (running or paused) whose metadata names this relay's cluster."""
-        query = SandboxQuery(metadata={TAG_CLUSTER: self._settings.cluster})
+        query = SandboxQuery(metadata={TAG_CLUSTER: self._cluster})
         pages = AsyncSandbox.list(query=query, **self._opts)
         refs: list[SandboxRef] = []
         while pages.has_next:

@@ -23,6 +23,8 @@ import modal
 import modal.config
 import modal.exception as modal_errors
 from modal_proto import api_pb2
+from pydantic import SecretStr
+from pydantic_settings import SettingsConfigDict
 
 from relay.errors import (
     ProviderAuth,
@@ -49,7 +51,7 @@ from relay.providers.base import (
     StreamName,
     shielded,
 )
-from relay.settings import Settings
+from relay.settings import ProviderSettings, Settings
 
 log = logging.getLogger("relay.providers.modal")
 
@@ -163,20 +165,34 @@ async def _send_stdin(process: Any, data: bytes) -> None:
     await process.stdin.drain.aio()
 
 
+class ModalSettings(ProviderSettings):
+    """``RELAY_MODAL_*``: the token pair, the App that owns every sandbox, and overrides."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAY_MODAL_")
+
+    token_id: SecretStr | None = None
+    token_secret: SecretStr | None = None
+    app: str = "relay"
+    server_url: str | None = None
+    environment: str | None = None
+
+
 class ModalProvider(SandboxProvider[ModalSandbox]):
-    """Runs jobs as Modal Sandboxes in the App ``settings.modal_app``."""
+    """Runs jobs as Modal Sandboxes in the App ``RELAY_MODAL_APP``."""
 
     name: ClassVar[str] = "modal"
     label: ClassVar[str] = "Modal"
     rate: ClassVar[Rate] = Rate(0.00003942, 0.00000667)
     errors: ClassVar[ErrorTable] = ERRORS
+    settings_model: ClassVar[type[ProviderSettings] | None] = ModalSettings
     retry_after_s: ClassVar[float] = 10.0
     """Modal's throttling errors carry no delay the client exposes; this is our suggestion."""
     terminate_timeout_s: ClassVar[float] = 20.0
     """Bound on one terminate (the client retries transient failures inside it)."""
 
     def __init__(self, settings: Settings) -> None:
-        self._settings = settings
+        self._config = settings.section(ModalSettings)
+        self._cluster = settings.cluster
         self.create_timeout_s = settings.create_timeout_s
         self._client: Any = None
         self._app: Any = None
@@ -226,13 +242,13 @@ class ModalProvider(SandboxProvider[ModalSandbox]):
         """The client and App, built once from the settings (credentials passed explicitly)."""
         async with self._lock:
             if self._client is None:
-                token_id = self._settings.modal_token_id
-                token_secret = self._settings.modal_token_secret
+                token_id = self._config.token_id
+                token_secret = self._config.token_secret
                 if token_id is None or token_secret is None:
                     raise ProviderAuth(
                         "RELAY_MODAL_TOKEN_ID and RELAY_MODAL_TOKEN_SECRET are unset"
                     )
-                server_url = self._settings.modal_server_url or modal.config.DEFAULT_SERVER_URL
+                server_url = self._config.server_url or modal.config.DEFAULT_SERVER_URL
                 credentials = (token_id.get_secret_value(), token_secret.get_secret_value())
                 client: Any = modal.Client(server_url, api_pb2.CLIENT_TYPE_CLIENT, credentials)
                 try:
@@ -244,9 +260,9 @@ class ModalProvider(SandboxProvider[ModalSandbox]):
             if self._app is None:
                 try:
                     self._app = await modal.App.lookup.aio(
-                        self._settings.modal_app,
+                        self._config.app,
                         client=self._client,
-                        environment_name=self._settings.modal_environment,
+                        environment_name=self._config.environment,
                         create_if_missing=True,
                     )
                 except Exception as exc:
@@ -290,7 +306,7 @@ class ModalProvider(SandboxProvider[ModalSandbox]):
     async def list_tagged(self) -> list[SandboxRef]:
         client, app = await self._connected()
         refs: list[SandboxRef] = []
-        wanted = {TAG_CLUSTER: self._settings.cluster}
+        wanted = {TAG_CLUSTER: self._cluster}
         async for handle in modal.Sandbox.list.aio(app_id=app.app_id, tags=wanted, client=client):
             try:
                 tags: dict[str, str] = await handle.get_tags.aio()

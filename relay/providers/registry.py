@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from relay.errors import ConfigError
 from relay.providers.base import Provider
 from relay.settings import Settings
@@ -43,7 +45,15 @@ def load_provider(name: str, settings: Settings) -> Provider:
         extra = f"[{entry.extra}]" if entry.extra else ""
         hint = f"pip install 'sandbox-relay{extra}'"
         raise ConfigError(f"provider {name!r} needs its SDK: {hint}") from exc
-    provider: Provider = getattr(module, class_name)(settings)
+    try:
+        provider: Provider = getattr(module, class_name)(settings)
+    except ValidationError as exc:
+        # Field and reason only: the input may be a key.
+        problems = "; ".join(
+            f"RELAY_{name.upper()}_{'_'.join(map(str, error['loc'])).upper()}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ConfigError(f"provider {name!r}: {problems}") from None
     return provider
 
 

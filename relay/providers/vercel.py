@@ -25,6 +25,8 @@ from pathlib import PurePosixPath
 from typing import ClassVar, TextIO, cast
 
 import httpx2
+from pydantic import SecretStr
+from pydantic_settings import SettingsConfigDict
 from vercel.sandbox import (
     NetworkPolicy,
     NetworkPolicyRule,
@@ -73,7 +75,7 @@ from relay.providers.base import (
     SandboxSpec,
     StreamName,
 )
-from relay.settings import Settings
+from relay.settings import ProviderSettings, Settings
 
 log = logging.getLogger("relay.providers.vercel")
 
@@ -255,6 +257,17 @@ class VercelSandbox(ProviderSandbox):
         return ExecResult(exit_code=done.returncode)
 
 
+class VercelSettings(ProviderSettings):
+    """``RELAY_VERCEL_*``: the access token, the team and project sandboxes are billed to."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAY_VERCEL_")
+
+    token: SecretStr | None = None
+    team_id: str | None = None
+    project_id: str | None = None
+    base_url: str | None = None
+
+
 class VercelProvider(SandboxProvider[VercelSandbox]):
     """Runs each job in a fresh Vercel Sandbox; see the module docstring."""
 
@@ -264,14 +277,12 @@ class VercelProvider(SandboxProvider[VercelSandbox]):
     # GB-hour); charging every second as active CPU gives an upper bound.
     rate: ClassVar[Rate] = Rate(0.128 / 3600, 0.0106 / 3600)
     errors: ClassVar[ErrorTable] = ERRORS
+    settings_model: ClassVar[type[ProviderSettings] | None] = VercelSettings
     terminate_timeout_s: ClassVar[float] = 30.0
 
     def __init__(self, settings: Settings) -> None:
-        token, team, project = (
-            settings.vercel_token,
-            settings.vercel_team_id,
-            settings.vercel_project_id,
-        )
+        config = settings.section(VercelSettings)
+        token, team, project = config.token, config.team_id, config.project_id
         if token is None or not team or not project:
             raise ConfigError(
                 "the vercel provider needs RELAY_VERCEL_TOKEN, RELAY_VERCEL_TEAM_ID "
@@ -281,7 +292,7 @@ class VercelProvider(SandboxProvider[VercelSandbox]):
         # is built only when the SDK asks for it.
         self._token, self._team, self._project = token, team, project
         options = SandboxServiceOptions(
-            base_url=settings.vercel_base_url or None, credentials_factory=self._credentials_of
+            base_url=config.base_url or None, credentials_factory=self._credentials_of
         )
         # Each running command holds one connection for its output stream; the SDK's
         # default pool (100) would leave stop/destroy calls queueing behind them at high

@@ -45,7 +45,7 @@ from relay.providers.local.root import (
     sandbox_root,
 )
 from relay.providers.local.sandbox import LocalSandbox, SetupStep
-from relay.settings import Settings
+from relay.settings import ProviderSettings, Settings
 
 log = logging.getLogger("relay.providers.local")
 
@@ -59,6 +59,8 @@ class LocalProvider:
 
     name: ClassVar[str] = "local"
     rate: ClassVar[Rate] = Rate(0.0, 0.0)  # the operator's own machine
+    # Built in: its RELAY_LOCAL_* settings are the relay's own (the CLI reads them too).
+    settings_model: ClassVar[type[ProviderSettings] | None] = None
 
     def __init__(self, settings: Settings) -> None:
         self.cluster = settings.cluster

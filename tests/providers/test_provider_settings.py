@@ -1,0 +1,44 @@
+"""A provider's own settings: read from the same sources as the relay's, in the same order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from relay.providers.e2b import E2BSettings
+from relay.providers.modal import ModalSettings
+from relay.settings import Settings
+
+
+def test_a_providers_section_reads_the_env_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RELAY_E2B_TEMPLATE", raising=False)
+    (tmp_path / ".env").write_text("RELAY_E2B_TEMPLATE=from-file\nRELAY_MODAL_APP=ops\n")
+    settings = Settings()
+    assert settings.section(E2BSettings).template == "from-file"
+    assert settings.section(ModalSettings).app == "ops"
+    # A relay told to read no file reads none for its providers either.
+    assert Settings(_env_file=None).section(E2BSettings).template == "base"  # type: ignore[call-arg]
+
+
+def test_the_environment_beats_the_file_and_keywords_beat_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("RELAY_E2B_TEMPLATE=from-file\n")
+    monkeypatch.setenv("RELAY_E2B_TEMPLATE", "from-env")
+    assert Settings().section(E2BSettings).template == "from-env"
+    given = Settings(e2b_template="given")  # type: ignore[call-arg]
+    assert given.section(E2BSettings).template == "given"
+    # A copy (``relay serve --port``) keeps what it was given.
+    assert given.model_copy(update={"port": 9}).section(E2BSettings).template == "given"
+
+
+def test_a_key_prints_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAY_E2B_API_KEY", "e2b_supersecret")
+    section = Settings(_env_file=None).section(E2BSettings)  # type: ignore[call-arg]
+    assert "supersecret" not in repr(section)
+    assert section.api_key is not None and section.api_key.get_secret_value() == "e2b_supersecret"
