@@ -37,9 +37,18 @@ CALLER_VARIABLES = {"RELAY_URL", "RELAY_TOKEN"}
 
 def _warn_unknown_variables() -> None:
     """A mistyped ``RELAY_`` name (environment or .env) is never silently ignored."""
+    from relay.providers.registry import PROVIDERS, provider_variables
+
     known = {f"RELAY_{name.upper()}" for name in Settings.model_fields} | CALLER_VARIABLES
     found = {name: "environment" for name in os.environ if name.startswith("RELAY_")}
     found.update({n: ".env" for n in relay_client.dotenv() if n.startswith("RELAY_")})
+    for provider in PROVIDERS:
+        # A provider's own variables; its module (and SDK) is imported only when one is set.
+        prefix = f"RELAY_{provider.upper()}_"
+        named = {name for name in found if name.startswith(prefix)}
+        if named:
+            variables = provider_variables(provider)
+            known |= named if variables is None else variables
     for name, where in sorted(found.items()):
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)

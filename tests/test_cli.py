@@ -364,6 +364,8 @@ def test_startup_problems_are_one_line_naming_the_setting(tmp_path: Path) -> Non
     relay_cli("tokens", "new", "a", cwd=tmp_path)
     (tmp_path / ".env").write_text("RELAY_LOG_LEVLE=debug\n")
     base = {"RELAY_JOBS_DIR": str(Path.cwd() / "jobs"), "RELAY_PORT": "9", "RELAY_PROVIDRS": "x"}
+    # A provider's own variables are settings too (its module's model); a typo in one warns.
+    base |= {"RELAY_E2B_TEMPLATE": "base", "RELAY_E2B_API_KY": "x"}
     for setting, named in (
         ({"RELAY_PROVIDERS": "e2b"}, "RELAY_E2B_API_KEY"),
         ({"RELAY_TOKENS_FILE": str(tmp_path)}, "RELAY_TOKENS_FILE"),
@@ -376,3 +378,5 @@ def test_startup_problems_are_one_line_naming_the_setting(tmp_path: Path) -> Non
         assert "RELAY_PROVIDRS (in the environment)" in done.stderr
         assert "did you mean RELAY_PROVIDERS?" in done.stderr
         assert "RELAY_LOG_LEVLE (in the .env) is not a relay setting" in done.stderr
+        assert "RELAY_E2B_TEMPLATE" not in done.stderr
+        assert "did you mean RELAY_E2B_API_KEY?" in done.stderr

@@ -281,6 +281,17 @@ _WORDS: dict[type[ProviderError], str] = {
 }
 
 
+class SandboxOwner(Protocol):
+    """What a sandbox uses of its provider (:class:`SandboxProvider` is one)."""
+
+    @property
+    def label(self) -> str: ...
+    def mapping(
+        self, action: str, *, in_sandbox: bool = True
+    ) -> contextlib.AbstractContextManager[None]: ...
+    async def gone(self, sandbox_id: str) -> bool: ...
+
+
 class ProviderSandbox(ABC):
     """A live sandbox, valid inside :meth:`SandboxProvider.sandbox`.
 
@@ -288,7 +299,7 @@ class ProviderSandbox(ABC):
     (:meth:`run`); this base maps their errors and tells a killed sandbox from a job's exit.
     """
 
-    def __init__(self, provider: SandboxProvider[ProviderSandbox], sandbox_id: str) -> None:
+    def __init__(self, provider: SandboxOwner, sandbox_id: str) -> None:
         self.provider = provider
         self.id = sandbox_id
 

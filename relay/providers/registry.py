@@ -32,6 +32,26 @@ PROVIDERS: dict[str, Entry] = {
 }
 
 
+def provider_class(name: str) -> type[Provider]:
+    """The class of a known provider, importing its module (and so its SDK)."""
+    module_name, class_name = PROVIDERS[name].target.split(":")
+    provider: type[Provider] = getattr(importlib.import_module(module_name), class_name)
+    return provider
+
+
+def provider_variables(name: str) -> set[str] | None:
+    """The ``RELAY_<NAME>_*`` variables a provider reads (its settings model's fields), or
+    ``None`` when its SDK is not installed here, so there is nothing to check them against."""
+    try:
+        model = provider_class(name).settings_model
+    except ImportError:
+        return None
+    if model is None:
+        return set()
+    prefix = str(model.model_config.get("env_prefix", ""))
+    return {f"{prefix}{field.upper()}" for field in model.model_fields}
+
+
 def load_provider(name: str, settings: Settings) -> Provider:
     """Build one provider, or a :class:`ConfigError` that says what to install or set."""
     entry = PROVIDERS.get(name)

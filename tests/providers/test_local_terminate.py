@@ -27,7 +27,7 @@ async def test_a_failed_cleanup_does_not_replace_the_runs_error(
                 pinned = provider.root / box.id / "work"
                 subprocess.run(["mount", "-t", "tmpfs", "none", str(pinned)], check=True)
                 raise RuntimeError("the job's own failure")
-        assert any("cleanup failed" in record.getMessage() for record in caplog.records)
+        assert any("terminate failed" in record.getMessage() for record in caplog.records)
         assert [ref.run_id for ref in await provider.list_owned()] == ["run_stuck"]
         # Once the cause is gone, the reaper's terminate finishes the job.
         subprocess.run(["umount", str(pinned)], check=True)

@@ -17,14 +17,20 @@ import shutil
 import signal
 import stat
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
 from relay.errors import ConfigError, EgressUnsupported, ProviderError
-from relay.providers.base import TAG_CLUSTER, TAG_RUN, Rate, SandboxRef, SandboxSpec, shielded
+from relay.providers.base import (
+    TAG_CLUSTER,
+    TAG_RUN,
+    Rate,
+    SandboxProvider,
+    SandboxRef,
+    SandboxSpec,
+    shielded,
+)
 from relay.providers.local import cgroups, private_network
 from relay.providers.local.invocation import (
     HOST_ENV,
@@ -54,13 +60,21 @@ OOM_SCORE_ADJ = "1000"
 unit) runs out of memory, never the relay."""
 
 
-class LocalProvider:
-    """Sandboxes as bubblewrap jails (or plain process groups) on this machine."""
+class LocalProvider(SandboxProvider[LocalSandbox]):
+    """Sandboxes as bubblewrap jails (or plain process groups) on this machine.
+
+    A driver on the shared lifecycle like every provider; its create undoes itself when it
+    fails (a folder may exist before its tags do, and the base's sweep finds sandboxes by
+    their tags)."""
 
     name: ClassVar[str] = "local"
+    label: ClassVar[str] = "local"
     rate: ClassVar[Rate] = Rate(0.0, 0.0)  # the operator's own machine
     # Built in: its RELAY_LOCAL_* settings are the relay's own (the CLI reads them too).
     settings_model: ClassVar[type[ProviderSettings] | None] = None
+    terminate_timeout_s: ClassVar[float] = 60.0
+    """Killing a process tree, waiting for it and removing its cgroup and tmpfs-backed
+    folder can be slow on a loaded host; one cut short is left to the reaper."""
 
     def __init__(self, settings: Settings) -> None:
         self.cluster = settings.cluster
@@ -196,21 +210,22 @@ class LocalProvider:
                 "bubblewrap, or set RELAY_LOCAL_ISOLATION=none to run without isolation"
             )
 
-    @asynccontextmanager
-    async def sandbox(self, spec: SandboxSpec) -> AsyncIterator[LocalSandbox]:
+    async def create(self, spec: SandboxSpec) -> LocalSandbox:
         sandbox_id = f"lcl-{spec.run_id.removeprefix('run_')}-{secrets.token_hex(3)}"
         box = LocalSandbox(self, sandbox_id, spec)
         self._live[sandbox_id] = box
         try:
-            self._create(box)
-            yield box
+            self._make(box)
         except BaseException:
-            with contextlib.suppress(ProviderError):  # logged; the run's error is the one
+            with contextlib.suppress(ProviderError):  # logged; the create's error is the one
                 await shielded(self.terminate(sandbox_id))
             raise
-        await shielded(self.terminate(sandbox_id))
+        return box
 
-    def _create(self, box: LocalSandbox) -> None:
+    def may_have_created(self, error: ProviderError) -> bool:
+        return False  # a failed create has already undone itself
+
+    def _make(self, box: LocalSandbox) -> None:
         """The sandbox's folder (tags, held lock), then its cgroup."""
         try:
             box.home.mkdir(mode=0o700)
@@ -234,7 +249,7 @@ class LocalProvider:
             except OSError as exc:
                 raise ProviderError("could not create the sandbox's cgroup") from exc
 
-    async def list_owned(self) -> list[SandboxRef]:
+    async def list_tagged(self) -> list[SandboxRef]:
         owned = []
         for home in self.root.iterdir():
             with contextlib.suppress(OSError, ValueError):
@@ -245,7 +260,7 @@ class LocalProvider:
                     owned.append(SandboxRef(home.name, tags.get(TAG_RUN), created_at=created))
         return owned
 
-    async def terminate(self, sandbox_id: str) -> None:
+    async def destroy(self, sandbox_id: str) -> None:
         box = self._live.pop(sandbox_id, None)
         if box is not None:
             for process in box.processes:
@@ -275,11 +290,7 @@ class LocalProvider:
             if home.exists():
                 await asyncio.to_thread(remove_home, home)
         except OSError as exc:
-            self.cleanup_failures += 1
-            log.error(
-                "local sandbox cleanup failed; the reaper retries it",
-                extra={"sandbox_id": sandbox_id, "error_class": type(exc).__name__},
-            )
+            self.cleanup_failures += 1  # logged by the base's terminate
             raise ProviderError("could not clean up the sandbox") from exc
 
     async def aclose(self) -> None:

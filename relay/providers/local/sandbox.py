@@ -22,6 +22,8 @@ from relay.providers.base import (
     SANDBOX_MARKER,
     ExecResult,
     OutputSink,
+    ProviderSandbox,
+    SandboxOwner,
     SandboxSpec,
 )
 from relay.providers.local import cgroups, private_network
@@ -51,7 +53,7 @@ SetupStep = Callable[["LocalSandbox", int], Awaitable[None]]
 """A step run with the pid of bwrap's child, after it exists and before it runs the job."""
 
 
-class ProviderView(Protocol):
+class ProviderView(SandboxOwner, Protocol):
     """What a sandbox reads of its provider: ``LocalProvider``, whose module imports this
     one, so the sandbox names the provider by what it uses of it."""
 
@@ -77,12 +79,13 @@ class ProviderView(Protocol):
     def rlimits(self, cpu_s: int, memory_mb: int) -> dict[str, tuple[int, int]]: ...
 
 
-class LocalSandbox:
+class LocalSandbox(ProviderSandbox):
     """A host folder (tags and lock), a cgroup, and the processes started in it."""
 
+    provider: ProviderView
+
     def __init__(self, provider: ProviderView, sandbox_id: str, spec: SandboxSpec) -> None:
-        self.id = sandbox_id
-        self.provider = provider
+        super().__init__(provider, sandbox_id)
         self.spec = spec
         self.home = provider.root / sandbox_id
         self.processes: list[Child] = []
@@ -103,7 +106,7 @@ class LocalSandbox:
             raise ProviderError(f"the path leaves the sandbox: {path}")
         return resolved
 
-    async def upload(self, files: Mapping[str, bytes]) -> None:
+    async def write_files(self, files: Mapping[str, bytes]) -> None:
         for path, content in files.items():
             if self.provider.isolation == "none":
                 target = self._host_path(path, DEFAULT_WORKDIR)
@@ -231,7 +234,7 @@ class LocalSandbox:
             raise ProviderError("could not set up the sandbox's limits") from exc
         os.write(invocation.block[1], b"1")
 
-    async def exec(
+    async def run(
         self,
         argv: Sequence[str],
         *,
