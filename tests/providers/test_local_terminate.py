@@ -10,6 +10,7 @@ import pytest
 
 from relay.errors import ProviderError
 from relay.providers.base import SandboxSpec
+from relay.providers.local import cgroups
 from relay.providers.local.provider import LocalProvider
 from tests.conftest import make_settings
 
@@ -51,4 +52,28 @@ async def test_a_failed_cleanup_is_raised_when_nothing_else_failed(tmp_path: Pat
     finally:
         if pinned is not None:
             subprocess.run(["umount", str(pinned)], check=False)
+        await provider.aclose()
+
+
+class RefusingTree(cgroups.CgroupTree):
+    """A cgroup tree (of plain folders) that refuses to create a group, as a full or
+    misconfigured cgroupfs does, after the sandbox's folder and tags exist."""
+
+    def create(self, sandbox_id: str, limits: cgroups.GroupLimits) -> cgroups.SandboxGroup:
+        raise OSError(28, "No space left on device")
+
+
+async def test_a_create_that_fails_halfway_leaves_nothing(tmp_path: Path) -> None:
+    provider = LocalProvider(make_settings(tmp_path, local_isolation="none"))
+    parents = {"memory": tmp_path / "cgroup"}
+    parents["memory"].mkdir()
+    provider.tree = RefusingTree(parents, "v1")
+    try:
+        with pytest.raises(ProviderError, match="cgroup"):
+            async with provider.sandbox(SandboxSpec("run_half", "test", 5)):
+                pass
+        assert list(provider.root.iterdir()) == []  # no folder, no tags, no lock left
+        assert await provider.list_owned() == []
+    finally:
+        provider.tree = None
         await provider.aclose()
