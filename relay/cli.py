@@ -17,7 +17,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -28,6 +28,9 @@ from relay.errors import ConfigError
 from relay.runs.catalog import Catalog
 from relay.settings import Settings
 
+if TYPE_CHECKING:
+    from relay.providers.base import Provider
+
 DEV_TOKEN_FILE = Path(".relay-dev-token")
 
 
@@ -35,19 +38,22 @@ CALLER_VARIABLES = {"RELAY_URL", "RELAY_TOKEN"}
 """Read by ``relay run`` (relay/client.py) on the caller's side, not settings."""
 
 
-def _warn_unknown_variables() -> None:
-    """A mistyped ``RELAY_`` name (environment or .env) is never silently ignored."""
+def _warn_unknown_variables(enabled: list[str]) -> None:
+    """A mistyped ``RELAY_`` name (environment or .env) is never silently ignored.
+
+    An ``enabled`` provider's own variables are checked against its settings model; another
+    provider's are let be (checking them would import its SDK for nothing)."""
     from relay.providers.registry import PROVIDERS, provider_variables
 
     known = {f"RELAY_{name.upper()}" for name in Settings.model_fields} | CALLER_VARIABLES
     found = {name: "environment" for name in os.environ if name.startswith("RELAY_")}
     found.update({n: ".env" for n in relay_client.dotenv() if n.startswith("RELAY_")})
     for provider in PROVIDERS:
-        # A provider's own variables; its module (and SDK) is imported only when one is set.
+        # Its module (and SDK) is imported only when it is enabled and one of them is set.
         prefix = f"RELAY_{provider.upper()}_"
         named = {name for name in found if name.startswith(prefix)}
         if named:
-            variables = provider_variables(provider)
+            variables = provider_variables(provider) if provider in enabled else None
             known |= named if variables is None else variables
     for name, where in sorted(found.items()):
         if name not in known:
@@ -57,13 +63,15 @@ def _warn_unknown_variables() -> None:
 
 
 def _settings() -> Settings:
-    _warn_unknown_variables()
     try:
-        return Settings()
+        settings = Settings()
     except ValidationError as exc:
+        _warn_unknown_variables([])
         first = exc.errors()[0]
         field = "RELAY_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
         raise ConfigError(f"{field}: {first['msg']}") from exc
+    _warn_unknown_variables(settings.providers)
+    return settings
 
 
 def _dev_setup(settings: Settings) -> str | None:
@@ -107,9 +115,10 @@ def _print_howto(settings: Settings, token: str | None) -> None:
     print(f"  RELAY_URL={url} RELAY_TOKEN={shown} relay run echo -p message=hi\n", flush=True)
 
 
-def _check_startup(settings: Settings) -> None:
-    """What would otherwise fail inside the server's startup as a traceback: each
-    provider builds (its SDK installed, its keys set) and the database driver exists."""
+def _check_startup(settings: Settings) -> dict[str, Provider]:
+    """What would otherwise fail inside the server's startup as a traceback: the database
+    driver exists and each provider builds (its SDK installed, its keys set). The providers
+    built are the ones the server uses (its lifespan closes them)."""
     from relay.providers.registry import load_providers
 
     postgres = settings.database_url.startswith(("postgres", "postgresql"))
@@ -118,13 +127,12 @@ def _check_startup(settings: Settings) -> None:
             "RELAY_DATABASE_URL names PostgreSQL but asyncpg is not installed: "
             "pip install asyncpg (or use sqlite:///relay.db)"
         )
-    providers = load_providers(settings)
+    return load_providers(settings)
 
-    async def close() -> None:
-        for provider in providers.values():
-            await provider.aclose()
 
-    asyncio.run(close())
+async def _close(providers: dict[str, Provider]) -> None:
+    for provider in providers.values():
+        await provider.aclose()
 
 
 def _isolation_in_use(settings: Settings) -> str:
@@ -176,8 +184,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.dev:
         token = _dev_setup(settings)
         settings = _dev_isolation(settings)
-    app = create_app(settings)
-    _check_startup(settings)
+    providers = _check_startup(settings)
+    try:
+        app = create_app(settings, providers=providers)
+    except BaseException:
+        asyncio.run(_close(providers))
+        raise
     if args.dev and "local" in settings.providers:
         print(f"local provider isolation: {_isolation_in_use(settings)}", flush=True)
 

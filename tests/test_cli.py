@@ -364,7 +364,8 @@ def test_startup_problems_are_one_line_naming_the_setting(tmp_path: Path) -> Non
     relay_cli("tokens", "new", "a", cwd=tmp_path)
     (tmp_path / ".env").write_text("RELAY_LOG_LEVLE=debug\n")
     base = {"RELAY_JOBS_DIR": str(Path.cwd() / "jobs"), "RELAY_PORT": "9", "RELAY_PROVIDRS": "x"}
-    # A provider's own variables are settings too (its module's model); a typo in one warns.
+    # An enabled provider's own variables are settings too (its module's model): a typo in
+    # one warns; a disabled provider's are let be.
     base |= {"RELAY_E2B_TEMPLATE": "base", "RELAY_E2B_API_KY": "x"}
     for setting, named in (
         ({"RELAY_PROVIDERS": "e2b"}, "RELAY_E2B_API_KEY"),
@@ -379,4 +380,17 @@ def test_startup_problems_are_one_line_naming_the_setting(tmp_path: Path) -> Non
         assert "did you mean RELAY_PROVIDERS?" in done.stderr
         assert "RELAY_LOG_LEVLE (in the .env) is not a relay setting" in done.stderr
         assert "RELAY_E2B_TEMPLATE" not in done.stderr
-        assert "did you mean RELAY_E2B_API_KEY?" in done.stderr
+        e2b_enabled = setting.get("RELAY_PROVIDERS") == "e2b"
+        assert ("did you mean RELAY_E2B_API_KEY?" in done.stderr) == e2b_enabled
+
+
+def test_serve_builds_each_provider_once(tmp_path: Path) -> None:
+    """The providers `relay serve` checks before serving are the ones it serves with."""
+    relay = RelayProcess(tmp_path, local_isolation="none")
+    relay.add_token("a", jobs=["echo"])
+    relay.start()
+    try:
+        assert relay.get(relay.tokens["a"], "/v1/providers").status_code == 200
+    finally:
+        relay.stop()
+    assert relay.log().count("local provider without bubblewrap") == 1, relay.log()

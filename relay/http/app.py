@@ -30,6 +30,7 @@ from relay.http.docs_page import docs_routes
 from relay.http.metrics import Metrics
 from relay.http.routes import routes
 from relay.http.run_stream import LiveRuns
+from relay.providers.base import Provider
 from relay.providers.registry import load_providers
 from relay.runs.catalog import Catalog
 from relay.runs.event_bus import EventBus
@@ -167,8 +168,17 @@ class RequestContext:
         await self.app(scope, limited_receive, send_with_id)
 
 
-def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlette:
-    """The relay app; raises ConfigError at once for a bad token file or job manifest."""
+def create_app(
+    settings: Settings,
+    *,
+    instance_id: str | None = None,
+    providers: dict[str, Provider] | None = None,
+) -> Starlette:
+    """The relay app; raises ConfigError at once for a bad token file or job manifest.
+
+    ``providers`` are ones already built (``relay serve`` builds them before serving, to
+    stop on a missing SDK or key in one line); else the lifespan builds them. Either way
+    the lifespan closes them."""
     tokens = TokenStore(settings.tokens_file)
     catalog = Catalog.load(settings.jobs_dir)
     if "local" in settings.providers:
@@ -182,14 +192,14 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         store = await Store.open(settings.database_url)
-        providers = load_providers(settings)
+        built = providers if providers is not None else load_providers(settings)
         events = EventBus()
         service = RunService(
-            settings, store, catalog, providers, instance_id=instance_id, events=events
+            settings, store, catalog, built, instance_id=instance_id, events=events
         )
         reaper = Reaper(
             store,
-            providers,
+            built,
             settings,
             holds=service.holds,
             instance_id=service.instance_id,
@@ -198,8 +208,8 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             single_replica=store.is_sqlite,
             reap_interval_s=settings.reap_interval_s,
         )
-        metrics.attach(service, reaper, events, providers)
-        state = AppState(settings, tokens, catalog, store, providers, service, reaper, events)
+        metrics.attach(service, reaper, events, built)
+        state = AppState(settings, tokens, catalog, store, built, service, reaper, events)
         state.live = LiveRuns(events, max_streams_per_token=settings.max_streams_per_token)
         app.state.relay = state
         await store.heartbeat(service.instance_id)
@@ -233,7 +243,7 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
                 await sweeper
             with contextlib.suppress(Exception):
                 await store.forget_replica(service.instance_id)
-            for provider in providers.values():
+            for provider in built.values():
                 with contextlib.suppress(Exception):
                     await provider.aclose()
             await store.close()
