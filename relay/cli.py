@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
+from sqlalchemy.exc import DBAPIError
 
 from relay import __version__
 from relay import client as relay_client
@@ -117,8 +118,9 @@ def _print_howto(settings: Settings, token: str | None) -> None:
 
 def _check_startup(settings: Settings) -> dict[str, Provider]:
     """What would otherwise fail inside the server's startup as a traceback: the database
-    driver exists and each provider builds (its SDK installed, its keys set). The providers
-    built are the ones the server uses (its lifespan closes them)."""
+    driver exists and the database answers, and each provider builds (its SDK installed,
+    its keys set). The providers built are the ones the server uses (its lifespan closes
+    them)."""
     from relay.providers.registry import load_providers
 
     postgres = settings.database_url.startswith(("postgres", "postgresql"))
@@ -127,7 +129,25 @@ def _check_startup(settings: Settings) -> dict[str, Provider]:
             "RELAY_DATABASE_URL names PostgreSQL but asyncpg is not installed: "
             "pip install asyncpg (or use sqlite:///relay.db)"
         )
+    asyncio.run(_check_database(settings.database_url))
     return load_providers(settings)
+
+
+async def _check_database(url: str) -> None:
+    """Open the store once (and bring its schema up to date), or one line saying why not:
+    the service manager's restart policy tries again (a database still starting)."""
+    from relay.store.database import STORE_FAILURES, Store
+
+    failures: tuple[type[BaseException], ...] = (*STORE_FAILURES, OSError)
+    try:
+        store = await Store.open(url)
+    except failures as exc:
+        cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+        raise ConfigError(
+            f"RELAY_DATABASE_URL: the database cannot be reached or used "
+            f"({type(cause).__name__}); is it running, and are its address and credentials right?"
+        ) from None
+    await store.close()
 
 
 async def _close(providers: dict[str, Provider]) -> None:

@@ -370,12 +370,16 @@ def test_startup_problems_are_one_line_naming_the_setting(tmp_path: Path) -> Non
     for setting, named in (
         ({"RELAY_PROVIDERS": "e2b"}, "RELAY_E2B_API_KEY"),
         ({"RELAY_TOKENS_FILE": str(tmp_path)}, "RELAY_TOKENS_FILE"),
+        # A database that refuses connections (nothing listens on port 1): no traceback.
+        ({"RELAY_DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/db"}, "RELAY_DATABASE_URL"),
+        ({"RELAY_DATABASE_URL": f"sqlite:///{tmp_path}/no/such/dir/x.db"}, "RELAY_DATABASE_URL"),
     ):
         done = relay_cli("serve", cwd=tmp_path, env={**base, **setting})
         errors = [line for line in done.stderr.splitlines() if not line.startswith("warning:")]
         assert done.returncode == 2 and len(errors) == 1, done.stderr
         assert errors[0].startswith("error: ") and named in errors[0]
         assert "Traceback" not in done.stderr + done.stdout
+        assert "hunter2" not in done.stderr + done.stdout
         assert "RELAY_PROVIDRS (in the environment)" in done.stderr
         assert "did you mean RELAY_PROVIDERS?" in done.stderr
         assert "RELAY_LOG_LEVLE (in the .env) is not a relay setting" in done.stderr
