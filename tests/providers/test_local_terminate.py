@@ -3,16 +3,21 @@ run's own error (the same rule the base lifecycle gives every other provider).""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from relay.errors import ProviderError
-from relay.providers.base import SandboxSpec
+from relay.errors import ProviderError, SandboxLost
+from relay.providers.base import OutputSink, SandboxSpec
 from relay.providers.local import cgroups
+from relay.providers.local.invocation import bwrap_works
 from relay.providers.local.provider import LocalProvider
 from tests.conftest import make_settings
+
+needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
 
 
 async def test_a_failed_cleanup_does_not_replace_the_runs_error(
@@ -76,4 +81,38 @@ async def test_a_create_that_fails_halfway_leaves_nothing(tmp_path: Path) -> Non
         assert await provider.list_owned() == []
     finally:
         provider.tree = None
+        await provider.aclose()
+
+
+@needs_bwrap
+async def test_a_sandbox_terminated_by_another_relay_mid_run_is_sandbox_lost(
+    tmp_path: Path,
+) -> None:
+    """Another replica's reaper (or `relay reap`) ending a sandbox under a running command:
+    the run learns its sandbox was lost, not that the job exited 137."""
+    settings = make_settings(tmp_path, local_isolation="bwrap")
+    provider, other = LocalProvider(settings), LocalProvider(settings)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SandboxLost):
+            async with provider.sandbox(SandboxSpec("run_lost", "test", 30)) as box:
+
+                async def reap_soon() -> None:
+                    await asyncio.sleep(0.5)
+                    await other.terminate(box.id)
+
+                reaping = asyncio.create_task(reap_soon())
+                await box.exec(
+                    ["sh", "-c", "echo started; sleep 30"],
+                    stdin=None,
+                    env={},
+                    workdir=None,
+                    timeout_s=30,
+                    output=OutputSink(100),
+                )
+                await reaping
+        assert time.monotonic() - started < 10
+        assert await provider.list_owned() == []
+    finally:
+        await other.aclose()
         await provider.aclose()

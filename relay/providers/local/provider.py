@@ -41,6 +41,7 @@ from relay.providers.local.invocation import (
     host_wrapper,
 )
 from relay.providers.local.root import (
+    ENDING_FILE,
     LOCK_FILE,
     TAGS_FILE,
     check_root,
@@ -261,6 +262,11 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         return owned
 
     async def destroy(self, sandbox_id: str) -> None:
+        home = self.root / sandbox_id
+        if PurePosixPath(sandbox_id).name != sandbox_id or sandbox_id in ("", ".", ".."):
+            raise ProviderError("not a sandbox id")
+        with contextlib.suppress(OSError):  # a folder already gone: nothing runs there
+            (home / ENDING_FILE).touch()
         box = self._live.pop(sandbox_id, None)
         if box is not None:
             for process in box.processes:
@@ -276,9 +282,6 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
             for pid in await asyncio.to_thread(marked_pids, sandbox_id):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-        home = self.root / sandbox_id
-        if PurePosixPath(sandbox_id).name != sandbox_id or sandbox_id in ("", ".", ".."):
-            raise ProviderError("not a sandbox id")
         try:
             if self.tree is not None:
                 group = self.tree.group(sandbox_id)

@@ -20,6 +20,9 @@ from relay.settings import Settings
 
 LOCK_FILE = "lock"
 TAGS_FILE = "tags.json"
+ENDING_FILE = "ending"
+"""Written first by a terminate, so a command killed by it (from this relay or another)
+reads as a lost sandbox, not as the job's own exit 137."""
 
 
 def sandbox_root(settings: Settings) -> Path:

@@ -40,7 +40,7 @@ from relay.providers.local.invocation import (
     sandbox_path,
     system_binds,
 )
-from relay.providers.local.root import kill_group
+from relay.providers.local.root import ENDING_FILE, TAGS_FILE, kill_group
 from relay.providers.local.spawn import Child, spawn
 from relay.providers.local.spawn import close as close_child
 
@@ -267,7 +267,7 @@ class LocalSandbox(ProviderSandbox):
             code = await self._run(process, invocation, stdin, output)
         finally:
             invocation.close()
-        if not self.home.exists():
+        if not (self.home / TAGS_FILE).exists() or (self.home / ENDING_FILE).exists():
             raise SandboxLost("the sandbox was terminated during the run")
         killed = self.group.oom_kills() if self.group is not None else 0
         memory_limit = self.memory_mb + self.disk_mb if killed else None
