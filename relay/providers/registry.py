@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from relay import logs
 from relay.errors import ConfigError
 from relay.providers.base import Provider
 from relay.settings import Settings
@@ -74,6 +75,9 @@ def load_provider(name: str, settings: Settings) -> Provider:
             for error in exc.errors()
         )
         raise ConfigError(f"provider {name!r}: {problems}") from None
+    if provider.settings_model is not None:
+        # Its keys, like the relay's own secrets, read [redacted] in any log line.
+        logs.redact_settings(settings.section(provider.settings_model))
     return provider
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 
 import pytest
 
+from relay import logs
 from relay.providers.e2b import E2BSettings
 from relay.providers.modal import ModalSettings
+from relay.providers.registry import load_provider
 from relay.settings import Settings
 
 
@@ -42,3 +46,20 @@ def test_a_key_prints_masked(monkeypatch: pytest.MonkeyPatch) -> None:
     section = Settings(_env_file=None).section(E2BSettings)  # type: ignore[call-arg]
     assert "supersecret" not in repr(section)
     assert section.api_key is not None and section.api_key.get_secret_value() == "e2b_supersecret"
+
+
+def test_a_loaded_providers_keys_are_blanked_in_logs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    settings = Settings(_env_file=None, e2b_api_key="e2b_redact_me_7f1")  # type: ignore[call-arg]
+    provider = load_provider("e2b", settings)
+    try:
+        logs.configure("info", "json")
+        logging.getLogger("relay.providers.e2b").warning("the SDK said e2b_redact_me_7f1")
+    finally:
+        root.handlers[:], root.level = saved
+        asyncio.run(provider.aclose())
+    written = capsys.readouterr().err
+    assert "e2b_redact_me_7f1" not in written and "[redacted]" in written
