@@ -26,6 +26,7 @@ from relay.auth import TokenStore
 from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError, StoreUnavailable
 from relay.http.access_log import AccessLog
 from relay.http.app_state import AppState
+from relay.http.console_page import console_routes
 from relay.http.docs_page import docs_routes
 from relay.http.metrics import Metrics
 from relay.http.routes import routes
@@ -239,7 +240,7 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             await store.close()
 
     app = Starlette(
-        routes=[*routes, *docs_routes],
+        routes=[*routes, *docs_routes, *console_routes],
         lifespan=lifespan,
         exception_handlers={
             RelayError: _relay_error,

@@ -7,7 +7,9 @@ says of itself (``/v1/providers``, ``/readyz``)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from relay.auth import Principal
 from relay.errors import (
+    Forbidden,
     InvalidJson,
     InvalidRequest,
     NotFound,
@@ -36,14 +39,21 @@ from relay.runs.models import (
     Health,
     JobInfo,
     JobList,
+    OperatorHealth,
     ParamInfo,
+    ProviderHealth,
     ProviderInfo,
     ProviderList,
+    ReaperHealth,
     RunList,
     RunRequest,
     RunState,
+    SpendDay,
+    SpendReport,
     TokenLimits,
+    TokenSpend,
     UsageReport,
+    WebhookHealth,
 )
 from relay.runs.service import DeliveryRecord, RunRecord
 from relay.runs.view import run_model, run_summary, usage_window
@@ -78,6 +88,39 @@ def authenticate(request: Request) -> Principal:
     principal = state.tokens.authenticate(raw)
     request.state.token_name = principal.name
     return principal
+
+
+def authenticate_admin(request: Request) -> Principal:
+    """The caller, who must hold an admin token (``relay tokens new NAME --admin``)."""
+    principal = authenticate(request)
+    if not principal.admin:
+        raise Forbidden("this needs an admin token (relay tokens new NAME --admin)")
+    return principal
+
+
+def _moment(query: Any, name: str) -> float | None:
+    """A query parameter holding an ISO 8601 time (UTC when it names no zone)."""
+    value = query.get(name)
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{name} must be an ISO 8601 time, like 2026-01-31T12:00:00Z") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _day(number: int) -> str:
+    return datetime.fromtimestamp(number * 86_400, UTC).date().isoformat()
+
+
+def _iso(stamp: float | None) -> str | None:
+    if stamp is None:
+        return None
+    moment = datetime.fromtimestamp(stamp, UTC).isoformat(timespec="milliseconds")
+    return moment.replace("+00:00", "Z")  # as a run's times read (relay/runs/view.py)
 
 
 async def _read_request(request: Request) -> RunRequest:
@@ -224,7 +267,8 @@ async def cancel_run(request: Request) -> Response:
 async def list_runs(request: Request) -> Response:
     principal = authenticate(request)
     query = request.query_params
-    unknown = sorted(set(query) - {"state", "job", "limit", "cursor"})
+    known = {"state", "job", "limit", "cursor", "token", "provider", "since", "until"}
+    unknown = sorted(set(query) - known)
     if unknown:
         raise InvalidRequest(f"unknown query parameter {unknown[0]!r}")
     state_filter = query.get("state")
@@ -238,7 +282,15 @@ async def list_runs(request: Request) -> Response:
         raise InvalidRequest("limit must be an integer from 1 to 200")
     service = _state(request).service
     page, cursor = await service.list(
-        principal, state=state_filter, job=query.get("job"), limit=limit, cursor=query.get("cursor")
+        principal,
+        state=state_filter,
+        job=query.get("job"),
+        limit=limit,
+        cursor=query.get("cursor"),
+        token=query.get("token"),
+        provider=query.get("provider"),
+        since=_moment(query, "since"),
+        until=_moment(query, "until"),
     )
     found = await service.deliveries(page)
     runs = [run_summary(run, found.get(run.id)) for run in page]
@@ -313,6 +365,91 @@ async def usage(request: Request) -> Response:
     return _json(report)
 
 
+MAX_SPEND_DAYS = 92
+
+
+async def spend(request: Request) -> Response:
+    """Runs and USD per day, token, provider (every token's for an admin token), and
+    each token's standing today against its limits."""
+    principal = authenticate(request)
+    state = _state(request)
+    raw = request.query_params.get("days", "30")
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_SPEND_DAYS:
+        raise InvalidRequest(f"days must be an integer from 1 to {MAX_SPEND_DAYS}")
+    days = int(raw)
+    first_day = int(time.time() // 86_400) - days + 1
+    rows = await state.service.spend(principal, first_day * 86_400.0)
+    shown = state.tokens.principals if principal.admin else [principal]
+    tokens = []
+    for holder in shown:
+        today = await state.service.usage_today(holder.name)
+        limits = token_limits(holder)
+        tokens.append(
+            TokenSpend(
+                token=holder.name, admin=holder.admin, today=usage_window(today), limits=limits
+            )
+        )
+    report = SpendReport(
+        days=days,
+        since=_day(first_day),
+        rows=[
+            SpendDay(
+                day=_day(row.day),
+                token=row.token,
+                provider=row.provider,
+                runs=row.runs,
+                sandbox_seconds=round(row.sandbox_s, 3),
+                usd=round(row.usd, 6),
+            )
+            for row in rows
+        ],
+        tokens=tokens,
+    )
+    return _json(report)
+
+
+async def operator_health(request: Request) -> Response:
+    """``/readyz``'s checks and what is behind them, for admin tokens (the console)."""
+    authenticate_admin(request)
+    state = _state(request)
+    ready = await readyz(request)
+    checks = Health.model_validate_json(bytes(ready.body))
+    outcomes = await state.service.provider_outcomes(time.time() - 86_400)
+    providers = []
+    for name, provider in state.providers.items():
+        problem = getattr(provider, "problem", None)
+        runs, errors = outcomes.get(name, (0, 0))
+        providers.append(
+            ProviderHealth(
+                name=name,
+                problem=problem() if callable(problem) else None,
+                runs=runs,
+                errors=errors,
+            )
+        )
+    reaper = state.reaper
+    reaper_health = None
+    if reaper is not None:
+        reaper_health = ReaperHealth(
+            last_sweep_at=_iso(reaper.last_sweep_at),
+            sweeps=reaper.sweeps,
+            terminated_by_reason=dict(reaper.terminated_by_reason),
+            failing=len(reaper.failing),
+        )
+    backlog = await state.service.webhook_backlog()
+    answer = OperatorHealth(
+        status=checks.status,
+        checks=checks.checks,
+        providers=providers,
+        reaper=reaper_health,
+        webhooks=WebhookHealth(
+            pending=backlog.pending, oldest_pending_at=_iso(backlog.oldest_created_at)
+        ),
+        active_runs=state.service.active_runs,
+    )
+    return _json(answer)
+
+
 async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
@@ -366,6 +503,8 @@ routes = [
     Route("/v1/runs/{run_id}", cancel_run, methods=["DELETE"]),
     Route("/v1/jobs", list_jobs, methods=["GET"]),
     Route("/v1/usage", usage, methods=["GET"]),
+    Route("/v1/spend", spend, methods=["GET"]),
+    Route("/v1/health", operator_health, methods=["GET"]),
     Route("/v1/providers", list_providers, methods=["GET"]),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),
