@@ -281,7 +281,7 @@
   // -- spend -------------------------------------------------------------------------
 
   function stackedBars(days, rows, series, field, title, format) {
-    const width = 720, height = 220, left = 64, bottom = 24, top = 8;
+    const width = 720, height = 220, left = 64, right = 24, bottom = 24, top = 8;
     const perDay = new Map(days.map((day) => [day, new Map()]));
     for (const row of rows) {
       const key = row.token + " · " + row.provider;
@@ -298,9 +298,9 @@
       "data-total": String(total),
     });
     const scale = (height - bottom - top) / most;
-    const slot = (width - left) / days.length;
+    const slot = (width - left - right) / days.length;
     for (const [mark, y] of [[most, top], [most / 2, top + (height - bottom - top) / 2], [0, height - bottom]]) {
-      chart.append(svg("line", { x1: left, x2: width, y1: y, y2: y, stroke: "#d0d7de" }));
+      chart.append(svg("line", { x1: left, x2: width - right, y1: y, y2: y, stroke: "#d0d7de" }));
       chart.append(svg("text", { x: left - 6, y: y + 4, "text-anchor": "end", "font-size": 11, fill: "#57606a" }, format(mark)));
     }
     days.forEach((day, index) => {
