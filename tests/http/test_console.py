@@ -159,9 +159,12 @@ def page(browser: Any, request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
 
 
 def _log_in(page: Any, relay: RelayProcess, token: str, path: str = "/console") -> None:
+    from playwright.sync_api import expect
+
     page.goto(relay.url + path)
-    page.fill("#token-input", token)
-    page.click("#login-form button")
+    expect(page.locator("#token-input")).to_be_focused()  # by keyboard alone from here
+    page.keyboard.type(token)
+    page.keyboard.press("Enter")
 
 
 def _docs_picture(page: Any, name: str) -> None:
@@ -194,10 +197,12 @@ def test_follow_a_run_live_and_cancel_it(relay: RelayProcess, page: Any) -> None
     expect(row).to_be_visible()  # the list refreshes by itself
     expect(row.locator(".state")).to_have_class(re.compile(r"state-(starting|running)"))
     _docs_picture(page, "console-runs.png")
-    row.locator("a").click()
+    row.locator("a").focus()
+    page.keyboard.press("Enter")
     expect(page.locator("#stdout")).to_have_text("sleeping\n")  # live, from the events
     expect(page.locator("#run-request")).to_contain_text('"seconds": 30')
-    page.locator("#cancel").click()
+    page.locator("#cancel").focus()
+    page.keyboard.press("Enter")
     expect(page.locator("#run-state")).to_have_text("canceled")
     expect(page.locator("#cancel")).to_be_hidden()
     assert relay.get(relay.tokens["nightly"], f"/v1/runs/{started['id']}").json()["state"] == (
@@ -225,6 +230,11 @@ def test_spend_chart_adds_up(relay: RelayProcess, page: Any) -> None:
     page.goto(relay.url + "/console/health")  # the token stays for the tab
     expect(page.locator("#providers")).to_contain_text("local")
     expect(page.locator("#reaper")).to_contain_text("last sweep")
+    page.set_viewport_size({"width": 360, "height": 740})  # a phone: nothing wider than it
+    for path in ("/console", "/console/spend"):
+        page.goto(relay.url + path)
+        expect(page.locator("body[data-ready]")).to_be_attached()
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= 360, path
     assert page.problems == []
 
 
