@@ -243,6 +243,10 @@ class RunService:
         run = await self.get(principal, run_id)
         if RunState(run.state).final:
             raise RunNotCancelable(details={"run_id": run_id})
+        if run.token != principal.name:  # an admin token: say who ended another token's run
+            log.info(
+                "run canceled by an admin token", extra={"run_id": run_id, "token": principal.name}
+            )
         await self.store.update_run(run_id, cancel_requested=True)
         if self.runner.running(run_id):
             self.runner.stop(run_id, "canceled")

@@ -208,6 +208,7 @@ def test_follow_a_run_live_and_cancel_it(relay: RelayProcess, page: Any) -> None
     assert relay.get(relay.tokens["nightly"], f"/v1/runs/{started['id']}").json()["state"] == (
         "canceled"
     )
+    assert "run canceled by an admin token" in relay.log()  # who ended another token's run
     assert page.problems == []
 
 
