@@ -29,6 +29,7 @@ from relay.http.app_state import AppState
 from relay.http.console_page import console_routes
 from relay.http.docs_page import docs_routes
 from relay.http.metrics import Metrics
+from relay.http.operator import operator_routes
 from relay.http.routes import routes
 from relay.http.run_stream import LiveRuns
 from relay.providers.registry import load_providers
@@ -240,7 +241,7 @@ def create_app(settings: Settings, *, instance_id: str | None = None) -> Starlet
             await store.close()
 
     app = Starlette(
-        routes=[*routes, *docs_routes, *console_routes],
+        routes=[*routes, *operator_routes, *docs_routes, *console_routes],
         lifespan=lifespan,
         exception_handlers={
             RelayError: _relay_error,

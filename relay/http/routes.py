@@ -7,7 +7,6 @@ says of itself (``/v1/providers``, ``/readyz``)."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -20,7 +19,6 @@ from starlette.types import Receive, Scope, Send
 
 from relay.auth import Principal
 from relay.errors import (
-    Forbidden,
     InvalidJson,
     InvalidRequest,
     NotFound,
@@ -39,21 +37,14 @@ from relay.runs.models import (
     Health,
     JobInfo,
     JobList,
-    OperatorHealth,
     ParamInfo,
-    ProviderHealth,
     ProviderInfo,
     ProviderList,
-    ReaperHealth,
     RunList,
     RunRequest,
     RunState,
-    SpendDay,
-    SpendReport,
     TokenLimits,
-    TokenSpend,
     UsageReport,
-    WebhookHealth,
 )
 from relay.runs.service import DeliveryRecord, RunRecord
 from relay.runs.view import run_model, run_summary, usage_window
@@ -65,19 +56,19 @@ RATE_LIMITED_RETRY_AFTER_S = 10.0
 or the run was recorded before schema 5 kept it)."""
 
 
-def _json(model: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+def json_answer(model: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(
         model.model_dump_json(), status_code=status, headers=headers, media_type="application/json"
     )
 
 
-def _state(request: Request) -> AppState:
+def state_of(request: Request) -> AppState:
     state: AppState = request.app.state.relay
     return state
 
 
 def authenticate(request: Request) -> Principal:
-    state = _state(request)
+    state = state_of(request)
     header = state.settings.auth_header
     raw = request.headers.get(header)
     if raw is not None and header.lower() == "authorization":
@@ -87,14 +78,6 @@ def authenticate(request: Request) -> Principal:
         raw = credentials.strip()
     principal = state.tokens.authenticate(raw)
     request.state.token_name = principal.name
-    return principal
-
-
-def authenticate_admin(request: Request) -> Principal:
-    """The caller, who must hold an admin token (``relay tokens new NAME --admin``)."""
-    principal = authenticate(request)
-    if not principal.admin:
-        raise Forbidden("this needs an admin token (relay tokens new NAME --admin)")
     return principal
 
 
@@ -110,17 +93,6 @@ def _moment(query: Any, name: str) -> float | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
-
-
-def _day(number: int) -> str:
-    return datetime.fromtimestamp(number * 86_400, UTC).date().isoformat()
-
-
-def _iso(stamp: float | None) -> str | None:
-    if stamp is None:
-        return None
-    moment = datetime.fromtimestamp(stamp, UTC).isoformat(timespec="milliseconds")
-    return moment.replace("+00:00", "Z")  # as a run's times read (relay/runs/view.py)
 
 
 async def _read_request(request: Request) -> RunRequest:
@@ -178,18 +150,18 @@ def _idempotency_key(request: Request) -> str | None:
 
 async def _run_json(request: Request, run: RunRecord) -> Response:
     """A run, with its deliveries, as a 200 answer."""
-    found = await _state(request).service.deliveries([run])
-    return _json(run_model(run, found.get(run.id)))
+    found = await state_of(request).service.deliveries([run])
+    return json_answer(run_model(run, found.get(run.id)))
 
 
 def _run_answer(
     request: Request, run: RunRecord, deliveries: list[DeliveryRecord] | None = None
 ) -> Response:
     answer = run_model(run, deliveries)
-    state = _state(request)
+    state = state_of(request)
     location = f"{state.base_url(request)}/v1/runs/{answer.id}"
     if not answer.state.final:
-        return _json(answer, 202, {"Location": location})
+        return json_answer(answer, 202, {"Location": location})
     if answer.state == RunState.error and answer.error is not None:
         error = error_for_code(answer.error.code)
         if issubclass(error, ProviderError):
@@ -204,14 +176,14 @@ def _run_answer(
                 headers={"Location": location},
                 retry_after=retry_after,
             )
-    return _json(answer, 200, {"Location": location})
+    return json_answer(answer, 200, {"Location": location})
 
 
 async def create_run(request: Request) -> Response:
     principal = authenticate(request)
     key = _idempotency_key(request)
     body = await _read_request(request)
-    state = _state(request)
+    state = state_of(request)
     limits: dict[str, str] = {}
     request.state.extra_headers = limits  # the RateLimit fields, on any answer from here on
     run, _created = await state.service.submit(principal, body, key, limits)
@@ -223,14 +195,14 @@ async def create_run(request: Request) -> Response:
 
 async def get_run(request: Request) -> Response:
     principal = authenticate(request)
-    run = await _state(request).service.get(principal, request.path_params["run_id"])
+    run = await state_of(request).service.get(principal, request.path_params["run_id"])
     return await _run_json(request, run)
 
 
 async def run_events(request: Request) -> Response:
     """The run's state changes and output as NDJSON lines, ending with the final run."""
     principal = authenticate(request)
-    state = _state(request)
+    state = state_of(request)
     run = await state.service.get(principal, request.path_params["run_id"])
     if state.live is None:  # pragma: no cover - the app always builds one
         raise NotFound("live output is not available on this relay")
@@ -260,7 +232,7 @@ class HeldStream(StreamingResponse):
 
 async def cancel_run(request: Request) -> Response:
     principal = authenticate(request)
-    run = await _state(request).service.cancel(principal, request.path_params["run_id"])
+    run = await state_of(request).service.cancel(principal, request.path_params["run_id"])
     return await _run_json(request, run)
 
 
@@ -280,7 +252,7 @@ async def list_runs(request: Request) -> Response:
         raise InvalidRequest("limit must be an integer from 1 to 200") from exc
     if not 1 <= limit <= 200:
         raise InvalidRequest("limit must be an integer from 1 to 200")
-    service = _state(request).service
+    service = state_of(request).service
     page, cursor = await service.list(
         principal,
         state=state_filter,
@@ -294,13 +266,13 @@ async def list_runs(request: Request) -> Response:
     )
     found = await service.deliveries(page)
     runs = [run_summary(run, found.get(run.id)) for run in page]
-    return _json(RunList(runs=runs, next_cursor=cursor))
+    return json_answer(RunList(runs=runs, next_cursor=cursor))
 
 
 async def list_jobs(request: Request) -> Response:
     principal = authenticate(request)
     jobs = []
-    for job in _state(request).catalog.jobs.values():
+    for job in state_of(request).catalog.jobs.values():
         if not principal.may_run_job(job.name):
             continue
         params = [
@@ -323,12 +295,12 @@ async def list_jobs(request: Request) -> Response:
                 params=params,
             )
         )
-    return _json(JobList(jobs=jobs))
+    return json_answer(JobList(jobs=jobs))
 
 
 async def list_providers(request: Request) -> Response:
     authenticate(request)
-    state = _state(request)
+    state = state_of(request)
     infos = [
         ProviderInfo(
             name=name,
@@ -338,7 +310,7 @@ async def list_providers(request: Request) -> Response:
         )
         for name, provider in state.providers.items()
     ]
-    return _json(ProviderList(providers=infos))
+    return json_answer(ProviderList(providers=infos))
 
 
 def token_limits(principal: Principal) -> TokenLimits:
@@ -355,99 +327,14 @@ def token_limits(principal: Principal) -> TokenLimits:
 
 async def usage(request: Request) -> Response:
     principal = authenticate(request)
-    today, month = await _state(request).service.usage(principal)
+    today, month = await state_of(request).service.usage(principal)
     report = UsageReport(
         token=principal.name,
         today=usage_window(today),
         month=usage_window(month),
         limits=token_limits(principal),
     )
-    return _json(report)
-
-
-MAX_SPEND_DAYS = 92
-
-
-async def spend(request: Request) -> Response:
-    """Runs and USD per day, token, provider (every token's for an admin token), and
-    each token's standing today against its limits."""
-    principal = authenticate(request)
-    state = _state(request)
-    raw = request.query_params.get("days", "30")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_SPEND_DAYS:
-        raise InvalidRequest(f"days must be an integer from 1 to {MAX_SPEND_DAYS}")
-    days = int(raw)
-    first_day = int(time.time() // 86_400) - days + 1
-    rows = await state.service.spend(principal, first_day * 86_400.0)
-    shown = state.tokens.principals if principal.admin else [principal]
-    tokens = []
-    for holder in shown:
-        today = await state.service.usage_today(holder.name)
-        limits = token_limits(holder)
-        tokens.append(
-            TokenSpend(
-                token=holder.name, admin=holder.admin, today=usage_window(today), limits=limits
-            )
-        )
-    report = SpendReport(
-        days=days,
-        since=_day(first_day),
-        rows=[
-            SpendDay(
-                day=_day(row.day),
-                token=row.token,
-                provider=row.provider,
-                runs=row.runs,
-                sandbox_seconds=round(row.sandbox_s, 3),
-                usd=round(row.usd, 6),
-            )
-            for row in rows
-        ],
-        tokens=tokens,
-    )
-    return _json(report)
-
-
-async def operator_health(request: Request) -> Response:
-    """``/readyz``'s checks and what is behind them, for admin tokens (the console)."""
-    authenticate_admin(request)
-    state = _state(request)
-    ready = await readyz(request)
-    checks = Health.model_validate_json(bytes(ready.body))
-    outcomes = await state.service.provider_outcomes(time.time() - 86_400)
-    providers = []
-    for name, provider in state.providers.items():
-        problem = getattr(provider, "problem", None)
-        runs, errors = outcomes.get(name, (0, 0))
-        providers.append(
-            ProviderHealth(
-                name=name,
-                problem=problem() if callable(problem) else None,
-                runs=runs,
-                errors=errors,
-            )
-        )
-    reaper = state.reaper
-    reaper_health = None
-    if reaper is not None:
-        reaper_health = ReaperHealth(
-            last_sweep_at=_iso(reaper.last_sweep_at),
-            sweeps=reaper.sweeps,
-            terminated_by_reason=dict(reaper.terminated_by_reason),
-            failing=len(reaper.failing),
-        )
-    backlog = await state.service.webhook_backlog()
-    answer = OperatorHealth(
-        status=checks.status,
-        checks=checks.checks,
-        providers=providers,
-        reaper=reaper_health,
-        webhooks=WebhookHealth(
-            pending=backlog.pending, oldest_pending_at=_iso(backlog.oldest_created_at)
-        ),
-        active_runs=state.service.active_runs,
-    )
-    return _json(answer)
+    return json_answer(report)
 
 
 async def healthz(request: Request) -> Response:
@@ -455,7 +342,12 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    state = _state(request)
+    health = await readiness(state_of(request))
+    return json_answer(health, 503 if health.status == "unavailable" else 200)
+
+
+async def readiness(state: AppState) -> Health:
+    """What ``/readyz`` answers (and ``GET /v1/health`` shows): each check and the whole."""
     checks: dict[str, str] = {}
     status = "ok"
     try:
@@ -485,8 +377,7 @@ async def readyz(request: Request) -> Response:
     if state.reaper is not None and state.reaper.degraded:
         checks["reaper"] = f"{len(state.reaper.failing)} sandbox(es) failed to terminate"
         status = "degraded" if status == "ok" else status
-    code = 503 if status == "unavailable" else 200
-    return _json(Health(status=status, checks=checks), code)
+    return Health(status=status, checks=checks)
 
 
 async def openapi(request: Request) -> Response:
@@ -503,8 +394,6 @@ routes = [
     Route("/v1/runs/{run_id}", cancel_run, methods=["DELETE"]),
     Route("/v1/jobs", list_jobs, methods=["GET"]),
     Route("/v1/usage", usage, methods=["GET"]),
-    Route("/v1/spend", spend, methods=["GET"]),
-    Route("/v1/health", operator_health, methods=["GET"]),
     Route("/v1/providers", list_providers, methods=["GET"]),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),
