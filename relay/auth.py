@@ -11,6 +11,7 @@ jobs = ["echo", "python"]      # "*" for every job
 command = false                # may send a raw argv
 providers = ["*"]
 max_timeout_s = 300
+admin = false                  # may read every token's runs and cancel any (the console)
 ```
 """
 
@@ -34,7 +35,7 @@ from relay.errors import ConfigError, Unauthorized
 TOKEN_PREFIX = "rly_"  # noqa: S105 - a prefix, not a secret
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _LIMIT_KEYS = ("max_timeout_s", "max_concurrent", "runs_per_day", "usd_per_day")
-TOKEN_KEYS = ("sha256", "jobs", "command", "providers", *_LIMIT_KEYS, "webhook_secret")
+TOKEN_KEYS = ("sha256", "jobs", "command", "providers", *_LIMIT_KEYS, "webhook_secret", "admin")
 """Every key a token's table may have; any other is refused with the file and key named."""
 
 log = logging.getLogger("relay.auth")
@@ -53,6 +54,12 @@ class Principal:
     runs_per_day: int | None = None
     usd_per_day: float | None = None
     webhook_secret: str | None = field(default=None, repr=False)
+    admin: bool = False
+    """Reads every token's runs and may cancel any; runs and limits stay its own."""
+
+    def may_read_run(self, token: str) -> bool:
+        """Whether this principal may read (and cancel) a run of ``token``."""
+        return self.admin or token == self.name
 
     def may_run_job(self, job: str) -> bool:
         return "*" in self.jobs or job in self.jobs
@@ -92,8 +99,9 @@ def _parse_entry(name: str, table: Any, path: Path) -> _Entry:
         if key not in TOKEN_KEYS:
             # A typo must not quietly widen a token (`job =` would leave it every job).
             raise ConfigError(f"{where}.{key}: unknown key{_suggestion(key, TOKEN_KEYS)}")
-    if not isinstance(table.get("command", False), bool):
-        raise ConfigError(f"{where}.command: must be true or false")
+    for flag in ("command", "admin"):
+        if not isinstance(table.get(flag, False), bool):
+            raise ConfigError(f"{where}.{flag}: must be true or false")
     secret = table.get("webhook_secret")
     if secret is not None and (not isinstance(secret, str) or not secret):
         raise ConfigError(f"{where}.webhook_secret: must be a non-empty string")
@@ -113,6 +121,7 @@ def _parse_entry(name: str, table: Any, path: Path) -> _Entry:
         command=table.get("command", False),
         providers=_string_set(table.get("providers", ["*"]), f"{where}.providers"),
         webhook_secret=secret,
+        admin=table.get("admin", False),
         **limits,
     )
     return _Entry(bytes.fromhex(digest), principal)
@@ -239,6 +248,7 @@ def new_token(
     providers: list[str] | None = None,
     limits: dict[str, float | int | None] | None = None,
     webhook_secret: str | None = None,
+    admin: bool = False,
 ) -> str:
     """Append a new token to the file (mode 0600) and return it; it is shown only once."""
     if not NAME_PATTERN.match(name):
@@ -264,6 +274,8 @@ def new_token(
             lines.append(f"{key} = {_toml_value(value)}")
     if webhook_secret is not None:
         lines.append(f"webhook_secret = {_toml_value(webhook_secret)}")
+    if admin:
+        lines.append("admin = true")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "a", encoding="utf-8") as handle:
         if not existing and path.stat().st_size == 0:

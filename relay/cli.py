@@ -113,7 +113,11 @@ def _print_howto(settings: Settings, token: str | None) -> None:
     print("\nThe relay is starting. Try it:\n")
     print(f"  curl -sS {url}/v1/runs -H {shlex.quote(header)} \\")
     print(f"       -H 'Content-Type: application/json' -d {shlex.quote(body)}\n")
-    print(f"  RELAY_URL={url} RELAY_TOKEN={shown} relay run echo -p message=hi\n", flush=True)
+    print(f"  RELAY_URL={url} RELAY_TOKEN={shown} relay run echo -p message=hi\n")
+    print(
+        f"The console: {url}/console (log in with an admin token: relay tokens new NAME --admin)\n",
+        flush=True,
+    )
 
 
 def _check_startup(settings: Settings) -> dict[str, Provider]:
@@ -252,6 +256,7 @@ def cmd_tokens(args: argparse.Namespace) -> int:
             providers=args.provider or None,
             limits=limits,
             webhook_secret=secrets.token_hex(32) if args.webhook_secret else None,
+            admin=args.admin,
         )
         print(token)
         print(f"(shown once; its hash is in {settings.tokens_file})", file=sys.stderr)
@@ -290,7 +295,7 @@ def cmd_tokens(args: argparse.Namespace) -> int:
         runs, usd = usage.get(principal.name, (0, 0.0))
         print(
             f"{principal.name}\tjobs={','.join(sorted(principal.jobs))}"
-            f"{' command' if principal.command else ''}"
+            f"{' command' if principal.command else ''}{' admin' if principal.admin else ''}"
             f"\tproviders={','.join(sorted(principal.providers))}"
             f"\t{' '.join(shown) or 'no limits'}\ttoday: {runs} runs, ${usd:.4f}"
         )
@@ -499,6 +504,11 @@ def parser() -> argparse.ArgumentParser:
     new.add_argument("--usd-per-day", type=float)
     new.add_argument(
         "--webhook-secret", action="store_true", help="give it a secret to sign its callbacks"
+    )
+    new.add_argument(
+        "--admin",
+        action="store_true",
+        help="may read every token's runs and cancel any (the /console operator)",
     )
     tsub.add_parser("list", help="list tokens (names and scopes, never the token)")
     for action, text in (

@@ -20,7 +20,8 @@ if [ "$mode" = "test" ]; then
     command -v kubectl >/dev/null 2>&1 || packages+=(kubectl)
     docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1 \
         || packages+=(docker-compose)
-    # Renders the /docs page headless (tests/http/test_docs_page.py).
+    # Renders the /docs page and drives /console headless (tests/http/test_docs_page.py,
+    # tests/http/test_console.py, through Playwright with this browser: no download).
     command -v chromium >/dev/null 2>&1 || packages+=(chromium)
 fi
 [ ${#packages[@]} -eq 0 ] && exit 0

@@ -53,6 +53,9 @@ def test_tokens_new_prints_once_and_list_never_shows_it(tmp_path: Path) -> None:
     listed = relay_cli("tokens", "list", cwd=tmp_path)
     assert "bot" in listed.stdout and "jobs=echo" in listed.stdout and token not in listed.stdout
     assert token not in (tmp_path / "tokens.toml").read_text()
+    assert relay_cli("tokens", "new", "operator", "--admin", cwd=tmp_path).returncode == 0
+    admins = relay_cli("tokens", "list", cwd=tmp_path).stdout
+    assert [line.split("\t")[0] for line in admins.splitlines() if " admin" in line] == ["operator"]
 
 
 def test_tokens_new_can_give_a_webhook_secret(tmp_path: Path) -> None:
@@ -159,6 +162,9 @@ def test_serve_dev_prints_a_curl_that_works(tmp_path: Path) -> None:
         run = answer.json()
         assert run["state"] == "succeeded" and run["stdout"] == "hello from the relay\n"
         assert (tmp_path / ".relay-dev-token").read_text().strip() in header
+        console = re.search(r"The console: (http://\S+/console) ", printed)
+        assert console is not None, printed
+        assert httpx.get(console.group(1)).status_code == 200
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(30)

@@ -16,6 +16,7 @@ import pytest
 
 from relay.errors import ERROR_CLASSES
 from relay.http.openapi import document
+from relay.http.operator import operator_routes
 from relay.http.routes import routes
 from relay.providers.registry import PROVIDERS
 from relay.settings import Settings
@@ -73,7 +74,7 @@ def test_readme_starts_with_the_two_commands() -> None:
 def test_openapi_covers_every_route_and_error_code() -> None:
     doc = document()
     assert doc["openapi"].startswith("3.1")
-    for route in routes:
+    for route in [*routes, *operator_routes]:
         path = route.path
         for method in route.methods or ():
             if method == "HEAD":

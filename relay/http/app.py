@@ -26,8 +26,10 @@ from relay.auth import TokenStore
 from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError, StoreUnavailable
 from relay.http.access_log import AccessLog
 from relay.http.app_state import AppState
+from relay.http.console_page import console_routes
 from relay.http.docs_page import docs_routes
 from relay.http.metrics import Metrics
+from relay.http.operator import operator_routes
 from relay.http.routes import routes
 from relay.http.run_stream import LiveRuns
 from relay.providers.base import Provider
@@ -249,7 +251,7 @@ def create_app(
             await store.close()
 
     app = Starlette(
-        routes=[*routes, *docs_routes],
+        routes=[*routes, *operator_routes, *docs_routes, *console_routes],
         lifespan=lifespan,
         exception_handlers={
             RelayError: _relay_error,

@@ -14,12 +14,14 @@ from relay.runs.models import (
     ErrorBody,
     Health,
     JobList,
+    OperatorHealth,
     ProviderList,
     Run,
     RunList,
     RunRequest,
     RunState,
     RunSummary,
+    SpendReport,
     UsageReport,
 )
 
@@ -98,7 +100,18 @@ _RUN_EVENT: dict[str, Any] = {
 }
 
 
-_SERIALIZED = (Run, RunSummary, RunList, ErrorBody, JobList, ProviderList, Health, UsageReport)
+_SERIALIZED = (
+    Run,
+    RunSummary,
+    RunList,
+    ErrorBody,
+    JobList,
+    ProviderList,
+    Health,
+    UsageReport,
+    SpendReport,
+    OperatorHealth,
+)
 """The answers' models, described as the relay writes them."""
 
 
@@ -186,7 +199,7 @@ def _create_run(common: dict[str, Any]) -> dict[str, Any]:
 def _list_runs(common: dict[str, Any]) -> dict[str, Any]:
     """``GET /v1/runs``."""
     return {
-        "summary": "This token's runs, newest first",
+        "summary": "This token's runs (every token's for an admin token), newest first",
         "operationId": "listRuns",
         "security": _AUTH,
         "parameters": [
@@ -202,6 +215,22 @@ def _list_runs(common: dict[str, Any]) -> dict[str, Any]:
                 "schema": {"type": "integer", "minimum": 1, "maximum": 200},
             },
             {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+            {
+                "name": "token",
+                "in": "query",
+                "description": "Only this token's runs (another token's: admin tokens only).",
+                "schema": {"type": "string"},
+            },
+            {"name": "provider", "in": "query", "schema": {"type": "string"}},
+            *(
+                {
+                    "name": name,
+                    "in": "query",
+                    "description": f"Runs created {text} this ISO 8601 time (UTC if no zone).",
+                    "schema": {"type": "string", "format": "date-time"},
+                }
+                for name, text in (("since", "at or after"), ("until", "before"))
+            ),
         ],
         "responses": {
             "200": _json(
@@ -209,7 +238,7 @@ def _list_runs(common: dict[str, Any]) -> dict[str, Any]:
                 "a page of run summaries: no stdout/stderr (read them through "
                 "GET /v1/runs/{run_id}), their sizes in stdout_bytes/stderr_bytes",
             ),
-            **_errors(400),
+            **_errors(400, 403),
             **common,
         },
     }
@@ -294,6 +323,39 @@ def _reference_paths(common: dict[str, Any]) -> dict[str, Any]:
             "usage and limits",
         ),
         "/v1/providers": read("Enabled providers", "listProviders", "ProviderList", "providers"),
+        "/v1/spend": {
+            "get": {
+                "summary": "Runs and USD per day, token and provider (every token's for an "
+                "admin token), and each token's standing against its limits today",
+                "operationId": "getSpend",
+                "security": _AUTH,
+                "parameters": [
+                    {
+                        "name": "days",
+                        "in": "query",
+                        "description": "How many UTC days back, today included (default 30).",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 92},
+                    }
+                ],
+                "responses": {
+                    "200": _json("SpendReport", "spend per day"),
+                    **_errors(400),
+                    **common,
+                },
+            }
+        },
+        "/v1/health": {
+            "get": {
+                "summary": "Providers, reaper and webhook backlog (admin tokens only)",
+                "operationId": "getOperatorHealth",
+                "security": _AUTH,
+                "responses": {
+                    "200": _json("OperatorHealth", "what the console's health page shows"),
+                    **_errors(403),
+                    **common,
+                },
+            }
+        },
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -55,19 +56,19 @@ RATE_LIMITED_RETRY_AFTER_S = 10.0
 or the run was recorded before schema 5 kept it)."""
 
 
-def _json(model: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+def json_answer(model: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(
         model.model_dump_json(), status_code=status, headers=headers, media_type="application/json"
     )
 
 
-def _state(request: Request) -> AppState:
+def state_of(request: Request) -> AppState:
     state: AppState = request.app.state.relay
     return state
 
 
 def authenticate(request: Request) -> Principal:
-    state = _state(request)
+    state = state_of(request)
     header = state.settings.auth_header
     raw = request.headers.get(header)
     if raw is not None and header.lower() == "authorization":
@@ -78,6 +79,20 @@ def authenticate(request: Request) -> Principal:
     principal = state.tokens.authenticate(raw)
     request.state.token_name = principal.name
     return principal
+
+
+def _moment(query: Any, name: str) -> float | None:
+    """A query parameter holding an ISO 8601 time (UTC when it names no zone)."""
+    value = query.get(name)
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise InvalidRequest(f"{name} must be an ISO 8601 time, like 2026-01-31T12:00:00Z") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
 
 
 async def _read_request(request: Request) -> RunRequest:
@@ -135,18 +150,18 @@ def _idempotency_key(request: Request) -> str | None:
 
 async def _run_json(request: Request, run: RunRecord) -> Response:
     """A run, with its deliveries, as a 200 answer."""
-    found = await _state(request).service.deliveries([run])
-    return _json(run_model(run, found.get(run.id)))
+    found = await state_of(request).service.deliveries([run])
+    return json_answer(run_model(run, found.get(run.id)))
 
 
 def _run_answer(
     request: Request, run: RunRecord, deliveries: list[DeliveryRecord] | None = None
 ) -> Response:
     answer = run_model(run, deliveries)
-    state = _state(request)
+    state = state_of(request)
     location = f"{state.base_url(request)}/v1/runs/{answer.id}"
     if not answer.state.final:
-        return _json(answer, 202, {"Location": location})
+        return json_answer(answer, 202, {"Location": location})
     if answer.state == RunState.error and answer.error is not None:
         error = error_for_code(answer.error.code)
         if issubclass(error, ProviderError):
@@ -161,14 +176,14 @@ def _run_answer(
                 headers={"Location": location},
                 retry_after=retry_after,
             )
-    return _json(answer, 200, {"Location": location})
+    return json_answer(answer, 200, {"Location": location})
 
 
 async def create_run(request: Request) -> Response:
     principal = authenticate(request)
     key = _idempotency_key(request)
     body = await _read_request(request)
-    state = _state(request)
+    state = state_of(request)
     limits: dict[str, str] = {}
     request.state.extra_headers = limits  # the RateLimit fields, on any answer from here on
     run, _created = await state.service.submit(principal, body, key, limits)
@@ -180,14 +195,14 @@ async def create_run(request: Request) -> Response:
 
 async def get_run(request: Request) -> Response:
     principal = authenticate(request)
-    run = await _state(request).service.get(principal, request.path_params["run_id"])
+    run = await state_of(request).service.get(principal, request.path_params["run_id"])
     return await _run_json(request, run)
 
 
 async def run_events(request: Request) -> Response:
     """The run's state changes and output as NDJSON lines, ending with the final run."""
     principal = authenticate(request)
-    state = _state(request)
+    state = state_of(request)
     run = await state.service.get(principal, request.path_params["run_id"])
     if state.live is None:  # pragma: no cover - the app always builds one
         raise NotFound("live output is not available on this relay")
@@ -217,14 +232,15 @@ class HeldStream(StreamingResponse):
 
 async def cancel_run(request: Request) -> Response:
     principal = authenticate(request)
-    run = await _state(request).service.cancel(principal, request.path_params["run_id"])
+    run = await state_of(request).service.cancel(principal, request.path_params["run_id"])
     return await _run_json(request, run)
 
 
 async def list_runs(request: Request) -> Response:
     principal = authenticate(request)
     query = request.query_params
-    unknown = sorted(set(query) - {"state", "job", "limit", "cursor"})
+    known = {"state", "job", "limit", "cursor", "token", "provider", "since", "until"}
+    unknown = sorted(set(query) - known)
     if unknown:
         raise InvalidRequest(f"unknown query parameter {unknown[0]!r}")
     state_filter = query.get("state")
@@ -236,19 +252,27 @@ async def list_runs(request: Request) -> Response:
         raise InvalidRequest("limit must be an integer from 1 to 200") from exc
     if not 1 <= limit <= 200:
         raise InvalidRequest("limit must be an integer from 1 to 200")
-    service = _state(request).service
+    service = state_of(request).service
     page, cursor = await service.list(
-        principal, state=state_filter, job=query.get("job"), limit=limit, cursor=query.get("cursor")
+        principal,
+        state=state_filter,
+        job=query.get("job"),
+        limit=limit,
+        cursor=query.get("cursor"),
+        token=query.get("token"),
+        provider=query.get("provider"),
+        since=_moment(query, "since"),
+        until=_moment(query, "until"),
     )
     found = await service.deliveries(page)
     runs = [run_summary(run, found.get(run.id)) for run in page]
-    return _json(RunList(runs=runs, next_cursor=cursor))
+    return json_answer(RunList(runs=runs, next_cursor=cursor))
 
 
 async def list_jobs(request: Request) -> Response:
     principal = authenticate(request)
     jobs = []
-    for job in _state(request).catalog.jobs.values():
+    for job in state_of(request).catalog.jobs.values():
         if not principal.may_run_job(job.name):
             continue
         params = [
@@ -271,12 +295,12 @@ async def list_jobs(request: Request) -> Response:
                 params=params,
             )
         )
-    return _json(JobList(jobs=jobs))
+    return json_answer(JobList(jobs=jobs))
 
 
 async def list_providers(request: Request) -> Response:
     authenticate(request)
-    state = _state(request)
+    state = state_of(request)
     infos = [
         ProviderInfo(
             name=name,
@@ -286,7 +310,7 @@ async def list_providers(request: Request) -> Response:
         )
         for name, provider in state.providers.items()
     ]
-    return _json(ProviderList(providers=infos))
+    return json_answer(ProviderList(providers=infos))
 
 
 def token_limits(principal: Principal) -> TokenLimits:
@@ -303,14 +327,14 @@ def token_limits(principal: Principal) -> TokenLimits:
 
 async def usage(request: Request) -> Response:
     principal = authenticate(request)
-    today, month = await _state(request).service.usage(principal)
+    today, month = await state_of(request).service.usage(principal)
     report = UsageReport(
         token=principal.name,
         today=usage_window(today),
         month=usage_window(month),
         limits=token_limits(principal),
     )
-    return _json(report)
+    return json_answer(report)
 
 
 async def healthz(request: Request) -> Response:
@@ -318,7 +342,12 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    state = _state(request)
+    health = await readiness(state_of(request))
+    return json_answer(health, 503 if health.status == "unavailable" else 200)
+
+
+async def readiness(state: AppState) -> Health:
+    """What ``/readyz`` answers (and ``GET /v1/health`` shows): each check and the whole."""
     checks: dict[str, str] = {}
     status = "ok"
     try:
@@ -348,8 +377,7 @@ async def readyz(request: Request) -> Response:
     if state.reaper is not None and state.reaper.degraded:
         checks["reaper"] = f"{len(state.reaper.failing)} sandbox(es) failed to terminate"
         status = "degraded" if status == "ok" else status
-    code = 503 if status == "unavailable" else 200
-    return _json(Health(status=status, checks=checks), code)
+    return Health(status=status, checks=checks)
 
 
 async def openapi(request: Request) -> Response:

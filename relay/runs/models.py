@@ -198,6 +198,16 @@ class RunRequest(BaseModel):
             raise ValueError('"*" must be the only entry')
         return value
 
+    def echo(self) -> dict[str, Any]:
+        """What was asked, as a run keeps and shows it (:class:`RequestEcho`): env and
+        files by name, stdin by size, no callback URL; their values may be secrets."""
+        shown = self.model_dump(mode="json", exclude={"env", "stdin", "files", "callback_url"})
+        return shown | {
+            "env": sorted(self.env),
+            "files": sorted(self.files),
+            "stdin_bytes": len((self.stdin or "").encode()),
+        }
+
 
 class Timings(BaseModel):
     """Where the time went, in milliseconds (None: that step did not happen)."""
@@ -244,6 +254,7 @@ class RunSummary(BaseModel):
     size in bytes (read the output through ``GET /v1/runs/{id}``)."""
 
     id: str
+    token: str | None = Field(None, description="The name of the token that made it.")
     job: str | None
     state: RunState
     exit_code: int | None = None
@@ -266,10 +277,30 @@ class RunSummary(BaseModel):
     )
 
 
+class RequestEcho(BaseModel):
+    """What a run was asked to do, without secrets: env variables and files by name only,
+    stdin by its size, no callback URL."""
+
+    job: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    command: list[str] | None = None
+    provider: str = "auto"
+    image: str | None = None
+    size: Any = None
+    env: list[str] = Field(default_factory=list, description="Names only, never values.")
+    files: list[str] = Field(default_factory=list, description="Paths only.")
+    stdin_bytes: int = 0
+    workdir: str | None = None
+    timeout_s: float | None = None
+    egress: list[str] | None = None
+    wait: bool = True
+
+
 class Run(BaseModel):
     """A run as every answer, poll and callback shows it."""
 
     id: str
+    token: str | None = Field(None, description="The name of the token that made it.")
     job: str | None
     state: RunState
     exit_code: int | None = None
@@ -289,6 +320,9 @@ class Run(BaseModel):
     error: ErrorInfo | None = None
     deliveries: list[Delivery] = Field(
         default_factory=list, description="Webhook deliveries (runs with a `callback_url`)."
+    )
+    request: RequestEcho | None = Field(
+        None, description="What was asked (runs made before schema 8 have none)."
     )
 
 
@@ -376,3 +410,63 @@ class UsageReport(BaseModel):
     today: UsageWindow
     month: UsageWindow
     limits: TokenLimits
+
+
+class SpendDay(BaseModel):
+    """One token's runs on one provider on one UTC day."""
+
+    day: str = Field(description="The UTC day, YYYY-MM-DD.")
+    token: str
+    provider: str
+    runs: int
+    sandbox_seconds: float
+    usd: float
+
+
+class TokenSpend(BaseModel):
+    """A token's usage today against its limits."""
+
+    token: str
+    admin: bool
+    today: UsageWindow
+    limits: TokenLimits
+
+
+class SpendReport(BaseModel):
+    """``GET /v1/spend``: runs and USD per day, token, provider over the last ``days``
+    (every token's for an admin token, else the caller's own), and each token's standing."""
+
+    days: int
+    since: str = Field(description="The first UTC day counted, YYYY-MM-DD.")
+    rows: list[SpendDay]
+    tokens: list[TokenSpend]
+
+
+class ProviderHealth(BaseModel):
+    name: str
+    problem: str | None = Field(None, description="Why the provider cannot serve, if so.")
+    runs: int = Field(description="Runs on it in the last 24 hours.")
+    errors: int = Field(description="Of those, runs that ended in `error` or `lost`.")
+
+
+class ReaperHealth(BaseModel):
+    last_sweep_at: str | None
+    sweeps: int
+    terminated_by_reason: dict[str, int]
+    failing: int = Field(description="Sandboxes it failed to terminate, retried each sweep.")
+
+
+class WebhookHealth(BaseModel):
+    pending: int
+    oldest_pending_at: str | None
+
+
+class OperatorHealth(BaseModel):
+    """``GET /v1/health`` (admin tokens): what the console's health page shows."""
+
+    status: Literal["ok", "degraded", "unavailable"]
+    checks: dict[str, str]
+    providers: list[ProviderHealth]
+    reaper: ReaperHealth | None
+    webhooks: WebhookHealth
+    active_runs: int

@@ -99,6 +99,7 @@ class Reaper:
         self.grace_s = grace_s
         self.single_replica = single_replica
         self.failing: dict[str, int] = {}
+        self.last_sweep_at: float | None = None  # wall clock; shown by GET /v1/health
         self._skip: dict[str, int] = {}
         self._sweeps = 0
         self.heartbeat_s = min(10.0, reap_interval_s)
@@ -184,7 +185,10 @@ class Reaper:
         async with self.store.sweep_lock() as got:
             if not got:
                 return SweepReport()
-            return await self._sweep(dry_run)
+            report = await self._sweep(dry_run)
+            if not dry_run:
+                self.last_sweep_at = self.clock()
+            return report
 
     async def _sweep(self, dry_run: bool) -> SweepReport:
         self._sweeps += 1
@@ -290,6 +294,11 @@ class Reaper:
                 self.beats = 0
                 log.warning("sweep failed", extra={"error_class": type(exc).__name__})
             await asyncio.sleep(min(self.heartbeat_s, self.reap_interval_s))
+
+    @property
+    def sweeps(self) -> int:
+        """Sweeps begun by this process."""
+        return self._sweeps
 
     @property
     def degraded(self) -> bool:

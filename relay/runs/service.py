@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import json
 import logging
 import secrets
 import time
@@ -22,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from relay import logs
 from relay.auth import Principal
-from relay.errors import IdempotencyConflict, NotFound, RunNotCancelable, ShuttingDown
+from relay.errors import Forbidden, IdempotencyConflict, NotFound, RunNotCancelable, ShuttingDown
 from relay.providers.base import Provider
 from relay.runs.callback_urls import refuse_unsafe_callback
 from relay.runs.catalog import Catalog
@@ -37,6 +38,7 @@ from relay.store.database import Store, Usage
 from relay.store.deliveries import Deliveries
 from relay.store.limits import DuplicateKey, LimitReached, day_start, month_start
 from relay.store.records import DeliveryRecord, RunRecord, RunValues
+from relay.store.reports import Backlog, Reports, SpendRow
 
 __all__ = ["DeliveryRecord", "RunRecord", "RunService", "new_run_id"]
 
@@ -74,6 +76,7 @@ class RunService:
         self.accepting = True
         self.runner = Runner(settings, store, self.providers, self.events, self.costs)
         self._deliveries = Deliveries(store)
+        self._reports = Reports(store)
         self._drain_started: float | None = None
 
     async def submit(
@@ -119,6 +122,7 @@ class RunService:
             stdout_bytes=0,
             stderr_bytes=0,
             callback_url=request.callback_url,
+            request=json.dumps(request.echo(), separators=(",", ":")),
         )
         self.runner.hold(run_id)  # before the row exists: a sweep now must not orphan it
         admission = admission_for(principal, self.settings, now)
@@ -170,7 +174,7 @@ class RunService:
     async def get(self, principal: Principal, run_id: str) -> RunRecord:
         """``principal``'s run, with its output so far while it runs here."""
         run = await self.find(run_id)
-        if run is None or run.token != principal.name:
+        if run is None or not principal.may_read_run(run.token):
             raise NotFound("no such run")  # another token's run is as good as absent
         sink = self.runner.output(run_id)
         if sink is not None and not RunState(run.state).final:
@@ -191,11 +195,26 @@ class RunService:
         job: str | None,
         limit: int,
         cursor: str | None,
+        token: str | None = None,
+        provider: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
     ) -> tuple[builtins.list[RunRecord], str | None]:
-        """A page of ``principal``'s runs, newest first, without their output, and the
-        cursor of the next page."""
+        """A page of ``principal``'s runs (an admin's: every token's, or ``token``'s),
+        newest first, without their output, and the cursor of the next page."""
+        if not principal.admin:
+            if token is not None and token != principal.name:
+                raise Forbidden("only an admin token lists another token's runs")
+            token = principal.name
         return await self.store.list_runs(
-            principal.name, state=state, job=job, limit=limit, cursor=cursor
+            token,
+            state=state,
+            job=job,
+            limit=limit,
+            cursor=cursor,
+            provider=provider,
+            since=since,
+            until=until,
         )
 
     async def deliveries(
@@ -224,6 +243,10 @@ class RunService:
         run = await self.get(principal, run_id)
         if RunState(run.state).final:
             raise RunNotCancelable(details={"run_id": run_id})
+        if run.token != principal.name:  # an admin token: say who ended another token's run
+            log.info(
+                "run canceled by an admin token", extra={"run_id": run_id, "token": principal.name}
+            )
         await self.store.update_run(run_id, cancel_requested=True)
         if self.runner.running(run_id):
             self.runner.stop(run_id, "canceled")
@@ -246,6 +269,23 @@ class RunService:
         today = await self.store.usage(principal.name, day_start(now))
         month = await self.store.usage(principal.name, month_start(now))
         return today, month
+
+    async def usage_today(self, token: str) -> Usage:
+        """A token's usage today (UTC), whoever asks: the admin's spend page reads every
+        token's standing against its limits."""
+        return await self.store.usage(token, day_start(self.clock()))
+
+    async def spend(self, principal: Principal, since: float) -> builtins.list[SpendRow]:
+        """Runs and USD per day, token, provider since ``since``: every token's for an
+        admin, else ``principal``'s own."""
+        return await self._reports.spend(since, None if principal.admin else principal.name)
+
+    async def provider_outcomes(self, since: float) -> dict[str, tuple[int, int]]:
+        """Per provider, runs since ``since`` and how many ended in error or lost."""
+        return await self._reports.provider_outcomes(since)
+
+    async def webhook_backlog(self) -> Backlog:
+        return await self._reports.webhook_backlog()
 
     @property
     def active_runs(self) -> int:

@@ -15,6 +15,7 @@ from relay.runs.models import (
     Delivery,
     DeliveryAttempt,
     ErrorInfo,
+    RequestEcho,
     Run,
     RunState,
     RunSummary,
@@ -58,6 +59,7 @@ def _run_fields(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None) -> 
         )
     return {
         "id": run.id,
+        "token": run.token,
         "job": run.job,
         "state": RunState(run.state),
         "exit_code": run.exit_code,
@@ -88,7 +90,13 @@ def run_summary(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None = No
 
 def run_model(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None = None) -> Run:
     """A stored run (and its deliveries) as the API shows it (the same shape everywhere)."""
-    return Run(stdout=run.stdout or "", stderr=run.stderr or "", **_run_fields(run, deliveries))
+    asked = RequestEcho.model_validate_json(run.request) if run.request else None
+    return Run(
+        stdout=run.stdout or "",
+        stderr=run.stderr or "",
+        request=asked,
+        **_run_fields(run, deliveries),
+    )
 
 
 def usage_window(usage: Usage) -> UsageWindow:

@@ -93,14 +93,15 @@ def _byte_length_sqlite(element: OctetLength, compiler: Any, **options: Any) -> 
     return f"length(CAST({compiler.process(element.clauses, **options)} AS BLOB))"
 
 
-_OUTPUT = ("stdout", "stderr", "stdout_bytes", "stderr_bytes")
+_OUTPUT = ("stdout", "stderr", "stdout_bytes", "stderr_bytes", "request")
 _SUMMARY_COLUMNS = (
     *(column for column in runs.c if column.name not in _OUTPUT),
     # Measured only for a run written without its sizes (by a relay before version 7).
     sa.func.coalesce(runs.c.stdout_bytes, OctetLength(runs.c.stdout)).label("stdout_bytes"),
     sa.func.coalesce(runs.c.stderr_bytes, OctetLength(runs.c.stderr)).label("stderr_bytes"),
 )
-"""What a listing reads of a run: everything but its output, and the output's sizes."""
+"""What a listing reads of a run: everything but its output (and request), and the
+output's sizes."""
 
 
 def with_sizes(values: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -439,21 +440,33 @@ class Store:
 
     async def list_runs(
         self,
-        token: str,
+        token: str | None,
         *,
         state: str | None,
         job: str | None,
         limit: int,
         cursor: str | None,
+        provider: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
     ) -> tuple[list[RunRecord], str | None]:
-        """A page of the token's runs, newest first, without their output (its sizes
-        only: a page's memory follows ``limit``, not what the runs printed), and the
-        cursor of the next page (None: this is the last)."""
-        query = sa.select(*_SUMMARY_COLUMNS).where(runs.c.token == token)
+        """A page of the token's runs (every token's: ``token=None``), newest first,
+        without their output (its sizes only: a page's memory follows ``limit``, not what
+        the runs printed), and the cursor of the next page (None: this is the last).
+        ``since``/``until`` bound the creation time (from inclusive, to exclusive)."""
+        query = sa.select(*_SUMMARY_COLUMNS)
+        if token is not None:
+            query = query.where(runs.c.token == token)
         if state:
             query = query.where(runs.c.state == state)
         if job:
             query = query.where(runs.c.job == job)
+        if provider:
+            query = query.where(runs.c.provider == provider)
+        if since is not None:
+            query = query.where(runs.c.created_at >= since)
+        if until is not None:
+            query = query.where(runs.c.created_at < until)
         if cursor:
             created, run_id = decode_cursor(cursor)
             query = query.where(

@@ -59,6 +59,9 @@ class RunRecord:
     owner: str
     cancel_requested: bool = False
     callback_url: str | None = None
+    request: str | None = None
+    """What was asked, as a JSON object without secrets (``request_echo``); None before
+    schema 8, and in a listing."""
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> RunRecord:
@@ -121,6 +124,7 @@ class RunValues(TypedDict, total=False):
     owner: str
     cancel_requested: bool
     callback_url: str | None
+    request: str | None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 ACTIVE = ("queued", "starting", "running")
 FINAL = ("succeeded", "failed", "timed_out", "canceled", "error", "lost")
 
@@ -63,6 +63,8 @@ runs = sa.Table(
     sa.Column("owner", sa.String(64), nullable=False),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, default=False),
     sa.Column("callback_url", sa.Text),
+    # What was asked, as the console shows it: env names and stdin's size, never their values.
+    sa.Column("request", sa.Text),
     sa.UniqueConstraint("token", "idempotency_key", name="uq_runs_token_key"),
     sa.Index("ix_runs_token_created", "token", "created_at"),
     sa.Index("ix_runs_state", "state"),
@@ -241,6 +243,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     5: _add_columns(runs, "error_retry_after_s"),
     6: _count_runs_per_day,
     7: _bound_listings_and_retention,
+    8: _add_columns(runs, "request"),
 }
 """Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
 never drops or rewrites a run. A relay refuses a database newer than it knows."""

@@ -1,0 +1,143 @@
+"""The admin side of the API, what ``/console`` reads: spend across tokens, and health.
+
+``GET /v1/spend`` answers any token (its own rows; an admin's: every token's);
+``GET /v1/health`` answers admin tokens only. Both read through the run service.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from relay.auth import Principal
+from relay.errors import Forbidden, InvalidRequest
+from relay.http.routes import (
+    authenticate,
+    json_answer,
+    readiness,
+    state_of,
+    token_limits,
+)
+from relay.runs.models import (
+    OperatorHealth,
+    ProviderHealth,
+    ReaperHealth,
+    SpendDay,
+    SpendReport,
+    TokenSpend,
+    WebhookHealth,
+)
+from relay.runs.view import usage_window
+
+
+def authenticate_admin(request: Request) -> Principal:
+    """The caller, who must hold an admin token (``relay tokens new NAME --admin``)."""
+    principal = authenticate(request)
+    if not principal.admin:
+        raise Forbidden("this needs an admin token (relay tokens new NAME --admin)")
+    return principal
+
+
+def _day(number: int) -> str:
+    return datetime.fromtimestamp(number * 86_400, UTC).date().isoformat()
+
+
+def _iso(stamp: float | None) -> str | None:
+    if stamp is None:
+        return None
+    moment = datetime.fromtimestamp(stamp, UTC).isoformat(timespec="milliseconds")
+    return moment.replace("+00:00", "Z")  # as a run's times read (relay/runs/view.py)
+
+
+MAX_SPEND_DAYS = 92
+
+
+async def spend(request: Request) -> Response:
+    """Runs and USD per day, token, provider (every token's for an admin token), and
+    each token's standing today against its limits."""
+    principal = authenticate(request)
+    state = state_of(request)
+    raw = request.query_params.get("days", "30")
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_SPEND_DAYS:
+        raise InvalidRequest(f"days must be an integer from 1 to {MAX_SPEND_DAYS}")
+    days = int(raw)
+    first_day = int(time.time() // 86_400) - days + 1
+    rows = await state.service.spend(principal, first_day * 86_400.0)
+    shown = state.tokens.principals if principal.admin else [principal]
+    tokens = []
+    for holder in shown:
+        today = await state.service.usage_today(holder.name)
+        limits = token_limits(holder)
+        tokens.append(
+            TokenSpend(
+                token=holder.name, admin=holder.admin, today=usage_window(today), limits=limits
+            )
+        )
+    report = SpendReport(
+        days=days,
+        since=_day(first_day),
+        rows=[
+            SpendDay(
+                day=_day(row.day),
+                token=row.token,
+                provider=row.provider,
+                runs=row.runs,
+                sandbox_seconds=round(row.sandbox_s, 3),
+                usd=round(row.usd, 6),
+            )
+            for row in rows
+        ],
+        tokens=tokens,
+    )
+    return json_answer(report)
+
+
+async def operator_health(request: Request) -> Response:
+    """``/readyz``'s checks and what is behind them, for admin tokens (the console)."""
+    authenticate_admin(request)
+    state = state_of(request)
+    checks = await readiness(state)
+    outcomes = await state.service.provider_outcomes(time.time() - 86_400)
+    providers = []
+    for name, provider in state.providers.items():
+        problem = getattr(provider, "problem", None)
+        runs, errors = outcomes.get(name, (0, 0))
+        providers.append(
+            ProviderHealth(
+                name=name,
+                problem=problem() if callable(problem) else None,
+                runs=runs,
+                errors=errors,
+            )
+        )
+    reaper = state.reaper
+    reaper_health = None
+    if reaper is not None:
+        reaper_health = ReaperHealth(
+            last_sweep_at=_iso(reaper.last_sweep_at),
+            sweeps=reaper.sweeps,
+            terminated_by_reason=dict(reaper.terminated_by_reason),
+            failing=len(reaper.failing),
+        )
+    backlog = await state.service.webhook_backlog()
+    answer = OperatorHealth(
+        status=checks.status,
+        checks=checks.checks,
+        providers=providers,
+        reaper=reaper_health,
+        webhooks=WebhookHealth(
+            pending=backlog.pending, oldest_pending_at=_iso(backlog.oldest_created_at)
+        ),
+        active_runs=state.service.active_runs,
+    )
+    return json_answer(answer)
+
+
+operator_routes = [
+    Route("/v1/spend", spend, methods=["GET"]),
+    Route("/v1/health", operator_health, methods=["GET"]),
+]
