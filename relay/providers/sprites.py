@@ -216,10 +216,9 @@ class SpritesSandbox(ProviderSandbox):
     async def write_files(self, files: Mapping[str, bytes]) -> None:
         root = self._sprite.filesystem(DEFAULT_WORKDIR)
         for path, content in files.items():
+            target = posixpath.normpath(posixpath.join(DEFAULT_WORKDIR, path))
             # Parent directories are made by the write itself (mkdirParents).
-            await root.path(posixpath.normpath(posixpath.join(DEFAULT_WORKDIR, path))).write_bytes(
-                content
-            )
+            await root.path(target).write_bytes(content)
 
     async def run(
         self,
@@ -275,6 +274,11 @@ class SpritesSandbox(ProviderSandbox):
         sessions = await self._sprite.list_sessions()
         ours = [session for session in sessions if marker in session.command]
         if not ours:
+            # Should the server show commands differently, a lone live session is ours: the
+            # relay runs one command at a time in a sprite of its own.
+            active = [session for session in sessions if session.is_active]
+            ours = active if len(active) == 1 else []
+        if not ours:
             raise ProviderUnavailable(
                 "the sprites command stream broke and its session was not found"
             ) from cause
@@ -286,7 +290,7 @@ class SpritesSandbox(ProviderSandbox):
 
 
 class SpritesSettings(ProviderSettings):
-    """``RELAY_SPRITES_*``: the API token, and the API URL (for a fake or another region)."""
+    """``RELAY_SPRITES_*``: the API token, the API URL (a fake, in tests), the region."""
 
     model_config = SettingsConfigDict(env_prefix="RELAY_SPRITES_")
 
