@@ -77,7 +77,7 @@ def running_fake(port: int = 0) -> Iterator[FakeSprites]:
             build_app(world),
             log_level="warning",
             lifespan="off",
-            ws="websockets-sansio",
+            ws="wsproto",
             http="h11",
             timeout_graceful_shutdown=1,
         )
