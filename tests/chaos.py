@@ -381,6 +381,7 @@ FAKE_SETTINGS: dict[str, Callable[[str], dict[str, Any]]] = {
         "vercel_team_id": "team_1",
         "vercel_project_id": "prj_1",
     },
+    "sprites": lambda url: {"sprites_base_url": url, "sprites_token": "t"},
 }
 
 

@@ -374,7 +374,8 @@ class ProviderInfo(BaseModel):
     enabled: bool
     isolation: str | None = None
     limits: dict[str, str | bool] | None = None
-    """Which limits the provider enforces on each sandbox (the local provider only)."""
+    """Which limits the provider enforces on each sandbox (local), or that it has no hard
+    lifetime of its own (sprites: ``{"hard_lifetime": false, "lifetime": "reaper"}``)."""
 
 
 class ProviderList(BaseModel):

@@ -21,7 +21,9 @@ Each sweep (at startup and every ``RELAY_REAP_INTERVAL_S``):
    ``probe_…``) ends itself; it is terminated once past a probe's lifetime. A provider
    that reports no creation time (Modal) gets its unknown sandboxes left alone, each
    counted (``relay_reaper_unknown_age_total``) and logged; its own hard lifetime ends
-   them.
+   them. A provider with no hard lifetime of its own (Sprites: its ``limits`` say
+   ``hard_lifetime: false``) relies on this step alone: nothing else ever deletes a
+   sandbox a crashed relay left there.
 
 Every termination is logged (provider, sandbox, run, reason) and counted by reason
 (``relay_reaper_terminations_total{reason}``).

@@ -77,7 +77,17 @@ def modal_rig(tmp: Path) -> Iterator[Rig]:
         yield Rig("modal", settings, fake.ledger.alive, fake.faults)
 
 
-RIGS = {"local": local_rig, "vercel": vercel_rig, "e2b": e2b_rig, "modal": modal_rig}
+@contextlib.contextmanager
+def sprites_rig(tmp: Path) -> Iterator[Rig]:
+    from tests.fakes.sprites import running_fake
+
+    with running_fake() as fake:
+        settings = {"providers": "sprites", "sprites_base_url": fake.url, "sprites_token": "t"}
+        yield Rig("sprites", settings, fake.ledger.alive, fake.faults)
+
+
+RIGS = {"local": local_rig, "vercel": vercel_rig, "e2b": e2b_rig, "modal": modal_rig,
+        "sprites": sprites_rig}  # fmt: skip
 FAKE_RIGS = [name for name in RIGS if name != "local"]
 
 

@@ -1,0 +1,381 @@
+"""Fly.io Sprites provider, through the ``sprites-py`` SDK (``sprites``, 0.7.2).
+
+A Sprite is a persistent Linux computer; the relay uses each as a short-lived sandbox:
+one sprite per run, deleted when the run ends. Mapping (see docs/providers/sprites.md):
+
+* name: ``<cluster>-<run id>-<random>``, chosen by the relay, so a lost create answer
+  still leaves a sprite the sweep can find; the name prefix is the only filter the list
+  call has, so labels (``relay-cluster=…``, ``relay-run=…``, ``relay-lifetime=…``) are
+  checked here too;
+* **no provider-side hard lifetime**: the Sprites API has no TTL, auto-stop or
+  auto-delete field, so a sprite lives until it is deleted. Every command runs under an
+  in-sprite ``timeout -s KILL`` (the run's timeout plus a margin), so its processes die
+  on their own even if the relay vanishes, and the relay's reaper is what deletes a
+  sprite the relay forgot: it is the only guarantee (:data:`LIMITS`, ``/v1/providers``);
+* egress ``()`` → a network policy denying ``*``; a list of host names (or ``*.domain``)
+  → deny ``*`` and allow each; ``("*",)`` → no policy. IP addresses and CIDR ranges are
+  refused (the policy has domain rules only);
+* size → ``cpus``, ``ram_mb`` and ``storage_gb`` of the create call.
+
+The token goes to the SDK only as an argument (the SDK reads no variable of its own for
+it); the base URL comes from settings so a fake can stand in. Commands go over the
+exec WebSocket as an argv list; output is written to the sink frame by frame.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import posixpath
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import BinaryIO, ClassVar, cast
+
+import anyio
+import httpx
+from pydantic import SecretStr
+from pydantic_settings import SettingsConfigDict
+from sprites import (
+    AsyncCmd,
+    AsyncSprite,
+    AsyncSpritesClient,
+    AuthenticationError,
+    ExecError,
+    FileNotFoundError_,
+    FilesystemError,
+    ListOptions,
+    NetworkError,
+    NetworkPolicy,
+    NotFoundError,
+    PolicyRule,
+    SpriteConfig,
+    SpriteError,
+)
+from sprites.exceptions import APIError
+
+from relay.errors import (
+    ConfigError,
+    EgressUnsupported,
+    ProviderAuth,
+    ProviderError,
+    ProviderRateLimited,
+    ProviderTimeout,
+    ProviderUnavailable,
+    SandboxLost,
+    SizeUnsupported,
+    ValidationFailed,
+)
+from relay.providers.base import (
+    DEFAULT_WORKDIR,
+    DOMAIN,
+    TAG_CLUSTER,
+    TAG_RUN,
+    TIMEOUT_MARGIN_S,
+    ErrorTable,
+    ExecResult,
+    OutputSink,
+    ProviderSandbox,
+    Rate,
+    SandboxProvider,
+    SandboxRef,
+    SandboxSpec,
+    StreamName,
+)
+from relay.settings import ProviderSettings, Settings
+
+log = logging.getLogger("relay.providers.sprites")
+
+TAG_LIFETIME = "relay-lifetime"
+"""Label holding the lifetime (seconds) the relay gives the sprite; the reaper enforces it."""
+MAX_CPUS = 8
+MAX_MEMORY_MB = 16_384
+"""The largest size the relay asks for (an assumption: the SDK documents no limits)."""
+MAX_RECONNECTS = 3
+"""A command stream that breaks is attached to again this many times."""
+LIMITS: dict[str, str | bool] = {"hard_lifetime": False, "lifetime": "reaper"}
+"""What ``GET /v1/providers`` says: no provider-side lifetime; the reaper deletes sprites."""
+
+# The job's argv runs as "$@" of this script: no shell ever parses it. $0 is a marker
+# that names the exec session (to attach to it again), $1 the KILL timeout, $2 the workdir.
+_WRAPPER = (
+    'cd -- "$2" 2>/dev/null || { mkdir -p -- "$2" 2>/dev/null'
+    ' || sudo -n install -d -m 0777 -- "$2"; } && cd -- "$2" || exit 126; '
+    'limit=$1; shift 2; exec timeout -s KILL "$limit" "$@"'
+)
+_STATUS = re.compile(r"\(status (\d{3})\)")
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status of an SDK error: a field on APIError, else only in its message
+    (``Failed <op> (status N): …``); the message itself is never copied anywhere."""
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return status
+    found = _STATUS.search(str(exc))
+    return int(found.group(1)) if found else None
+
+
+def _classify(exc: BaseException) -> ProviderError | type[ProviderError] | None:
+    status = _status_of(exc)
+    if status is None:
+        return ProviderUnavailable if isinstance(exc, NetworkError) else None
+    if status in (401, 403):
+        return ProviderAuth
+    if status == 429:
+        seconds = exc.get_retry_after_seconds() if isinstance(exc, APIError) else None
+        return ProviderRateLimited(
+            "sprites is rate limiting the relay", retry_after=float(seconds or 5)
+        )
+    if status in (404, 410):
+        return SandboxLost
+    if status >= 500:
+        return ProviderUnavailable
+    return ProviderError
+
+
+ERRORS: ErrorTable = (
+    (AuthenticationError, ProviderAuth),
+    ((NotFoundError, FileNotFoundError_), SandboxLost),
+    (TimeoutError, ProviderTimeout),  # the SDK's own exec timeout is a TimeoutError
+    (SpriteError, _classify),
+    ((NetworkError, FilesystemError, httpx.TransportError, OSError), ProviderUnavailable),
+)
+
+
+def sprite_name(spec: SandboxSpec) -> str:
+    """A unique name under the cluster's prefix (a DNS label: at most 63 characters)."""
+    run = re.sub(r"[^a-z0-9]+", "-", spec.run_id.lower()).strip("-")[:14].strip("-")
+    return f"{spec.cluster}-{run or 'run'}-{secrets.token_hex(3)}"
+
+
+def labels_for(spec: SandboxSpec) -> list[str]:
+    tags = {**spec.tags, TAG_LIFETIME: str(spec.lifetime_s)}
+    return [f"{key}={value}" for key, value in tags.items()]
+
+
+def tags_of(labels: Sequence[str]) -> dict[str, str]:
+    """``key=value`` labels back into tags (other labels are ignored)."""
+    return dict(label.split("=", 1) for label in labels if "=" in label)
+
+
+def network_policy_for(hosts: tuple[str, ...]) -> NetworkPolicy | None:
+    """``()`` → deny all, ``("*",)`` → no policy, else deny all but the named domains."""
+    if hosts == ("*",):
+        return None
+    rules = [PolicyRule(domain="*", action="deny")]
+    for host in hosts:
+        if host == "*" or not DOMAIN.match(host):
+            raise EgressUnsupported(
+                "sprites can allow host names (or *.domain) only: no IP addresses, "
+                'CIDR ranges, or "*" next to other hosts'
+            )
+        rules.append(PolicyRule(domain=host.lower(), action="allow"))
+    return NetworkPolicy(rules=rules)
+
+
+def config_for(spec: SandboxSpec) -> SpriteConfig:
+    """The create call's size, or :class:`SizeUnsupported` past what the relay asks for."""
+    size = spec.resources
+    if size.cpu > MAX_CPUS or size.memory_mb > MAX_MEMORY_MB:
+        raise SizeUnsupported(
+            f"sprites get at most {MAX_CPUS} CPUs and {MAX_MEMORY_MB} MB of memory here"
+        )
+    return SpriteConfig(
+        cpus=max(1, math.ceil(size.cpu)),
+        ram_mb=size.memory_mb,
+        storage_gb=max(1, math.ceil(size.disk_mb / 1024)),
+    )
+
+
+class _SinkStream:
+    """The binary stream the SDK writes each output frame to: straight into the sink."""
+
+    def __init__(self, output: OutputSink, stream: StreamName) -> None:
+        self._output, self._stream = output, stream
+
+    def write(self, data: bytes) -> int:
+        self._output.write(self._stream, bytes(data))
+        return len(data)
+
+
+def _sink(output: OutputSink, stream: StreamName) -> BinaryIO:
+    """The SDK types its sinks as binary files; it only ever calls ``write``."""
+    return cast(BinaryIO, _SinkStream(output, stream))
+
+
+class SpritesSandbox(ProviderSandbox):
+    """One sprite, used for one run."""
+
+    def __init__(self, provider: SpritesProvider, sprite: AsyncSprite) -> None:
+        super().__init__(provider, sprite.name)
+        self._sprite = sprite
+
+    async def write_files(self, files: Mapping[str, bytes]) -> None:
+        root = self._sprite.filesystem(DEFAULT_WORKDIR)
+        for path, content in files.items():
+            target = posixpath.normpath(posixpath.join(DEFAULT_WORKDIR, path))
+            # Parent directories are made by the write itself (mkdirParents).
+            await root.path(target).write_bytes(content)
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None,
+        env: Mapping[str, str],
+        workdir: str | None,
+        timeout_s: float,
+        output: OutputSink,
+    ) -> ExecResult:
+        if not argv:
+            raise ProviderError("there is no command to run")
+        directory = posixpath.normpath(posixpath.join(DEFAULT_WORKDIR, workdir or "."))
+        marker = f"relay-exec-{secrets.token_hex(6)}"
+        limit_s = math.ceil(timeout_s + TIMEOUT_MARGIN_S)
+        deadline = anyio.current_time() + limit_s
+        command = self._sprite.command(
+            "sh",
+            "-c",
+            _WRAPPER,
+            marker,
+            str(limit_s),
+            directory,
+            *argv,
+            env=dict(env),
+            timeout=limit_s,
+            stdin=io.BytesIO(stdin) if stdin is not None else None,
+            stdout=_sink(output, "stdout"),
+            stderr=_sink(output, "stderr"),
+        )
+        for reconnects in range(MAX_RECONNECTS + 1):
+            try:
+                await command.run()
+                return ExecResult(exit_code=0)
+            except ExecError as exc:
+                return ExecResult(exit_code=exc.exit_code())
+            except NetworkError as exc:
+                # The stream ended without an exit status: the sprite is gone (lost),
+                # or the connection broke and the command still runs (attach again).
+                if await self.provider.gone(self.id):
+                    raise SandboxLost("the sprites sandbox was gone during the run") from exc
+                if reconnects == MAX_RECONNECTS:
+                    raise
+                command = await self._attach(marker, deadline, output, exc)
+        raise AssertionError("unreachable")
+
+    async def _attach(
+        self, marker: str, deadline: float, output: OutputSink, cause: Exception
+    ) -> AsyncCmd:
+        """The exec session of ``marker`` again (output the server kept is replayed)."""
+        log.info("sprites: command stream of sprite %s broke; attaching again", self.id)
+        sessions = await self._sprite.list_sessions()
+        ours = [session for session in sessions if marker in session.command]
+        if not ours:
+            # Should the server show commands differently, a lone live session is ours: the
+            # relay runs one command at a time in a sprite of its own.
+            active = [session for session in sessions if session.is_active]
+            ours = active if len(active) == 1 else []
+        if not ours:
+            raise ProviderUnavailable(
+                "the sprites command stream broke and its session was not found"
+            ) from cause
+        remaining = max(1.0, deadline - anyio.current_time())
+        command = self._sprite.attach_session(ours[-1].id, timeout=remaining)
+        command.stdout = _sink(output, "stdout")
+        command.stderr = _sink(output, "stderr")
+        return command
+
+
+class SpritesSettings(ProviderSettings):
+    """``RELAY_SPRITES_*``: the API token, the API URL (a fake, in tests), the region."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAY_SPRITES_")
+
+    token: SecretStr | None = None
+    base_url: str = "https://api.sprites.dev"
+    region: str | None = None
+
+
+class SpritesProvider(SandboxProvider[SpritesSandbox]):
+    """Runs each job in a fresh Fly.io Sprite, deleted after the run; see the module docstring."""
+
+    name: ClassVar[str] = "sprites"
+    label: ClassVar[str] = "sprites"
+    # Fly's list prices for Sprites (an assumption, see docs/providers/sprites.md):
+    # $0.07 per CPU-hour and $0.04375 per GB-hour of memory; storage is not counted.
+    rate: ClassVar[Rate] = Rate(0.07 / 3600, 0.04375 / 3600)
+    errors: ClassVar[ErrorTable] = ERRORS
+    settings_model: ClassVar[type[ProviderSettings] | None] = SpritesSettings
+    terminate_timeout_s: ClassVar[float] = 20.0
+    limits: dict[str, str | bool] = LIMITS
+
+    def __init__(self, settings: Settings) -> None:
+        config = settings.section(SpritesSettings)
+        if config.token is None:
+            raise ConfigError(
+                "RELAY_SPRITES_TOKEN is required when the sprites provider is enabled"
+            )
+        self._client = AsyncSpritesClient(
+            config.token.get_secret_value(), base_url=config.base_url, timeout=30.0
+        )
+        self._region = config.region
+        self._cluster = settings.cluster
+        self.create_timeout_s = settings.create_timeout_s
+
+    def check(self, spec: SandboxSpec) -> None:
+        network_policy_for(spec.egress.hosts)
+        config_for(spec)
+        if spec.pip:
+            raise ValidationFailed(
+                "the sprites provider does not install pip packages; install them in the job"
+            )
+        if spec.image is not None:
+            raise ValidationFailed("sprites have no images; leave the job's image unset")
+
+    async def create(self, spec: SandboxSpec) -> SpritesSandbox:
+        config = config_for(spec)
+        config.region = self._region
+        policy = network_policy_for(spec.egress.hosts)
+        sprite = await self._client.create_sprite(
+            sprite_name(spec), config=config, labels=labels_for(spec)
+        )
+        if policy is not None:
+            # A separate call: if it fails the create fails, and the sweep deletes the sprite.
+            await sprite.update_network_policy(policy)
+        return SpritesSandbox(self, sprite)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        """Delete the sprite (its processes and disk); one already gone (404) is success."""
+        await self._client.destroy_sprite(sandbox_id)
+
+    async def gone(self, sandbox_id: str) -> bool:
+        try:
+            await self._client.get_sprite(sandbox_id)
+        except NotFoundError:
+            return True
+        except (SpriteError, httpx.TransportError):
+            return False
+        return False
+
+    async def list_tagged(self) -> list[SandboxRef]:
+        owned: list[SandboxRef] = []
+        token: str | None = None
+        while True:
+            page = await self._client.list_sprites(
+                ListOptions(prefix=f"{self._cluster}-", max_results=100, continuation_token=token)
+            )
+            for info in page.sprites:
+                tags = tags_of(info.labels)
+                if tags.get(TAG_CLUSTER) != self._cluster:
+                    continue  # the prefix is shared with clusters named <cluster>-…
+                created: datetime | None = info.created_at
+                owned.append(SandboxRef(info.name, tags.get(TAG_RUN), created_at=created))
+            if not page.has_more or not page.next_continuation_token:
+                return owned
+            token = page.next_continuation_token
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,359 @@
+"""The Sprites provider through the real ``sprites-py`` SDK, against the protocol fake.
+
+Every test ends with zero sprites left in the fake's ledger (autouse fixture).
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from relay.errors import ConfigError, EgressUnsupported, SandboxLost, SizeUnsupported
+from relay.providers.base import TAG_CLUSTER, TAG_RUN, Egress, OutputSink, Resources, SandboxSpec
+from relay.providers.sprites import (
+    LIMITS as SPRITES_LIMITS,
+)
+from relay.providers.sprites import (
+    SpritesProvider,
+    config_for,
+    labels_for,
+    network_policy_for,
+    sprite_name,
+    tags_of,
+)
+from relay.settings import Settings
+from tests.contract.test_sprites import TOKEN, settings_for
+from tests.fakes.sprites import BODY_MARKER, FakeSprites, running_fake
+from tests.relay_server import SECRET_CANARY, RelayProcess
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeSprites]:
+    with running_fake() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def nothing_left(fake: FakeSprites) -> Iterator[None]:
+    fake.reset()
+    yield
+    fake.reset()
+    alive = fake.ledger.alive()
+    for name in alive:  # don't let one failure cascade into the next test
+        fake.call("delete", name)
+    assert alive == set(), f"sprites left behind: {alive}"
+
+
+@pytest.fixture
+async def provider(fake: FakeSprites) -> AsyncIterator[SpritesProvider]:
+    sprites = SpritesProvider(settings_for(fake))
+    yield sprites
+    await sprites.aclose()
+
+
+def spec(run_id: str = "run_test1", **fields: object) -> SandboxSpec:
+    values: dict[str, object] = {"run_id": run_id, "cluster": "test", "timeout_s": 20.0}
+    values.update(fields)
+    return SandboxSpec(**values)  # type: ignore[arg-type]
+
+
+# --- the mapping ----------------------------------------------------------------------
+
+
+def test_egress_maps_to_domain_rules_or_is_refused() -> None:
+    assert network_policy_for(("*",)) is None
+    deny_all = network_policy_for(())
+    assert deny_all is not None
+    assert [(r.domain, r.action) for r in deny_all.rules] == [("*", "deny")]
+    some = network_policy_for(("PyPI.org", "*.github.com"))
+    assert some is not None
+    assert [(r.domain, r.action) for r in some.rules] == [
+        ("*", "deny"),
+        ("pypi.org", "allow"),
+        ("*.github.com", "allow"),
+    ]
+    for hosts in (("10.0.0.0/8",), ("1.2.3.4",), ("*", "pypi.org"), ("pypi.org:443",)):
+        with pytest.raises(EgressUnsupported):
+            network_policy_for(hosts)
+
+
+def test_sizes_map_or_are_refused() -> None:
+    config = config_for(spec(resources=Resources(cpu=1.5, memory_mb=3000, disk_mb=4097)))
+    assert (config.cpus, config.ram_mb, config.storage_gb) == (2, 3000, 5)
+    for size in (Resources(cpu=16), Resources(memory_mb=65536)):
+        with pytest.raises(SizeUnsupported):
+            config_for(spec(resources=size))
+
+
+def test_names_and_labels_find_the_run_again() -> None:
+    job = spec("run_ABC_0123456789xyz", timeout_s=20, grace_s=10)
+    name = sprite_name(job)
+    assert name.startswith("test-run-abc-01234") and len(name) <= 63
+    tags = tags_of(labels_for(job))
+    assert tags == {TAG_CLUSTER: "test", TAG_RUN: job.run_id, "relay-lifetime": "30"}
+
+
+def test_a_missing_token_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="RELAY_SPRITES_TOKEN"):
+        SpritesProvider(Settings(_env_file=None, providers=["sprites"]))  # type: ignore[call-arg]
+
+
+def test_the_provider_says_it_has_no_hard_lifetime() -> None:
+    assert SPRITES_LIMITS["hard_lifetime"] is False and SPRITES_LIMITS["lifetime"] == "reaper"
+
+
+# --- against the fake -------------------------------------------------------------------
+
+
+async def test_a_run_creates_a_labelled_sized_sprite_and_deletes_it(
+    fake: FakeSprites, provider: SpritesProvider
+) -> None:
+    job = spec(egress=Egress(("pypi.org",)), resources=Resources(cpu=2, memory_mb=2048))
+    async with provider.sandbox(job) as box:
+        await box.upload({"in.txt": b"from a file\n"})
+        sink = OutputSink(1000)
+        result = await box.exec(
+            ["sh", "-c", 'cat in.txt; echo "$GREETING"; pwd; cat; exit 3'],
+            stdin=b"piped\n",
+            env={"GREETING": "hi"},
+            workdir=None,
+            timeout_s=10,
+            output=sink,
+        )
+        policy = fake.world.sprites[box.id].policy
+    assert result.exit_code == 3
+    assert sink.text("stdout") == "from a file\nhi\n/workspace\npiped\n"
+    entry = fake.ledger.create_of(box.id)
+    assert entry is not None and entry["config"] == {"cpus": 2, "ram_mb": 2048, "storage_gb": 1}
+    assert policy == [{"domain": "*", "action": "deny"}, {"domain": "pypi.org", "action": "allow"}]
+    assert fake.ledger.tokens == {TOKEN}
+    command = fake.ledger.commands[-1]
+    # The job's argv is passed whole, after the in-sprite KILL timeout: no shell parses it.
+    assert command["argv"][-3:] == ["sh", "-c", 'cat in.txt; echo "$GREETING"; pwd; cat; exit 3']
+    assert command["argv"][4:6] == ["12", "/workspace"]  # timeout_s + the margin, workdir
+    assert box.id in {name for name, _ in fake.ledger.deleted}
+
+
+async def test_no_egress_means_no_network_in_the_fake(provider: SpritesProvider) -> None:
+    async with provider.sandbox(spec()) as box:
+        sink = OutputSink(1000)
+        await box.exec(
+            ["cat", "/proc/net/dev"], stdin=None, env={}, workdir=None, timeout_s=10, output=sink
+        )
+    interfaces = {line.split(":")[0].strip() for line in sink.text("stdout").splitlines()[2:]}
+    assert interfaces <= {"lo"}
+
+
+async def test_a_sprite_deleted_under_a_command_is_sandbox_lost(
+    fake: FakeSprites, provider: SpritesProvider
+) -> None:
+    with pytest.raises(SandboxLost):
+        async with provider.sandbox(spec()) as box:
+            fake.call("delete", box.id)
+            await box.exec(
+                ["sleep", "5"], stdin=None, env={}, workdir=None, timeout_s=10, output=OutputSink(9)
+            )
+
+
+async def test_the_in_sprite_timeout_kills_a_command_the_relay_forgot(
+    fake: FakeSprites, provider: SpritesProvider
+) -> None:
+    """No provider-side lifetime: a command whose relay let go (its socket closed, as
+    when the relay is killed) is ended by the in-sprite ``timeout -s KILL``."""
+    async with provider.sandbox(spec()) as box:
+        with anyio.move_on_after(0.5):
+            await box.exec(
+                ["sleep", "30"],
+                stdin=None,
+                env={},
+                workdir=None,
+                timeout_s=0.1,
+                output=OutputSink(9),
+            )
+        [session] = fake.world.sprites[box.id].sessions.values()
+        started = time.monotonic()
+        while session.exit_code is None and time.monotonic() - started < 8:
+            await anyio.sleep(0.05)
+    assert session.exit_code == 137  # SIGKILL, at timeout_s + the margin (3 s), not 30 s
+    assert time.monotonic() - started < 4
+
+
+async def test_list_owned_keeps_to_its_cluster(fake: FakeSprites) -> None:
+    mine = SpritesProvider(settings_for(fake))
+    other = SpritesProvider(settings_for(fake, cluster="test-2"))
+    try:
+        async with (
+            other.sandbox(spec(cluster="test-2")) as theirs,
+            mine.sandbox(spec("run_mine")) as box,
+        ):
+            owned = {ref.sandbox_id: ref.run_id for ref in await mine.list_owned()}
+        assert owned == {box.id: "run_mine"} and theirs.id not in owned
+    finally:
+        await mine.aclose()
+        await other.aclose()
+
+
+# --- live --------------------------------------------------------------------------------
+
+# Read before the autouse fixture in tests/conftest.py clears RELAY_* from the environment.
+LIVE_TOKEN = os.environ.get("RELAY_SPRITES_TOKEN")
+
+
+@pytest.mark.live
+@pytest.mark.skipif(not LIVE_TOKEN, reason="needs RELAY_SPRITES_TOKEN")
+async def test_live_tiny_contract() -> None:
+    settings = Settings(_env_file=None, cluster="relay-live-test", sprites_token=LIVE_TOKEN)  # type: ignore[call-arg]
+    sprites = SpritesProvider(settings)
+    try:
+        job = spec(
+            run_id="run_live", timeout_s=60.0, cluster="relay-live-test", egress=Egress(("*",))
+        )
+        async with sprites.sandbox(job) as box:
+            await box.upload({"hello.txt": b"hi\n"})
+            sink = OutputSink(1000)
+            result = await box.exec(
+                ["sh", "-c", "cat hello.txt; echo $X"],
+                stdin=None,
+                env={"X": "y"},
+                workdir=None,
+                timeout_s=60,
+                output=sink,
+            )
+            assert (result.exit_code, sink.text("stdout")) == (0, "hi\ny\n")
+            assert box.id in {ref.sandbox_id for ref in await sprites.list_owned()}
+        assert box.id not in {ref.sandbox_id for ref in await sprites.list_owned()}
+    finally:
+        await sprites.aclose()
+
+
+# --- end to end: a real relay process with RELAY_PROVIDERS=sprites against the fake -------
+
+
+def relay_on_fake(fake: FakeSprites, root: Path) -> RelayProcess:
+    return RelayProcess(
+        root,
+        providers="sprites",
+        sprites_base_url=fake.url,
+        sprites_token=SECRET_CANARY,
+        max_wait_s=20,
+    )
+
+
+@pytest.fixture(scope="module")
+def sprites_relay(
+    fake: FakeSprites, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RelayProcess]:
+    server = relay_on_fake(fake, tmp_path_factory.mktemp("sprites-relay"))
+    server.add_token("ops", command=True)
+    server.start()
+    yield server
+    server.stop()
+    assert SECRET_CANARY not in server.log() and BODY_MARKER not in server.log()
+
+
+class _Ok(http.server.BaseHTTPRequestHandler):
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        """Quiet."""
+
+
+def test_e2e_every_example_job_runs_on_sprites(
+    fake: FakeSprites, sprites_relay: RelayProcess
+) -> None:
+    token = sprites_relay.tokens["ops"]
+    echo = sprites_relay.post(token, {"job": "echo", "params": {"message": "hi; $(id)"}}).json()
+    assert (echo["state"], echo["stdout"], echo["provider"]) == (
+        "succeeded",
+        "hi; $(id)\n",
+        "sprites",
+    ), echo
+    assert fake.ledger.create_of(echo["sandbox_id"]) is not None
+
+    snippet = "import json; print(json.load(open('params.json'))['label'])"
+    python = sprites_relay.post(token, {"job": "python", "stdin": snippet}).json()
+    assert (python["state"], python["stdout"]) == ("succeeded", "snippet\n"), python
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        body = {"job": "http-status", "params": {"urls": [url]}}
+        status = sprites_relay.post(token, body).json()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (status["state"], status["stdout"]) == ("succeeded", f"200 {url}\n"), status
+    assert fake.ledger.tokens >= {SECRET_CANARY}
+    assert fake.ledger.alive() == set()
+
+    providers = sprites_relay.get(token, "/v1/providers").json()["providers"]
+    assert providers == [
+        {"name": "sprites", "enabled": True, "isolation": None, "limits": SPRITES_LIMITS}
+    ]
+
+
+def test_e2e_timeout_and_provider_faults(fake: FakeSprites, sprites_relay: RelayProcess) -> None:
+    token = sprites_relay.tokens["ops"]
+    slow = {"command": ["sh", "-c", "echo begun; sleep 60"], "timeout_s": 1}
+    run = sprites_relay.post(token, slow).json()
+    assert (run["state"], run["stdout"]) == ("timed_out", "begun\n"), run
+    assert fake.ledger.alive() == set()
+
+    echo = {"job": "echo", "params": {"message": "x"}}
+    for fault, value, status, code in [
+        ("create_status", 500, 503, "provider_unavailable"),
+        ("create_status", 429, 503, "provider_rate_limited"),
+        ("create_status", 401, 502, "provider_auth"),
+        ("vanish_after_s", 0.8, 502, "sandbox_lost"),
+    ]:
+        fake.faults.reset()
+        setattr(fake.faults, fault, value)
+        request = echo if fault == "create_status" else {"command": ["sleep", "30"]}
+        answer = sprites_relay.post(token, request)
+        error = answer.json()["error"]
+        assert (answer.status_code, error["code"]) == (status, code), answer.text
+        assert BODY_MARKER not in answer.text and SECRET_CANARY not in answer.text
+        assert fake.ledger.alive() == set()
+
+
+def test_e2e_a_killed_relay_leaves_a_sprite_the_next_one_reaps(
+    fake: FakeSprites, tmp_path: Path
+) -> None:
+    first = relay_on_fake(fake, tmp_path / "relay")
+    token = first.add_token("ops", command=True)
+    first.start()
+    try:
+        answer = first.post(token, {"command": ["sleep", "60"], "wait": False})
+        assert answer.status_code == 202
+        run_id = answer.json()["id"]
+        deadline = time.monotonic() + 20
+        while not fake.ledger.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the command is running in the sprite
+    finally:
+        first.kill()  # SIGKILL: no finally, no shielded exit, nothing
+    orphans = fake.ledger.alive()
+    assert len(orphans) == 1  # nothing on Fly's side would ever delete it: the reaper must
+    second = relay_on_fake(fake, tmp_path / "relay")
+    second.tokens = first.tokens
+    second.start()
+    try:
+        final = second.wait_final(token, run_id, timeout_s=30)
+        assert final["state"] == "lost", final
+        deadline = time.monotonic() + 20
+        while fake.ledger.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fake.ledger.alive() == set()
+        assert orphans <= {name for name, _ in fake.ledger.deleted}
+    finally:
+        second.stop()
