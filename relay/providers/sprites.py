@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import os
 import posixpath
 import re
 import secrets
@@ -299,6 +300,9 @@ class SpritesSettings(ProviderSettings):
     region: str | None = None
 
 
+SIGNALS_OPT_OUT = "SPRITES_CLIENT_SIGNALS"
+
+
 class SpritesProvider(SandboxProvider[SpritesSandbox]):
     """Runs each job in a fresh Fly.io Sprite, deleted after the run; see the module docstring."""
 
@@ -318,6 +322,10 @@ class SpritesProvider(SandboxProvider[SpritesSandbox]):
             raise ConfigError(
                 "RELAY_SPRITES_TOKEN is required when the sprites provider is enabled"
             )
+        # The SDK describes the process that calls it (its parent's name, agent and CI
+        # variables) to Fly in Fly-Client-* headers unless told not to: a relay's host is
+        # the operator's business. Its documented opt-out, unless the operator chose.
+        os.environ.setdefault(SIGNALS_OPT_OUT, "0")
         self._client = AsyncSpritesClient(
             config.token.get_secret_value(), base_url=config.base_url, timeout=30.0
         )

@@ -357,3 +357,22 @@ def test_e2e_a_killed_relay_leaves_a_sprite_the_next_one_reaps(
         assert orphans <= {name for name, _ in fake.ledger.deleted}
     finally:
         second.stop()
+
+
+def test_the_sdk_tells_fly_nothing_of_the_relays_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sprites-py's client-signals headers describe the calling process (its parent, CI and
+    agent variables); the relay opts out unless the operator set SPRITES_CLIENT_SIGNALS."""
+    from sprites import _signals
+
+    monkeypatch.setenv("SPRITES_CLIENT_SIGNALS", "")
+    monkeypatch.delenv("SPRITES_CLIENT_SIGNALS")  # restored to unset afterwards
+    monkeypatch.setenv("CI", "1")  # something the signals would report
+    _signals._computed.cache_clear()
+    settings = Settings(_env_file=None, sprites_token="t", sprites_base_url="http://127.0.0.1:9")  # type: ignore[call-arg]
+    provider = SpritesProvider(settings)
+    try:
+        headers = _signals.signal_headers()
+    finally:
+        anyio.run(provider.aclose)
+        _signals._computed.cache_clear()
+    assert not [name for name in headers if name.lower().startswith("fly-client")], headers
