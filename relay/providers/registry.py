@@ -27,6 +27,7 @@ PROVIDERS: dict[str, Entry] = {
     "e2b": Entry("relay.providers.e2b:E2BProvider", "e2b"),
     "modal": Entry("relay.providers.modal:ModalProvider", "modal"),
     "vercel": Entry("relay.providers.vercel:VercelProvider", "vercel"),
+    "daytona": Entry("relay.providers.daytona:DaytonaProvider", "daytona"),
     # In-memory, for tests and benchmarks (like httpx's MockTransport); never a default.
     "memory": Entry("relay.providers.memory:MemoryProvider", None),
 }
