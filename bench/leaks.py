@@ -1,10 +1,12 @@
 """The leak report: seeded fault schedules (tests/chaos.py) and what became of every sandbox.
 
-    python -m bench.leaks [SCHEDULES]
+    python -m bench.leaks [SCHEDULES [FAKE_SCHEDULES]]
 
-Prints, across the schedules: sandboxes created, terminated by the run path, terminated
-by the reaper, gone by themselves (the injected "vanished" fault), leaked (must be 0),
-runs left open (must be 0), and the worst time from a run's deadline to its sandbox's end.
+Prints, across the in-memory schedules: sandboxes created, terminated by the run path,
+terminated by the reaper, gone by themselves (the injected "vanished" fault), leaked (must
+be 0), runs left open (must be 0), and the worst time from a run's deadline to its sandbox's
+end. Then, for each cloud provider whose fake is here (``tests.chaos.FAKE_SETTINGS``), a few
+shorter schedules through its real SDK: sandboxes created and leaked (must be 0).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.chaos import Report, run_many
+from tests.chaos import FAKE_SETTINGS, Report, fake_backend, run_many, run_schedule
 
 
 def summarize(reports: list[Report], seconds: float) -> str:
@@ -35,16 +37,43 @@ def summarize(reports: list[Report], seconds: float) -> str:
     return "\n".join(lines)
 
 
-def main(schedules: int = 200) -> int:
+def on_fakes(schedules: int, folder: Path) -> list[Report]:
+    """``schedules`` short schedules on each provider's real SDK against its fake."""
+    import importlib.util
+
+    reports: list[Report] = []
+    for name in FAKE_SETTINGS:
+        if importlib.util.find_spec(f"tests.fakes.{name}") is None:
+            continue
+        began = time.monotonic()
+        with fake_backend(name) as backend:
+            mine = [
+                asyncio.run(run_schedule(seed, folder / f"{name}{seed}", backend, steps=12))
+                for seed in range(schedules)
+            ]
+        print(
+            f"{name} (real SDK, fake): schedules: {len(mine)}, "
+            f"sandboxes created: {sum(r.created for r in mine)}, "
+            f"leaked: {sum(len(r.leaked) for r in mine)}, "
+            f"runs left open: {sum(len(r.not_final) for r in mine)}, "
+            f"wall time: {time.monotonic() - began:.1f} s"
+        )
+        reports += mine
+    return reports
+
+
+def main(schedules: int = 200, fake_schedules: int = 2) -> int:
     import logging
 
     logging.disable(logging.CRITICAL)  # injected faults log on purpose
     began = time.monotonic()
     with tempfile.TemporaryDirectory() as folder:
         reports = asyncio.run(run_many(range(schedules), Path(folder)))
-    print(summarize(reports, time.monotonic() - began))
+        print(summarize(reports, time.monotonic() - began))
+        reports += on_fakes(fake_schedules, Path(folder))
     return 0 if all(r.ok for r in reports) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 200))
+    counts = [int(arg) for arg in sys.argv[1:3]]
+    sys.exit(main(*counts))

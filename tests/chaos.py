@@ -381,6 +381,7 @@ FAKE_SETTINGS: dict[str, Callable[[str], dict[str, Any]]] = {
         "vercel_team_id": "team_1",
         "vercel_project_id": "prj_1",
     },
+    "daytona": lambda url: {"daytona_api_url": f"{url}/api", "daytona_api_key": "k"},
 }
 
 

@@ -2,7 +2,7 @@
 
 200 schedules on the in-memory provider world, and a few on each real SDK against its
 protocol-level fake. A failure names the seeds; replay one with
-``python -m tests.chaos SEED [memory|e2b|modal|vercel]``.
+``python -m tests.chaos SEED [memory|e2b|modal|vercel|daytona]``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import pytest
 from tests.chaos import fake_backend, run_many, run_schedule
 
 SCHEDULES = 200
-FAKES = [n for n in ("e2b", "modal", "vercel") if importlib.util.find_spec(f"tests.fakes.{n}")]
+FAKES = [
+    n for n in ("e2b", "modal", "vercel", "daytona") if importlib.util.find_spec(f"tests.fakes.{n}")
+]
 
 
 def _failures(reports: list) -> str:  # type: ignore[type-arg]

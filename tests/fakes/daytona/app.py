@@ -84,9 +84,12 @@ def build_app(world: World, base_url: str) -> Starlette:
     toolbox_url = f"{base_url}/toolbox"
 
     def denied(request: Request) -> Response | None:
-        return (
-            None if _authorized(request.headers) else error(401, "invalid API key", "UNAUTHORIZED")
-        )
+        key = request.headers.get("authorization", "").removeprefix("Bearer ")
+        with world.ledger.lock:
+            world.ledger.keys.add(key)
+        if _authorized(request.headers):
+            return None
+        return error(401, "invalid API key", "UNAUTHORIZED")
 
     # -- control API ------------------------------------------------------------------------
 

@@ -114,6 +114,8 @@ class Ledger:
         self.expired: list[tuple[str, float]] = []
         self.stopped: list[tuple[str, float]] = []
         self.commands: list[dict[str, Any]] = []
+        self.keys: set[str] = set()
+        """Every bearer key a request carried (tests check only the relay's arrives)."""
 
     def alive(self) -> set[str]:
         """Sandboxes that exist (running or stopped: a stopped one still holds its disk)."""
