@@ -382,6 +382,7 @@ FAKE_SETTINGS: dict[str, Callable[[str], dict[str, Any]]] = {
         "vercel_project_id": "prj_1",
     },
     "sprites": lambda url: {"sprites_base_url": url, "sprites_token": "t"},
+    "daytona": lambda url: {"daytona_api_url": f"{url}/api", "daytona_api_key": "k"},
 }
 
 

@@ -31,7 +31,7 @@ def _collect_garbage() -> Iterator[None]:
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No test sees the developer's RELAY_* variables or provider credentials."""
     for name in list(os.environ):
-        if name.startswith(("RELAY_", "E2B_", "MODAL_", "VERCEL_")):
+        if name.startswith(("RELAY_", "E2B_", "MODAL_", "VERCEL_", "DAYTONA_")):
             monkeypatch.delenv(name, raising=False)
     yield
 

@@ -29,6 +29,7 @@ PROVIDERS: dict[str, Entry] = {
     "modal": Entry("relay.providers.modal:ModalProvider", "modal"),
     "vercel": Entry("relay.providers.vercel:VercelProvider", "vercel"),
     "sprites": Entry("relay.providers.sprites:SpritesProvider", "sprites"),
+    "daytona": Entry("relay.providers.daytona:DaytonaProvider", "daytona"),
     # In-memory, for tests and benchmarks (like httpx's MockTransport); never a default.
     "memory": Entry("relay.providers.memory:MemoryProvider", None),
 }

@@ -168,7 +168,7 @@ class ProviderContract:
             lifetime = await harness.lifetime_of(box.id)
             tags = await harness.tags_of(box.id)
             owned = await harness.provider.list_owned()
-        assert lifetime is not None and 42 + 10 <= lifetime <= 42 + 10 + 5
+        assert lifetime is not None and 42 + 10 <= lifetime <= 42 + 10 + harness.lifetime_slack_s
         assert tags[TAG_CLUSTER] == "test" and tags[TAG_RUN] == "run_tagged"
         assert any(ref.sandbox_id == box.id and ref.run_id == "run_tagged" for ref in owned)
 

@@ -108,7 +108,7 @@ def test_a_refusing_provider_fails_at_create_without_echoing_it(
     assert CANARY not in done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("provider", ["e2b", "modal", "vercel", "sprites"])
+@pytest.mark.parametrize("provider", ["e2b", "modal", "vercel", "sprites", "daytona"])
 async def test_cloud_probe_through_the_real_sdk_leaves_nothing_alive(provider: str) -> None:
     """Each cloud provider, through its real SDK, against its protocol fake."""
     harness = importlib.import_module(f"tests.contract.test_{provider}")

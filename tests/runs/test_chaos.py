@@ -2,7 +2,7 @@
 
 200 schedules on the in-memory provider world, and a few on each real SDK against its
 protocol-level fake. A failure names the seeds; replay one with
-``python -m tests.chaos SEED [memory|e2b|modal|vercel|sprites]``.
+``python -m tests.chaos SEED [memory|e2b|modal|vercel|sprites|daytona]``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from tests.chaos import fake_backend, run_many, run_schedule
 
 SCHEDULES = 200
 FAKES = [
-    n for n in ("e2b", "modal", "vercel", "sprites") if importlib.util.find_spec(f"tests.fakes.{n}")
+    n
+    for n in ("e2b", "modal", "vercel", "sprites", "daytona")
+    if importlib.util.find_spec(f"tests.fakes.{n}")
 ]
 
 
