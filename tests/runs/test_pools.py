@@ -144,6 +144,26 @@ async def test_a_burst_over_the_pool_and_another_shape_take_the_cold_path(
         assert service.pools.ready == 2  # nothing of the pool was used
 
 
+async def test_pool_max_caps_every_pool_together_and_default_is_off(tmp_path: Path) -> None:
+    world = MemoryWorld()
+    settings = memory_settings(tmp_path, warm=2, pool_max=3)
+    write_job(settings.jobs_dir, 2, name="other")
+    write_job(settings.jobs_dir, 0, name="cold")
+    async with relay(settings, world) as service:
+        assert service.pools.size == 4 and {job for job, _ in service.pools.pools} == {
+            "warm",
+            "other",
+        }
+        await until(lambda: service.pools.ready == 3)
+        await asyncio.sleep(0.3)
+        assert service.pools.ready == 3 and len(world.created()) == 3
+    off = memory_settings(tmp_path / "off", warm=2, pool_warm={"warm": 0})
+    async with relay(off, world) as service:
+        assert service.pools.pools == {}
+        done = await run(service, files={"secret.txt": "x"})
+        assert timings(done)["pooled"] is False
+
+
 async def test_idle_sandboxes_expire_are_replaced_and_their_cost_is_recorded(
     tmp_path: Path,
 ) -> None:
