@@ -171,6 +171,8 @@ class Pools:
         self._wake = asyncio.Event()
         self._filling: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
+        self.refilling = True
+        """False once the relay drains: no new create starts (expiry goes on)."""
 
     def _pool_for(
         self, job: JobSpec, providers: Mapping[str, Provider], costs: CostModel
@@ -299,6 +301,8 @@ class Pools:
     async def tend(self) -> None:
         """End the sandboxes idle past their time, then start creates where there is room."""
         await self._expire()
+        if not self.refilling:
+            return
         room = self.settings.pool_max - await self.rows.waiting()
         now = time.monotonic()
         for pool in self.pools.values():
@@ -379,6 +383,7 @@ class Pools:
 
     async def drain(self) -> None:
         """Stop refilling and terminate every ready sandbox of this replica."""
+        self.refilling = False
         tasks = [task for task in (self._loop, *self._filling) if task is not None]
         for task in tasks:
             task.cancel()

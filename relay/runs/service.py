@@ -277,6 +277,7 @@ class RunService:
         if self._drain_started is None:
             self._drain_started = time.monotonic()
         self.accepting = False
+        self.pools.refilling = False  # runs drain; new pooled sandboxes would only idle
 
     async def shutdown(self) -> None:
         """Let runs finish within the drain time, then cancel the rest and record it."""

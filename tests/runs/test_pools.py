@@ -29,6 +29,7 @@ from relay.runs.models import RunRequest, Size
 from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.settings import Settings
+from relay.store import retention
 from relay.store.database import Store
 from relay.store.pools import CLAIMED, ENDED, READY, PoolRecord, PoolRows
 from relay.store.records import RunRecord
@@ -236,6 +237,33 @@ async def test_the_store_gives_a_sandbox_to_one_claim_only(database_url: str) ->
     finally:
         for store in stores:
             await store.close()
+
+
+async def test_retention_deletes_old_ended_pool_rows_only(tmp_path: Path) -> None:
+    store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
+    rows, now = PoolRows(store), time.time()
+    for name, state, created in (
+        ("old", ENDED, now - 100),
+        ("new", ENDED, now),
+        ("idle", READY, 0),
+    ):
+        record = PoolRecord(
+            id=POOL_PREFIX + name,
+            shape="s",
+            job="warm",
+            provider="memory",
+            holder="one",
+            state=state,
+            cpu=1.0,
+            memory_mb=1024,
+            created_at=created,
+            expires_at=created + 1,
+        )
+        await rows.add(record)
+    assert (await retention.prune(store, now - 50)).pooled == 1
+    left = await rows.by_id([POOL_PREFIX + name for name in ("old", "new", "idle")])
+    await store.close()
+    assert sorted(left) == [POOL_PREFIX + "idle", POOL_PREFIX + "new"]
 
 
 async def test_the_reaper_ends_the_pool_of_a_relay_killed_outright(tmp_path: Path) -> None:
