@@ -249,9 +249,15 @@ class Pools:
         ):
             return None
         now = self.clock()
-        record = await self.rows.claim(
-            self.instance_id, pool.shape.key, plan.spec.run_id, now, pool.usd_per_s
-        )
+        try:
+            record = await self.rows.claim(
+                self.instance_id, pool.shape.key, plan.spec.run_id, now, pool.usd_per_s
+            )
+        except Exception as exc:  # the store refused: the cold path needs no claim
+            log.warning(
+                "claiming a pooled sandbox failed", extra={"error_class": type(exc).__name__}
+            )
+            return None
         if record is None:
             return None
         ready = pool.ready.pop(record.id, None)

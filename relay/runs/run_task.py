@@ -55,8 +55,8 @@ class RunTask:
         self.events = events
         self.costs = costs
         self.record_running = record_running
-        self.pools = pools
         """Stores the `running` state (the runner, which keeps track of the write)."""
+        self.pools = pools
         self.sink = OutputSink(
             settings.max_output_bytes,
             lambda stream, data: events.publish(
