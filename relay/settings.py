@@ -113,6 +113,14 @@ class Settings(BaseSettings):
     (relay/store/retention.py)."""
     prune_interval_s: float = Field(3600.0, gt=0)
 
+    # Warm pools (relay/runs/pools.py)
+    pool_warm: dict[str, int] = {}
+    """Per job, the operator's ``warm`` in place of the job.toml's, ``{"report": 2}``."""
+    pool_max: int = Field(8, ge=0)
+    """Pooled sandboxes (creating or ready) across all jobs and replicas, at most."""
+    pool_idle_s: float = Field(300.0, gt=0)
+    """How long a pooled sandbox waits for a run before it is terminated and replaced."""
+
     # Webhooks (relay/webhooks/dispatcher.py)
     webhook_secret: SecretStr | None = None
     """Signs callbacks of tokens that have no ``webhook_secret`` of their own."""

@@ -218,6 +218,7 @@ def create_app(
         # The startup sweep runs beside serving: hundreds of orphans must not keep the
         # relay from answering.
         sweeper = asyncio.create_task(reaper.run_forever(sweep_first=True))
+        service.start()  # the warm pools fill beside serving too
         webhooks = WebhookDispatcher(
             settings,
             store,

@@ -25,6 +25,11 @@ The series (names are stable API; dashboards depend on them):
 ``relay_webhook_deliveries_total``          counter    outcome
 ``relay_local_cleanup_failures_total``      counter    (local sandbox cleanups that failed)
 ``relay_pruned_rows_total``                 counter    table (runs, deliveries)
+``relay_pool_size``                         gauge      (warm pool sandboxes wanted, all jobs)
+``relay_pool_ready``                        gauge      (pooled sandboxes ready now)
+``relay_pool_sandboxes_total``              counter    event (created, claimed, expired, failed)
+``relay_pool_idle_seconds_total``           counter    (seconds pooled sandboxes waited)
+``relay_pool_idle_usd_total``               counter    (what that idle time cost)
 ``relay_store_bytes``                       gauge      (SQLite file pages, or PG database)
 ``relay_build_info``                        gauge      version, python (always 1)
 ``process_*``                               various    (this process: CPU, memory, fds)
@@ -98,7 +103,8 @@ class _LiveCollector(Collector):
         terminations = CounterMetricFamily(
             "relay_reaper_terminations",
             "Sandboxes the reaper terminated, by reason (run_final, run_expired, "
-            "run_orphaned, unknown_expired, probe_expired).",
+            "run_orphaned, unknown_expired, probe_expired, pool_orphaned, pool_ended, "
+            "pool_unknown_expired).",
             labels=("reason",),
         )
         for reason, count in sorted((reaper.terminated_by_reason if reaper else {}).items()):
@@ -133,11 +139,46 @@ class _LiveCollector(Collector):
         pruned.add_metric(("runs",), pruner.pruned_runs if pruner is not None else 0)
         pruned.add_metric(("deliveries",), pruner.pruned_deliveries if pruner is not None else 0)
         yield pruned
+        yield from _pool_metrics(service)
         yield GaugeMetricFamily(
             "relay_store_bytes",
             "Size of the store after the last retention pass (SQLite pages, or PostgreSQL).",
             value=pruner.store_bytes if pruner is not None else 0,
         )
+
+
+def _pool_metrics(service: RunService | None) -> Iterable[Metric]:
+    """This replica's warm pools (relay/runs/pools.py), read when scraped."""
+    pools = service.pools if service is not None else None
+    yield GaugeMetricFamily(
+        "relay_pool_size",
+        "Warm pool sandboxes this replica keeps ready, all jobs (their warm = N).",
+        value=pools.size if pools is not None else 0,
+    )
+    yield GaugeMetricFamily(
+        "relay_pool_ready",
+        "Pooled sandboxes ready for a run on this replica now.",
+        value=pools.ready if pools is not None else 0,
+    )
+    events = CounterMetricFamily(
+        "relay_pool_sandboxes",
+        "Pooled sandboxes by event: created, claimed (by a run), expired (idle past "
+        "RELAY_POOL_IDLE_S, replaced), failed (creates).",
+        labels=("event",),
+    )
+    for event in ("created", "claimed", "expired", "failed"):
+        events.add_metric((event,), getattr(pools.stats, event) if pools is not None else 0)
+    yield events
+    yield CounterMetricFamily(
+        "relay_pool_idle_seconds",
+        "Seconds pooled sandboxes waited for a run (billed by the provider).",
+        value=pools.stats.idle_s if pools is not None else 0.0,
+    )
+    yield CounterMetricFamily(
+        "relay_pool_idle_usd",
+        "What pooled sandboxes' idle time cost, in US dollars (RELAY_COST_RATES).",
+        value=pools.stats.idle_usd if pools is not None else 0.0,
+    )
 
 
 class Metrics:

@@ -59,6 +59,9 @@ TAG_CLUSTER = "relay-cluster"
 """Tag (label, metadata key) naming the relay cluster that owns a sandbox."""
 TAG_RUN = "relay-run"
 """Tag naming the run a sandbox belongs to."""
+POOL_PREFIX = "pool_"
+"""Starts the run tag of a warm pool's sandbox (relay/runs/pools.py): created before any
+run, the reaper finds it by this tag in the store's pooled rows, not among the runs."""
 
 StreamName = Literal["stdout", "stderr"]
 OutputListener = Callable[[StreamName, bytes], None]
@@ -372,6 +375,9 @@ class SandboxProvider(ABC, Generic[S]):
     sweep_timeout_s: ClassVar[float] = 10.0
 
     create_timeout_s: float = 60.0
+    extends_lifetime: ClassVar[bool] = False
+    """Whether :meth:`extend_lifetime` can move a live sandbox's hard deadline (a warm
+    pool's sandbox then gets its run's lifetime when claimed, not when created)."""
 
     # -- what a provider supplies -----------------------------------------------------------
 
@@ -395,6 +401,11 @@ class SandboxProvider(ABC, Generic[S]):
     async def aclose(self) -> None:
         """Release clients and connections."""
 
+    async def extend_lifetime(self, sandbox_id: str, lifetime_s: int) -> None:
+        """Make the sandbox's hard deadline ``lifetime_s`` from now (only where
+        :attr:`extends_lifetime`; E2B's ``set_timeout`` is one)."""
+        raise NotImplementedError(f"{self.label} cannot extend a sandbox's lifetime")
+
     def may_have_created(self, error: ProviderError) -> bool:
         """Whether a create that failed so may have left a sandbox to sweep."""
         return not isinstance(error, ProviderAuth | ProviderRateLimited)
@@ -414,7 +425,14 @@ class SandboxProvider(ABC, Generic[S]):
     @asynccontextmanager
     async def sandbox(self, spec: SandboxSpec) -> AsyncIterator[S]:
         """Create a sandbox on enter; terminate it on exit, whatever happened."""
-        box = await self._created(spec)
+        box = await self.created(spec)
+        async with self.serving(box):
+            yield box
+
+    @asynccontextmanager
+    async def serving(self, box: ProviderSandbox) -> AsyncIterator[ProviderSandbox]:
+        """Terminate a sandbox created earlier (a warm pool's) on exit, whatever happened,
+        as :meth:`sandbox` does."""
         try:
             yield box
         except BaseException:
@@ -423,7 +441,9 @@ class SandboxProvider(ABC, Generic[S]):
             raise
         await shielded(self.terminate(box.id))
 
-    async def _created(self, spec: SandboxSpec) -> S:
+    async def created(self, spec: SandboxSpec) -> S:
+        """Create a sandbox the caller terminates (:meth:`sandbox` and a warm pool use it):
+        bounded by ``create_timeout_s``, swept after a failed or cancelled create."""
         try:
             with anyio.fail_after(self.create_timeout_s):
                 return await self.create(spec)

@@ -220,6 +220,15 @@ class MemoryWorld:
             raise MemoryAPIError(503, "terminate failed")
         self.end(box_id, "run" if self.boxes[box_id].creator == client else "reaper")
 
+    def extend(self, api_key: str, box_id: str, lifetime_s: float) -> None:
+        """The box's hard lifetime ends ``lifetime_s`` from now (E2B's ``set_timeout``)."""
+        self._answer(api_key)
+        box = self._box(box_id)
+        if box.expiry is not None:
+            box.expiry.cancel()
+        box.lifetime_s = time.time() - box.created_at + lifetime_s
+        box.expiry = asyncio.get_running_loop().call_later(lifetime_s, self.end, box_id, "lifetime")
+
     def list(self, api_key: str, cluster: str) -> list[Box]:
         self._answer(api_key)
         return [box for box in self.boxes.values() if box.alive and box.cluster == cluster]
@@ -291,6 +300,7 @@ class MemoryProvider(SandboxProvider["MemorySandbox"]):
     label: ClassVar[str] = "Memory"
     errors: ClassVar[ErrorTable] = ERRORS
     retry_after_s: ClassVar[float] = 1.0
+    extends_lifetime: ClassVar[bool] = True
 
     _clients: ClassVar[itertools.count[int]] = itertools.count()
 
@@ -312,6 +322,10 @@ class MemoryProvider(SandboxProvider["MemorySandbox"]):
 
     async def destroy(self, sandbox_id: str) -> None:
         self.world.destroy(self._api_key, self._client, sandbox_id)
+
+    async def extend_lifetime(self, sandbox_id: str, lifetime_s: int) -> None:
+        with self.mapping("extending the sandbox's lifetime"):
+            self.world.extend(self._api_key, sandbox_id, lifetime_s)
 
     async def list_tagged(self) -> list[SandboxRef]:
         return [

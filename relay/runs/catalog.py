@@ -44,6 +44,7 @@ _JOB_KEYS = {
     "allow",
     "pip",
     "params",
+    "warm",
 }
 _PARAM_KEYS = {
     "type",
@@ -61,6 +62,8 @@ _PARAM_KEYS = {
     "allow_leading_dash",
 }
 MAX_JOB_FILE_BYTES = 1_048_576
+MAX_WARM = 64
+"""A job's ``warm`` at most (``RELAY_POOL_MAX`` caps all pools together anyway)."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,8 @@ class JobSpec:
     params_file: bool = False
     allow: frozenset[str] = frozenset()
     pip: tuple[str, ...] = ()
+    warm: int = 0
+    """Sandboxes kept created ahead for this job's own shape (relay/runs/pools.py)."""
 
     def resolve_params(self, given: Mapping[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(given) - set(self.params))
@@ -300,6 +305,9 @@ def load_job(directory: Path) -> JobSpec:
     egress = data.get("egress", [])
     if not isinstance(egress, list) or ("*" in egress and egress != ["*"]):
         raise _fail(path, 'egress: a list of hosts, [] for none or ["*"] for all')
+    warm = data.get("warm", 0)
+    if not isinstance(warm, int) or isinstance(warm, bool) or not 0 <= warm <= MAX_WARM:
+        raise _fail(path, f"warm: must be a whole number from 0 to {MAX_WARM}")
     images = data.get("images", {})
     if not isinstance(images, dict) or not all(isinstance(v, str) for v in images.values()):
         raise _fail(path, "images: must be a table of provider name = image")
@@ -333,6 +341,7 @@ def load_job(directory: Path) -> JobSpec:
         params_file=bool(data.get("params_file", False)),
         allow=frozenset(allow),
         pip=tuple(data.get("pip", [])),
+        warm=warm,
     )
 
 

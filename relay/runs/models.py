@@ -216,6 +216,11 @@ class Timings(BaseModel):
     first_output_ms: int | None = None
     exec_ms: int | None = None
     terminate_ms: int | None = None
+    pooled: bool = Field(
+        False,
+        description="Whether the run's sandbox came from its job's warm pool (then "
+        "`create_ms` is the time to claim it).",
+    )
 
 
 class ErrorInfo(BaseModel):
@@ -392,6 +397,12 @@ class UsageWindow(BaseModel):
     sandbox_seconds: float
     usd: float
     active: int
+    pool_idle_seconds: float = Field(
+        0.0,
+        description="Seconds warm-pool sandboxes waited for a run (the whole relay's, "
+        "not this token's), billed by the providers.",
+    )
+    pool_idle_usd: float = Field(0.0, description="What that idle time cost, in USD.")
 
 
 class TokenLimits(BaseModel):

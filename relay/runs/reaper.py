@@ -25,6 +25,14 @@ Each sweep (at startup and every ``RELAY_REAP_INTERVAL_S``):
    ``hard_lifetime: false``) relies on this step alone: nothing else ever deletes a
    sandbox a crashed relay left there.
 
+Warm pools' sandboxes (run tag ``pool_…``, relay/runs/pools.py) are judged by their rows
+in the store (relay/store/pools.py), not by a run: the rows of a replica that died (on
+SQLite: of an earlier process) are ended and their sandboxes terminated
+(``pool_orphaned``); a listed pooled sandbox whose row is ended is terminated
+(``pool_ended``), one a run claimed goes with its run like any other, and one with no row
+at all once older than the longest a pooled sandbox lives (``pool_unknown_expired``). The
+rows this replica holds are its own pools' to end.
+
 Every termination is logged (provider, sandbox, run, reason) and counted by reason
 (``relay_reaper_terminations_total{reason}``).
 
@@ -45,12 +53,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from relay.providers.base import Provider, SandboxRef
+from relay.providers.base import POOL_PREFIX, Provider, SandboxRef
 from relay.providers.probe import PROBE_PREFIX, PROBE_TIMEOUT_S
+from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.models import RunState
 from relay.settings import Settings
 from relay.store.database import ACTIVE, FINAL, Store
+from relay.store.pools import CLAIMED, ENDED, WAITING, PoolRecord, PoolRows
 from relay.store.records import RunRecord
 
 log = logging.getLogger("relay.reaper")
@@ -117,6 +127,10 @@ class Reaper:
         # one whose run row is not visible yet: it is left alone.
         self.max_lifetime_s = settings.create_timeout_s + settings.max_timeout_s + grace_s
         self.probe_lifetime_s = settings.create_timeout_s + PROBE_TIMEOUT_S + grace_s
+        self.pool_rows = PoolRows(store)
+        self.costs = CostModel(providers, settings.cost_rates)
+        # The longest a pooled sandbox lives: created, idle, then a run's longest.
+        self.pool_lifetime_s = self.max_lifetime_s + settings.pool_idle_s
 
     async def _terminate(
         self,
@@ -183,6 +197,32 @@ class Reaper:
             return "probe_expired" if age > self.probe_lifetime_s else None
         return "unknown_expired" if age > self.max_lifetime_s else None
 
+    def _pooled_reason(
+        self, ref: SandboxRef, row: PoolRecord | None, run: RunRecord | None, now: float
+    ) -> str | None:
+        """Why a listed pooled sandbox must end, or None (its holder's pool keeps it)."""
+        if row is None:
+            if ref.created_at is None:
+                self.unknown_age_total += 1
+                return None
+            age = now - _seconds(ref.created_at)
+            return "pool_unknown_expired" if age > self.pool_lifetime_s else None
+        if row.state == ENDED:
+            return "pool_ended"
+        if row.state == CLAIMED and run is not None:
+            return self._reason(ref, run, now)
+        return None
+
+    async def _end_orphaned_pooled(self, row: PoolRecord, now: float, report: SweepReport) -> None:
+        """End a dead replica's pooled sandbox: its row first (so its idle time is
+        recorded once), then the sandbox (terminate is idempotent)."""
+        rate = self.costs.cost(row.provider, row.cpu, row.memory_mb, 1.0)
+        await self.pool_rows.end(row.id, now, rate, states=(*WAITING, CLAIMED))
+        if row.sandbox_id and row.provider in self.providers:
+            await self._terminate(
+                row.provider, row.sandbox_id, report, run_id=row.id, reason="pool_orphaned"
+            )
+
     async def sweep(self, *, dry_run: bool = False) -> SweepReport:
         async with self.store.sweep_lock() as got:
             if not got:
@@ -217,6 +257,14 @@ class Reaper:
             await self._bounded(
                 self._end_lost(run, orphaned, now, report) for run, orphaned in lost
             )
+        for row in await self.pool_rows.unended():
+            if row.holder == self.instance_id:
+                continue  # this process's pools end their own
+            if self.single_replica or (judging and row.holder not in live):
+                if dry_run:
+                    report.terminated.append((row.provider, row.sandbox_id or row.id))
+                else:
+                    await self._end_orphaned_pooled(row, now, report)
         for name, provider in self.providers.items():
             try:
                 owned = await provider.list_owned()
@@ -226,13 +274,24 @@ class Reaper:
                     extra={"provider": name, "error_class": type(exc).__name__},
                 )
                 continue
-            runs = await self.store.runs_by_id([ref.run_id for ref in owned if ref.run_id])
+            tags = [ref.run_id or "" for ref in owned]
+            pooled = await self.pool_rows.by_id(
+                [tag for tag in tags if tag.startswith(POOL_PREFIX)]
+            )
+            tagged = tags + [row.run_id or "" for row in pooled.values()]
+            ids = [run_id for run_id in tagged if run_id]
+            runs = await self.store.runs_by_id(ids)
             ending: list[Awaitable[bool]] = []
             for ref in owned:
-                known = runs.get(ref.run_id or "")
+                if (ref.run_id or "").startswith(POOL_PREFIX):
+                    record = pooled.get(ref.run_id or "")
+                    known = runs.get(record.run_id or "") if record is not None else None
+                    why = self._pooled_reason(ref, record, known, now)
+                else:
+                    known = runs.get(ref.run_id or "")
+                    why = self._reason(ref, known, now)
                 if known is not None and self.holds(known.id):
                     continue
-                why = self._reason(ref, known, now)
                 if why is None:
                     continue
                 if dry_run:

@@ -21,6 +21,7 @@ from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.models import RunState
 from relay.runs.planning import Plan
+from relay.runs.pools import Pools
 from relay.settings import Settings
 from relay.store.records import RunRecord, RunValues
 
@@ -45,6 +46,7 @@ class RunTask:
         events: EventBus,
         costs: CostModel,
         record_running: Callable[[str, RunValues], None],
+        pools: Pools | None = None,
     ) -> None:
         self.plan = plan
         self.run = run
@@ -54,6 +56,7 @@ class RunTask:
         self.costs = costs
         self.record_running = record_running
         """Stores the `running` state (the runner, which keeps track of the write)."""
+        self.pools = pools
         self.sink = OutputSink(
             settings.max_output_bytes,
             lambda stream, data: events.publish(
@@ -84,12 +87,19 @@ class RunTask:
         plan, watch = self.plan, self.watch
         provider = self.providers[plan.provider]
         watch.sandbox_started = time.monotonic()
-        try:
-            async with asyncio.timeout(self.settings.create_timeout_s + 5):
-                sandbox = await stack.enter_async_context(provider.sandbox(plan.spec))
-        except TimeoutError as exc:
-            raise ProviderTimeout("the provider did not create the sandbox in time") from exc
+        claimed = await self.pools.claim(plan) if self.pools is not None else None
+        if claimed is not None:
+            # A warm pool's: its idle time was the pool's cost; the run's starts now.
+            sandbox: Sandbox = await stack.enter_async_context(claimed.serving())
+            watch.sandbox_started = time.monotonic()
+        else:
+            try:
+                async with asyncio.timeout(self.settings.create_timeout_s + 5):
+                    sandbox = await stack.enter_async_context(provider.sandbox(plan.spec))
+            except TimeoutError as exc:
+                raise ProviderTimeout("the provider did not create the sandbox in time") from exc
         watch.timings["create_ms"] = _ms_since(watch.started)
+        watch.timings["pooled"] = claimed is not None
         return sandbox
 
     def _mark_running(self, stack: contextlib.AsyncExitStack, sandbox_id: str) -> None:
@@ -172,7 +182,7 @@ class _Stopwatch:
     started: float = field(default_factory=time.monotonic)
     sandbox_started: float | None = None  # the create call: billing starts here
     exec_started: float | None = None
-    timings: dict[str, int] = field(default_factory=dict)
+    timings: dict[str, int | bool] = field(default_factory=dict)
 
 
 def failure(run_id: str, plan: Plan, final: RunValues, exc: Exception) -> RunValues:

@@ -21,6 +21,7 @@ from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.models import RunState
 from relay.runs.planning import Plan
+from relay.runs.pools import Pools
 from relay.runs.run_task import RunTask, canceled
 from relay.settings import Settings
 from relay.store.database import Store
@@ -49,8 +50,10 @@ class Runner:
         providers: Mapping[str, Provider],
         events: EventBus,
         costs: CostModel,
+        pools: Pools | None = None,
     ) -> None:
         self.settings = settings
+        self.pools = pools
         self.store = store
         self.providers = providers
         self.events = events
@@ -161,6 +164,7 @@ class Runner:
             events=self.events,
             costs=self.costs,
             record_running=self._record_running,
+            pools=self.pools,
         )
         self._output[run.id] = task.sink
         final: RunValues = {}
@@ -194,7 +198,7 @@ class Runner:
             self.stop(run_id, "elsewhere")
 
     async def _finish(
-        self, run: RunRecord, final: RunValues, sink: OutputSink, timings: dict[str, int]
+        self, run: RunRecord, final: RunValues, sink: OutputSink, timings: dict[str, int | bool]
     ) -> None:
         """Write the final state once. ``run`` is the run as this task wrote it: if nobody
         else touched it (the usual case) one conditional UPDATE does, and nothing is read."""

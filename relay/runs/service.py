@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import json
 import logging
 import secrets
@@ -32,6 +33,7 @@ from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.limits import admission_for, rate_limit_headers, refusal
 from relay.runs.models import RunRequest, RunState
 from relay.runs.planning import Planner, request_hash
+from relay.runs.pools import Pools
 from relay.runs.runner import Runner
 from relay.settings import Settings
 from relay.store.database import Store, Usage
@@ -74,7 +76,16 @@ class RunService:
         self.planner = Planner(settings, catalog, self.providers)
         self.instance_id = instance_id or secrets.token_hex(8)
         self.accepting = True
-        self.runner = Runner(settings, store, self.providers, self.events, self.costs)
+        self.pools = Pools(
+            settings,
+            store,
+            catalog,
+            self.providers,
+            self.costs,
+            instance_id=self.instance_id,
+            clock=clock,
+        )
+        self.runner = Runner(settings, store, self.providers, self.events, self.costs, self.pools)
         self._deliveries = Deliveries(store)
         self._reports = Reports(store)
         self._drain_started: float | None = None
@@ -264,11 +275,15 @@ class RunService:
         return await self.get(principal, run_id)
 
     async def usage(self, principal: Principal) -> tuple[Usage, Usage]:
-        """The token's usage today and this month (UTC)."""
+        """The token's usage today and this month (UTC), with the relay's warm pools'
+        idle time and cost (the whole relay's: no token owns an idle sandbox)."""
         now = self.clock()
-        today = await self.store.usage(principal.name, day_start(now))
-        month = await self.store.usage(principal.name, month_start(now))
-        return today, month
+        windows = []
+        for since in (day_start(now), month_start(now)):
+            usage = await self.store.usage(principal.name, since)
+            seconds, usd = await self.pools.rows.idle_since(since)
+            windows.append(dataclasses.replace(usage, pool_idle_s=seconds, pool_idle_usd=usd))
+        return windows[0], windows[1]
 
     async def usage_today(self, token: str) -> Usage:
         """A token's usage today (UTC), whoever asks: the admin's spend page reads every
@@ -291,19 +306,25 @@ class RunService:
     def active_runs(self) -> int:
         return len(self.runner.tasks())
 
-    # -- shutdown ----------------------------------------------------------------------
+    # -- starting and shutdown -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background work the service owns (the warm pools' refill)."""
+        self.pools.start()
 
     def begin_drain(self) -> None:
         """Stop accepting runs (SIGTERM); running ones get ``RELAY_DRAIN_S`` to finish."""
         if self._drain_started is None:
             self._drain_started = time.monotonic()
         self.accepting = False
+        self.pools.refilling = False  # runs drain; new pooled sandboxes would only idle
 
     async def shutdown(self) -> None:
         """Let runs finish within the drain time, then cancel the rest and record it."""
         self.begin_drain()
         assert self._drain_started is not None
         await self.runner.shutdown(self.settings.drain_s - (time.monotonic() - self._drain_started))
+        await self.pools.drain()
 
 
 def _same_request(existing: RunRecord, digest: str) -> RunRecord:

@@ -106,4 +106,6 @@ def usage_window(usage: Usage) -> UsageWindow:
         sandbox_seconds=round(usage.sandbox_s, 3),
         usd=round(usage.usd, 6),
         active=usage.active,
+        pool_idle_seconds=round(usage.pool_idle_s, 3),
+        pool_idle_usd=round(usage.pool_idle_usd, 6),
     )

@@ -123,6 +123,9 @@ class Usage:
     sandbox_s: float
     usd: float
     active: int
+    pool_idle_s: float = 0.0
+    """Warm pools' idle sandbox seconds in the window (the whole relay's)."""
+    pool_idle_usd: float = 0.0
 
 
 def delivery_for_final_run(run_id: str) -> sa.Insert:

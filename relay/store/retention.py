@@ -37,7 +37,7 @@ from sqlalchemy.ext.compiler import compiles
 
 from relay.store.connection import database_url
 from relay.store.database import Store
-from relay.store.schema import FINAL, deliveries, runs, state_in, token_days
+from relay.store.schema import FINAL, deliveries, pooled, runs, state_in, token_days
 from relay.store.sqlite.group_commit import BUSY_WAIT_S
 
 log = logging.getLogger("relay.retention")
@@ -55,6 +55,8 @@ class Pruned:
 
     runs: int = 0
     deliveries: int = 0
+    pooled: int = 0
+    """Ended warm-pool rows (not counted by a dry run)."""
 
 
 class NotIndexed(sa.sql.functions.GenericFunction[str]):
@@ -97,21 +99,29 @@ def count(conn: Connection, before: float) -> Pruned:
 
 
 def delete_batch(conn: Connection, before: float, batch: int = BATCH) -> Pruned:
-    """Delete up to ``batch`` prunable runs (oldest first) and their delivery rows."""
+    """Delete up to ``batch`` prunable runs (oldest first) and their delivery rows, and up
+    to ``batch`` ended warm-pool rows as old (relay/store/pools.py)."""
+    old_pooled = (
+        sa.select(pooled.c.id)
+        .where(pooled.c.state == "ended", pooled.c.created_at < before)
+        .limit(batch)
+        .scalar_subquery()
+    )
+    pooled_gone = int(conn.execute(pooled.delete().where(pooled.c.id.in_(old_pooled))).rowcount)
     ids = list(
         conn.scalars(
             sa.select(runs.c.id).where(_prunable(before)).order_by(runs.c.created_at).limit(batch)
         )
     )
     if not ids:
-        return Pruned()
+        return Pruned(pooled=pooled_gone)
     gone = conn.execute(deliveries.delete().where(deliveries.c.run_id.in_(ids))).rowcount
     # The condition again: a run is never deleted unless it is still prunable now.
     deleted = conn.execute(runs.delete().where(runs.c.id.in_(ids), _prunable(before))).rowcount
     # The triggers took each run off its day; a day with no run left is kept by nothing.
     day = int(before // 86_400)
     conn.execute(token_days.delete().where(token_days.c.runs <= 0, token_days.c.day < day))
-    return Pruned(int(deleted), int(gone))
+    return Pruned(int(deleted), int(gone), pooled_gone)
 
 
 VACUUM_STEP_PAGES = 1024
@@ -177,7 +187,8 @@ async def prune(store: Store, before: float, *, dry_run: bool = False) -> Pruned
         done = await store.write_aside(lambda conn: delete_batch(conn, before))
         total.runs += done.runs
         total.deliveries += done.deliveries
-        if done.runs + done.deliveries == 0:
+        total.pooled += done.pooled
+        if done.runs + done.deliveries + done.pooled == 0:
             break
     if total.runs and store.sqlite_path is not None:
         await asyncio.to_thread(give_back, store.sqlite_path)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 ACTIVE = ("queued", "starting", "running")
 FINAL = ("succeeded", "failed", "timed_out", "canceled", "error", "lost")
 
@@ -122,6 +122,33 @@ the daily limits are checked against (relay/store/limits.py). ``usd`` counts an 
 its reservation and an ended one at its cost. Kept by triggers on ``runs`` in the writing
 transaction, so every writer keeps it right, on both engines (a run's token and
 ``created_at`` are never changed)."""
+
+
+pooled = sa.Table(
+    "pooled",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),  # the sandbox's run tag: pool_…
+    sa.Column("shape", sa.String(64), nullable=False),
+    sa.Column("job", sa.String(64), nullable=False),
+    sa.Column("provider", sa.String(32), nullable=False),
+    sa.Column("holder", sa.String(64), nullable=False),  # the replica that created it
+    sa.Column("state", sa.String(16), nullable=False),  # creating, ready, claimed, ended
+    sa.Column("sandbox_id", sa.String(255)),
+    sa.Column("run_id", sa.String(40)),
+    sa.Column("cpu", sa.Float, nullable=False),
+    sa.Column("memory_mb", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),  # claimable until then
+    sa.Column("claimed_at", sa.Float),
+    sa.Column("ended_at", sa.Float),
+    sa.Column("idle_s", sa.Float, nullable=False, default=0.0),
+    sa.Column("idle_usd", sa.Float, nullable=False, default=0.0),
+    sa.Index("ix_pooled_claim", "holder", "shape", "state"),
+    sa.Index("ix_pooled_state", "state"),
+    sa.Index("ix_pooled_created", "created_at"),
+)
+"""Warm pools' sandboxes (relay/runs/pools.py), one row each from before its create to after
+its end: which replica holds it, whether a run claimed it, what its idle time cost."""
 
 
 def _create_tables(*tables: sa.Table) -> Callable[[Connection], None]:
@@ -244,6 +271,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     6: _count_runs_per_day,
     7: _bound_listings_and_retention,
     8: _add_columns(runs, "request"),
+    9: _create_tables(pooled),
 }
 """Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
 never drops or rewrites a run. A relay refuses a database newer than it knows."""

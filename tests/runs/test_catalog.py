@@ -70,6 +70,8 @@ def test_the_shipped_examples_load() -> None:
             "params.x.default",
         ),
         ("command = [", "not valid TOML"),
+        ('command = ["echo"]\nwarm = -1', "warm: must be a whole number from 0 to 64"),
+        ('command = ["echo"]\nwarm = true', "warm: must be a whole number"),
     ],
 )
 def test_a_bad_manifest_names_file_and_field(tmp_path: Path, text: str, field: str) -> None:

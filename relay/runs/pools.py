@@ -1,0 +1,408 @@
+"""Warm pools: sandboxes created ahead for a job, so a run waits for its job, not a boot.
+
+A job opts in with ``warm = N`` in its job.toml (``RELAY_POOL_WARM`` overrides it per job);
+``RELAY_POOL_MAX`` caps the pooled sandboxes of all jobs and replicas together. One pool
+per job, of the job's own shape: its provider, image, size, egress and packages.
+
+- A pooled sandbox is made by the provider's normal create, tagged with a ``pool_…`` run
+  tag (:data:`~relay.providers.base.POOL_PREFIX`) and recorded in the store before the
+  create starts (relay/store/pools.py: which replica holds it, its state), so none is ever
+  untracked.
+- Its provider-side hard lifetime covers its idle time (``RELAY_POOL_IDLE_S``), the job's
+  timeout and the grace. A provider that can extend a live sandbox's lifetime
+  (``extends_lifetime``) creates it for the idle time and grace only, and gives it the run's
+  timeout and grace when a run claims it; for the others the idle time is capped (a
+  sandbox idle that long is no longer claimable), so the lifetime holds either way.
+- A run whose plan has the pool's exact shape claims a ready sandbox with one conditional
+  UPDATE (exactly one claimant wins, across replicas too); it serves that one run and is
+  terminated when the run ends, like any other. Any other shape, an empty pool or a burst
+  past it takes the cold path, without an error.
+- The pool refills in the background, at most :data:`REFILL_CONCURRENCY` creates at once,
+  backing off after failed creates. A sandbox idle past its time is terminated and
+  replaced; shutdown terminates the pool; the reaper ends a dead replica's
+  (relay/runs/reaper.py).
+- Its idle time (created → claimed or terminated) is billed by the provider: each row
+  records it and its cost at the shape's rate (``RELAY_COST_RATES`` applies), shown in
+  ``/v1/usage`` and ``/metrics``. A pooled run's own cost starts at its claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+
+from relay.errors import ProviderError
+from relay.providers.base import (
+    POOL_PREFIX,
+    Egress,
+    Provider,
+    ProviderSandbox,
+    Resources,
+    SandboxProvider,
+    SandboxSpec,
+    shielded,
+)
+from relay.runs.catalog import Catalog, JobSpec
+from relay.runs.costs import CostModel
+from relay.runs.models import SIZES
+from relay.runs.planning import Plan, image_for
+from relay.settings import Settings
+from relay.store.database import Store
+from relay.store.pools import CLAIMED, CREATING, READY, PoolRecord, PoolRows
+
+log = logging.getLogger("relay.pools")
+
+REFILL_CONCURRENCY = 4
+"""Creates the pools of one replica make at once."""
+TICK_S = 1.0
+"""How often the pools look for expired sandboxes and room to refill, at most."""
+BACKOFF_S = (1.0, 60.0)
+"""After a failed create a pool waits the first figure, doubling up to the second."""
+
+AnyProvider = SandboxProvider[ProviderSandbox]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a pooled sandbox is made for: a run of another shape cannot use it."""
+
+    job: str
+    provider: str
+    image: str | None
+    resources: Resources
+    egress: Egress
+    pip: tuple[str, ...]
+
+    @classmethod
+    def of(cls, job: str, provider: str, spec: SandboxSpec) -> Shape:
+        return cls(job, provider, spec.image, spec.resources, spec.egress, spec.pip)
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(repr(self).encode()).hexdigest()[:32]
+
+
+@dataclass
+class _Ready:
+    box: ProviderSandbox
+    created_at: float
+    expires_at: float
+
+
+@dataclass
+class Pool:
+    """One job's pool on this replica: its shape, size and ready sandboxes."""
+
+    shape: Shape
+    target: int
+    provider: AnyProvider
+    timeout_s: float
+    """The job's longest run: what the sandbox's lifetime must cover after its idle time."""
+    env: Mapping[str, str]
+    usd_per_s: float
+    ready: dict[str, _Ready] = field(default_factory=dict)
+    creating: int = 0
+    failures: int = 0
+    retry_at: float = 0.0
+
+
+@dataclass
+class PoolStats:
+    """This replica's pool numbers since it started (``/metrics``)."""
+
+    created: int = 0
+    claimed: int = 0
+    expired: int = 0
+    failed: int = 0
+    idle_s: float = 0.0
+    idle_usd: float = 0.0
+
+
+class Claimed:
+    """A pooled sandbox a run has claimed: :meth:`serving` terminates it when left."""
+
+    def __init__(self, pools: Pools, pool: Pool, record: PoolRecord, box: ProviderSandbox):
+        self.pools, self.pool, self.record, self.box = pools, pool, record, box
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[ProviderSandbox]:
+        try:
+            async with self.pool.provider.serving(self.box):
+                yield self.box
+        finally:
+            # Ended even when the terminate failed: the reaper terminates a sandbox
+            # whose row is ended (relay/runs/reaper.py).
+            rows, now = self.pools.rows, self.pools.clock()
+            with contextlib.suppress(Exception):
+                await shielded(rows.end(self.record.id, now, 0.0, states=(CLAIMED,)))
+
+
+class Pools:
+    """Every warm pool of this replica: claims, the refill loop, expiry and drain."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        catalog: Catalog,
+        providers: Mapping[str, Provider],
+        costs: CostModel,
+        *,
+        instance_id: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.rows = PoolRows(store)
+        self.instance_id = instance_id
+        self.clock = clock
+        self.stats = PoolStats()
+        self.pools: dict[tuple[str, str], Pool] = {}
+        for job in catalog.jobs.values():
+            pool = self._pool_for(job, providers, costs)
+            if pool is not None:
+                self.pools[(pool.shape.job, pool.shape.provider)] = pool
+        self._wake = asyncio.Event()
+        self._filling: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.Task[None] | None = None
+        self.refilling = True
+        """False once the relay drains: no new create starts (expiry goes on)."""
+
+    def _pool_for(
+        self, job: JobSpec, providers: Mapping[str, Provider], costs: CostModel
+    ) -> Pool | None:
+        target = self.settings.pool_warm.get(job.name, job.warm)
+        name = job.provider if job.provider != "auto" else self.settings.providers[0]
+        provider = providers.get(name)
+        if target <= 0 or self.settings.pool_max <= 0:
+            return None
+        if not isinstance(provider, SandboxProvider):
+            log.warning("no warm pool: provider not enabled", extra={"job": job.name})
+            return None
+        cpu, memory_mb, disk_mb = SIZES[job.size]
+        timeout_s = min(job.timeout_s, self.settings.max_timeout_s)
+        pool = Pool(
+            shape=Shape(
+                job.name,
+                name,
+                image_for(name, None, job, job.image),
+                Resources(cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb),
+                Egress(job.egress),
+                job.pip,
+            ),
+            target=target,
+            provider=provider,
+            timeout_s=timeout_s,
+            env=dict(job.env),
+            usd_per_s=costs.cost(name, cpu, memory_mb, 1.0),
+        )
+        try:
+            provider.check(self.spec(pool, f"{POOL_PREFIX}check"))
+        except ProviderError as exc:
+            log.warning("no warm pool: %s", exc.message, extra={"job": job.name})
+            return None
+        return pool
+
+    def spec(self, pool: Pool, pool_id: str) -> SandboxSpec:
+        """A pooled sandbox's spec: its hard lifetime covers its idle time and grace, and
+        the job's timeout unless the provider extends the lifetime at claim."""
+        extends = pool.provider.extends_lifetime
+        idle_s = self.settings.pool_idle_s
+        shape = pool.shape
+        return SandboxSpec(
+            run_id=pool_id,
+            cluster=self.settings.cluster,
+            timeout_s=idle_s if extends else idle_s + pool.timeout_s,
+            grace_s=self.settings.grace_s,
+            image=shape.image,
+            resources=shape.resources,
+            egress=shape.egress,
+            env=pool.env,
+            pip=shape.pip,
+        )
+
+    @property
+    def size(self) -> int:
+        return sum(pool.target for pool in self.pools.values())
+
+    @property
+    def ready(self) -> int:
+        return sum(len(pool.ready) for pool in self.pools.values())
+
+    # -- claims ------------------------------------------------------------------------
+
+    async def claim(self, plan: Plan) -> Claimed | None:
+        """A ready sandbox of the plan's exact shape, now the plan's run's; None: cold."""
+        if plan.job is None:
+            return None
+        pool = self.pools.get((plan.job, plan.provider))
+        if (
+            pool is None
+            or not pool.ready
+            or Shape.of(plan.job, plan.provider, plan.spec) != (pool.shape)
+        ):
+            return None
+        now = self.clock()
+        try:
+            record = await self.rows.claim(
+                self.instance_id, pool.shape.key, plan.spec.run_id, now, pool.usd_per_s
+            )
+        except Exception as exc:  # the store refused: the cold path needs no claim
+            log.warning(
+                "claiming a pooled sandbox failed", extra={"error_class": type(exc).__name__}
+            )
+            return None
+        if record is None:
+            return None
+        ready = pool.ready.pop(record.id, None)
+        self._wake.set()
+        self._count_idle(record.created_at, now, pool)
+        self.stats.claimed += 1
+        if ready is None:  # pragma: no cover - rows of this replica are its ready boxes
+            return None
+        if pool.provider.extends_lifetime:
+            try:
+                lifetime = math.ceil(plan.timeout_s + self.settings.grace_s)
+                await pool.provider.extend_lifetime(ready.box.id, lifetime)
+            except ProviderError:
+                log.warning("extending a pooled sandbox failed; cold path", extra={"job": plan.job})
+                claimed = Claimed(self, pool, record, ready.box)
+                with contextlib.suppress(ProviderError):
+                    async with claimed.serving():
+                        pass
+                return None
+        return Claimed(self, pool, record, ready.box)
+
+    def _count_idle(self, created_at: float, until: float, pool: Pool) -> None:
+        seconds = max(0.0, until - created_at)
+        self.stats.idle_s += seconds
+        self.stats.idle_usd += seconds * pool.usd_per_s
+
+    # -- the refill loop ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Fill the pools, and keep them full, in the background."""
+        if self.pools and self._loop is None:
+            self._loop = asyncio.create_task(self._tend_forever(), name="warm-pools")
+
+    async def _tend_forever(self) -> None:
+        while True:
+            try:
+                await self.tend()
+            except Exception as exc:
+                log.warning(
+                    "tending the warm pools failed", extra={"error_class": type(exc).__name__}
+                )
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(TICK_S, self.settings.pool_idle_s / 4)):
+                    await self._wake.wait()
+
+    async def tend(self) -> None:
+        """End the sandboxes idle past their time, then start creates where there is room."""
+        await self._expire()
+        if not self.refilling:
+            return
+        room = self.settings.pool_max - await self.rows.waiting()
+        now = time.monotonic()
+        for pool in self.pools.values():
+            if now < pool.retry_at:
+                continue
+            wanted = pool.target - len(pool.ready) - pool.creating
+            count = min(wanted, room, REFILL_CONCURRENCY - len(self._filling))
+            for _ in range(max(0, count)):
+                pool.creating += 1
+                task = asyncio.create_task(self._fill_one(pool))
+                self._filling.add(task)
+                task.add_done_callback(self._filling.discard)
+            room -= max(0, count)
+
+    async def _fill_one(self, pool: Pool) -> None:
+        pool_id = POOL_PREFIX + secrets.token_hex(12)
+        now = self.clock()
+        expires_at = now + self.settings.pool_idle_s
+        try:
+            await self.rows.add(self._record(pool, pool_id, now, expires_at))
+            try:
+                box = await pool.provider.created(self.spec(pool, pool_id))
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await shielded(self.rows.end(pool_id, self.clock(), pool.usd_per_s))
+                raise
+        except Exception as exc:
+            pool.failures += 1
+            self.stats.failed += 1
+            first, longest = BACKOFF_S
+            pool.retry_at = time.monotonic() + min(first * 2 ** (pool.failures - 1), longest)
+            log.warning(
+                "creating a pooled sandbox failed",
+                extra={"job": pool.shape.job, "error_class": type(exc).__name__},
+            )
+            return
+        finally:
+            pool.creating -= 1
+        pool.failures = 0
+        self.stats.created += 1
+        if await self.rows.mark_ready(pool_id, box.id):
+            pool.ready[pool_id] = _Ready(box, now, expires_at)
+            return
+        await self._end(pool, pool_id, box)  # ended meanwhile: nobody will claim it
+
+    def _record(self, pool: Pool, pool_id: str, now: float, expires_at: float) -> PoolRecord:
+        shape = pool.shape
+        return PoolRecord(
+            id=pool_id,
+            shape=shape.key,
+            job=shape.job,
+            provider=shape.provider,
+            holder=self.instance_id,
+            state=CREATING,
+            cpu=shape.resources.cpu,
+            memory_mb=shape.resources.memory_mb,
+            created_at=now,
+            expires_at=expires_at,
+        )
+
+    async def _expire(self) -> None:
+        now = self.clock()
+        for pool in self.pools.values():
+            for pool_id, ready in list(pool.ready.items()):
+                if ready.expires_at > now:
+                    continue
+                if await self.rows.end(pool_id, now, pool.usd_per_s, states=(READY,)):
+                    pool.ready.pop(pool_id, None)
+                    self.stats.expired += 1
+                    self._count_idle(ready.created_at, now, pool)
+                    await self._end(pool, pool_id, ready.box)
+
+    async def _end(self, pool: Pool, pool_id: str, box: ProviderSandbox) -> None:
+        with contextlib.suppress(ProviderError):  # logged; the reaper retries it
+            await shielded(pool.provider.terminate(box.id))
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Stop refilling and terminate every ready sandbox of this replica."""
+        self.refilling = False
+        tasks = [task for task in (self._loop, *self._filling) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._loop = None
+        now = self.clock()
+        ending = []
+        for pool in self.pools.values():
+            for pool_id, ready in list(pool.ready.items()):
+                if await self.rows.end(pool_id, now, pool.usd_per_s, states=(READY,)):
+                    pool.ready.pop(pool_id, None)
+                    self._count_idle(ready.created_at, now, pool)
+                    ending.append(self._end(pool, pool_id, ready.box))
+        await asyncio.gather(*ending)
+        if ending:
+            log.info("warm pools drained", extra={"terminated": len(ending)})

@@ -1,0 +1,339 @@
+"""Warm pools: a run of a pooled job gets a sandbox created ahead, used once, then ended.
+
+On the memory provider (fast) and the local one (bubblewrap): claims, single use, refill,
+the cold path for another shape or a burst, idle expiry and its cost, the lifetime
+(extended at claim, or capped), drain at shutdown, the reaper after a kill -9, and
+exclusive claims in the store (SQLite and PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from relay.auth import Principal
+from relay.http.metrics import Metrics
+from relay.providers.base import POOL_PREFIX, Provider
+from relay.providers.local.provider import LocalProvider
+from relay.providers.memory import MemoryProvider, MemoryWorld
+from relay.runs.catalog import Catalog
+from relay.runs.event_bus import EventBus
+from relay.runs.models import RunRequest, Size
+from relay.runs.reaper import Reaper
+from relay.runs.service import RunService
+from relay.settings import Settings
+from relay.store import retention
+from relay.store.database import Store
+from relay.store.pools import CLAIMED, ENDED, READY, PoolRecord, PoolRows
+from relay.store.records import RunRecord
+from tests.conftest import make_settings
+
+PRINCIPAL = Principal(name="pooler", command=True)
+
+JOB = """
+command = ["sh", "-c", "cat secret.txt"]
+timeout_s = 5
+allow = ["files", "size"]
+warm = {warm}
+"""
+
+
+def write_job(root: Path, warm: int, text: str = JOB, name: str = "warm") -> Path:
+    (root / name).mkdir(parents=True, exist_ok=True)
+    (root / name / "job.toml").write_text(text.format(warm=warm))
+    return root
+
+
+def memory_settings(tmp_path: Path, warm: int = 2, **values: object) -> Settings:
+    jobs = write_job(tmp_path / "jobs", warm)
+    return make_settings(tmp_path, jobs_dir=jobs, providers=["memory"], grace_s=5, **values)
+
+
+class FixedLifetimeMemory(MemoryProvider):
+    """A memory provider that cannot extend a sandbox's lifetime (like Modal or local)."""
+
+    extends_lifetime: ClassVar[bool] = False
+
+
+@contextlib.asynccontextmanager
+async def relay(
+    settings: Settings,
+    world: MemoryWorld,
+    *,
+    instance_id: str = "one",
+    provider: type[MemoryProvider] = MemoryProvider,
+    clock: Callable[[], float] = time.time,
+) -> AsyncIterator[RunService]:
+    store = await Store.open(settings.database_url)
+    providers: dict[str, Provider] = {"memory": provider(settings, world)}
+    service = RunService(
+        settings,
+        store,
+        Catalog.load(settings.jobs_dir),
+        providers,
+        instance_id=instance_id,
+        clock=clock,
+    )
+    service.start()
+    try:
+        yield service
+    finally:
+        await service.shutdown()
+        await store.close()
+
+
+async def until(check: Callable[[], bool], within_s: float = 5.0) -> None:
+    end = time.monotonic() + within_s
+    while not check():
+        assert time.monotonic() < end, "timed out waiting"
+        await asyncio.sleep(0.01)
+
+
+async def run(service: RunService, **body: object) -> RunRecord:
+    request = RunRequest.model_validate({"job": "warm", **body})
+    run, _ = await service.submit(PRINCIPAL, request, None)
+    return await service.wait(run.id, 10)
+
+
+def timings(run: RunRecord) -> dict[str, object]:
+    timing: dict[str, object] = json.loads(run.timings)
+    return timing
+
+
+async def test_a_pooled_sandbox_serves_one_run_then_ends_and_is_replaced(tmp_path: Path) -> None:
+    world = MemoryWorld()
+    async with relay(memory_settings(tmp_path), world) as service:
+        await until(lambda: service.pools.ready == 2)
+        pooled_ids = set(world.alive())
+        first = await run(service, files={"secret.txt": "run one's secret"})
+        assert first.state == "succeeded" and first.stdout == "run one's secret"
+        assert timings(first)["pooled"] is True and first.sandbox_id in pooled_ids
+        assert first.sandbox_id not in world.alive()  # terminated after its one run
+        second = await run(service)  # the same shape: another pooled sandbox
+        assert timings(second)["pooled"] is True and second.sandbox_id in pooled_ids
+        assert second.sandbox_id != first.sandbox_id
+        assert second.state == "failed" and "run one's secret" not in second.stdout
+        await until(lambda: service.pools.ready == 2)  # refilled in the background
+        assert len(world.created()) == 4 and service.pools.stats.claimed == 2
+    assert world.alive() == set()  # shutdown drained the pool
+    store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
+    rows = await PoolRows(store).by_id([box.run_id for box in world.boxes.values()])
+    await store.close()
+    assert {row.state for row in rows.values()} == {ENDED} and len(rows) == 4
+
+
+async def test_a_burst_over_the_pool_and_another_shape_take_the_cold_path(
+    tmp_path: Path,
+) -> None:
+    world = MemoryWorld()
+    async with relay(memory_settings(tmp_path), world) as service:
+        await until(lambda: service.pools.ready == 2)
+        burst = await asyncio.gather(*(run(service, files={"secret.txt": "x"}) for _ in range(5)))
+        assert all(one.state == "succeeded" for one in burst)
+        assert sorted(timings(one)["pooled"] is True for one in burst) == [False] * 3 + [True] * 2
+        assert len({one.sandbox_id for one in burst}) == 5
+        await until(lambda: service.pools.ready == 2)
+        bigger = await run(service, size=Size.medium, files={"secret.txt": "x"})
+        assert bigger.state == "succeeded" and timings(bigger)["pooled"] is False
+        assert service.pools.ready == 2  # nothing of the pool was used
+
+
+async def test_pool_max_caps_every_pool_together_and_default_is_off(tmp_path: Path) -> None:
+    world = MemoryWorld()
+    settings = memory_settings(tmp_path, warm=2, pool_max=3)
+    write_job(settings.jobs_dir, 2, name="other")
+    write_job(settings.jobs_dir, 0, name="cold")
+    async with relay(settings, world) as service:
+        assert service.pools.size == 4 and {job for job, _ in service.pools.pools} == {
+            "warm",
+            "other",
+        }
+        await until(lambda: service.pools.ready == 3)
+        await asyncio.sleep(0.3)
+        assert service.pools.ready == 3 and len(world.created()) == 3
+    off = memory_settings(tmp_path / "off", warm=2, pool_warm={"warm": 0})
+    async with relay(off, world) as service:
+        assert service.pools.pools == {}
+        done = await run(service, files={"secret.txt": "x"})
+        assert timings(done)["pooled"] is False
+
+
+async def test_idle_sandboxes_expire_are_replaced_and_their_cost_is_recorded(
+    tmp_path: Path,
+) -> None:
+    world = MemoryWorld()
+    settings = memory_settings(
+        tmp_path, pool_idle_s=0.5, cost_rates={"memory": {"vcpu_s": 1.0, "gib_s": 0.0}}
+    )
+    async with relay(settings, world, provider=FixedLifetimeMemory) as service:
+        await until(lambda: service.pools.ready == 2)
+        first = set(world.alive())
+        # Without extension, the hard lifetime covers idle time + the job's timeout + grace.
+        assert {world.boxes[box].lifetime_s for box in first} == {0.5 + 5 + 5 + 0.5}
+        await until(lambda: service.pools.stats.expired >= 2 and service.pools.ready == 2)
+        assert first.isdisjoint(world.alive())  # the idle ones were terminated and replaced
+        assert {world.boxes[box].ended_by for box in first} == {"run"}
+        today, month = await service.usage(PRINCIPAL)
+        assert today.pool_idle_s >= 1.0 and today.pool_idle_usd >= 0.5  # 0.5 vCPU (small)
+        assert month.pool_idle_s == today.pool_idle_s
+        metrics = Metrics()
+        metrics.attach(service, None, EventBus(), ["memory"])
+        text = metrics.render().decode()
+        assert 'relay_pool_sandboxes_total{event="expired"}' in text
+        assert "relay_pool_ready 2.0" in text and "relay_pool_size 2.0" in text
+        assert service.pools.stats.idle_usd > 0
+
+
+async def test_the_lifetime_is_extended_at_claim_where_the_provider_can(tmp_path: Path) -> None:
+    world = MemoryWorld()
+    async with relay(memory_settings(tmp_path, warm=1, pool_idle_s=30), world) as service:
+        await until(lambda: service.pools.ready == 1)
+        (box,) = (world.boxes[box_id] for box_id in world.alive())
+        assert box.lifetime_s == 30 + 5  # idle time and grace only, until a run claims it
+        done = await run(service, files={"secret.txt": "x"})
+        assert timings(done)["pooled"] is True and done.sandbox_id == box.id
+        assert box.lifetime_s == pytest.approx(time.time() - box.created_at + 5 + 5, abs=1)
+
+
+async def test_the_store_gives_a_sandbox_to_one_claim_only(database_url: str) -> None:
+    stores = [await Store.open(database_url) for _ in range(2)]
+    try:
+        rows = [PoolRows(store) for store in stores]
+        now = time.time()
+        for index in range(6):
+            await rows[0].add(
+                PoolRecord(
+                    id=f"{POOL_PREFIX}{index}",
+                    shape="s",
+                    job="warm",
+                    provider="memory",
+                    holder="one",
+                    state=READY,
+                    sandbox_id=f"box-{index}",
+                    cpu=1.0,
+                    memory_mb=1024,
+                    created_at=now,
+                    expires_at=now + (60 if index else -1),  # the first one: idle too long
+                )
+            )
+        claims = await asyncio.gather(
+            *(rows[i % 2].claim("one", "s", f"run_{i}", now, 0.0) for i in range(16)),
+            rows[1].end(f"{POOL_PREFIX}5", now, 0.0, states=(READY,)),
+        )
+        won = [claim for claim in claims[:-1] if claim is not None]
+        ended = claims[-1]
+        assert len({claim.id for claim in won}) == len(won) == (4 if ended else 5)
+        assert f"{POOL_PREFIX}0" not in {claim.id for claim in won}  # past its idle time
+        states = {row.id: row.state for row in (await rows[0].by_id([r.id for r in won])).values()}
+        assert set(states.values()) == {CLAIMED}
+        assert await rows[1].claim("one", "s", "run_late", now, 0.0) is None
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_retention_deletes_old_ended_pool_rows_only(tmp_path: Path) -> None:
+    store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
+    rows, now = PoolRows(store), time.time()
+    for name, state, created in (
+        ("old", ENDED, now - 100),
+        ("new", ENDED, now),
+        ("idle", READY, 0),
+    ):
+        record = PoolRecord(
+            id=POOL_PREFIX + name,
+            shape="s",
+            job="warm",
+            provider="memory",
+            holder="one",
+            state=state,
+            cpu=1.0,
+            memory_mb=1024,
+            created_at=created,
+            expires_at=created + 1,
+        )
+        await rows.add(record)
+    assert (await retention.prune(store, now - 50)).pooled == 1
+    left = await rows.by_id([POOL_PREFIX + name for name in ("old", "new", "idle")])
+    await store.close()
+    assert sorted(left) == [POOL_PREFIX + "idle", POOL_PREFIX + "new"]
+
+
+async def test_the_reaper_ends_the_pool_of_a_relay_killed_outright(tmp_path: Path) -> None:
+    world = MemoryWorld()
+    settings = memory_settings(tmp_path)
+    store = await Store.open(settings.database_url)
+    dead = RunService(
+        settings,
+        store,
+        Catalog.load(settings.jobs_dir),
+        {"memory": MemoryProvider(settings, world)},
+        instance_id="dead",
+    )
+    dead.start()
+    await until(lambda: dead.pools.ready == 2)
+    assert dead.pools._loop is not None
+    dead.pools._loop.cancel()  # kill -9: nothing of that process runs any more
+    await store.close()
+    orphans = set(world.alive())
+    async with relay(settings, world, instance_id="next") as service:
+        await until(lambda: service.pools.ready == 2)
+        reaper = Reaper(
+            service.store,
+            service.providers,
+            settings,
+            holds=service.holds,
+            instance_id="next",
+            grace_s=settings.grace_s,
+            single_replica=True,
+        )
+        report = await reaper.sweep()
+        assert {sandbox for _, sandbox in report.terminated} == orphans
+        assert world.alive().isdisjoint(orphans) and len(world.alive()) == 2  # its own live
+        assert reaper.terminated_by_reason["pool_orphaned"] == 2
+        assert (await reaper.sweep()).terminated == []
+
+
+async def test_a_local_pooled_sandbox_is_fresh_for_each_run(tmp_path: Path) -> None:
+    job = """
+command = ["sh", "-c", "cat note.txt 2>/dev/null; echo written > note.txt"]
+timeout_s = 5
+provider = "local"
+warm = {warm}
+"""
+    settings = make_settings(
+        tmp_path,
+        jobs_dir=write_job(tmp_path / "jobs", 1, job),
+        providers=["local"],
+        local_isolation="bwrap",
+        grace_s=5,
+        pool_idle_s=20,
+    )
+    store = await Store.open(settings.database_url)
+    local = LocalProvider(settings)
+    service = RunService(settings, store, Catalog.load(settings.jobs_dir), {"local": local})
+    service.start()
+    try:
+        await until(lambda: service.pools.ready == 1, 20)
+        (ref,) = await local.list_owned()
+        assert (ref.run_id or "").startswith(POOL_PREFIX)
+        tags = json.loads((settings.local_root / ref.sandbox_id / "tags.json").read_text())  # type: ignore[operator]
+        assert tags["lifetime_s"] == 20 + 5 + 5  # capped idle + the job's timeout + grace
+        first = await run(service)
+        assert first.state == "succeeded" and first.stdout == ""
+        assert timings(first)["pooled"] is True and first.sandbox_id == ref.sandbox_id
+        await until(lambda: service.pools.ready == 1, 20)
+        second = await run(service)
+        assert timings(second)["pooled"] is True and second.stdout == ""  # not run one's file
+    finally:
+        await service.shutdown()
+        assert await local.list_owned() == []
+        await local.aclose()
+        await store.close()
