@@ -11,8 +11,8 @@ with its id and state, for ``get_run`` to read later.
 Sessions are stateful (the SDK's default, with SSE answers): the only mode in which both
 progress and a client's cancellation reach the tool in both protocol eras (the 2025
 handshake clients most connectors speak, and 2026-07-28). The cost is process-local
-sessions, so replicas behind one host need affinity on ``Mcp-Session-Id`` (2026-era
-requests carry no session and go anywhere). Auth is the relay's own, per request: the
+sessions, so replicas behind one host need a balancer that keeps a client on one replica
+(2026-era requests carry no session and go anywhere). Auth is the relay's own, per request: the
 token of every POST is checked before the SDK sees it, and the SDK pins a session to the
 token's name.
 """
