@@ -37,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 
 from relay import __version__
 from relay.auth import Principal
-from relay.errors import InvalidRequest, RelayError, RunNotCancelable, Unauthorized
+from relay.errors import InvalidRequest, RelayError, Unauthorized
 from relay.http.app_state import AppState
 from relay.http.mcp_tools import (
     COMMAND_DESCRIPTION,
@@ -143,7 +143,10 @@ class McpEndpoint:
             if name == GET_RUN_TOOL:
                 return await self._get_run(state, principal, arguments)
             request, key = run_request(name, arguments, self.catalog)
-            run, _created = await state.service.submit(principal, request, key)
+            # Shielded: a cancel that came during admission reaches the run in _follow,
+            # rather than leaving a run started with nobody waiting for it.
+            with anyio.CancelScope(shield=True):
+                run, _created = await state.service.submit(principal, request, key)
             return await self._follow(ctx, state, principal, run)
         except RelayError as error:
             return error_result(error)
@@ -169,7 +172,7 @@ class McpEndpoint:
             run = await _wait(ctx, state, principal, run)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_S):
-                with contextlib.suppress(RunNotCancelable):
+                with contextlib.suppress(RelayError):  # ended meanwhile: run_finished
                     await state.service.cancel(principal, run.id)
                 log.info("mcp call canceled, run canceled", extra={"run_id": run.id})
             raise

@@ -156,6 +156,19 @@ async def test_tools_follow_the_catalog_and_the_token(relay: RelayProcess) -> No
     ]
 
 
+async def test_the_list_follows_a_change_of_the_tokens_scopes(relay: RelayProcess) -> None:
+    token = relay.add_token("growing", jobs=["echo"])
+    async with connect(relay, token) as client:
+        before = [tool.name for tool in (await client.list_tools()).tools]
+        tokens_toml = relay.tokens_file.read_text()
+        block = tokens_toml.index("[tokens.growing]")
+        grown = tokens_toml[block:].replace('jobs = ["echo"]', 'jobs = ["echo", "sleep"]', 1)
+        relay.tokens_file.write_text(tokens_toml[:block] + grown)
+        after = [tool.name for tool in (await client.list_tools()).tools]
+    assert before == ["echo", "get_run"]
+    assert after == ["echo", "sleep", "get_run"]
+
+
 async def test_a_tool_call_is_a_run(relay: RelayProcess) -> None:
     token = relay.tokens["echo-only"]
     async with connect(relay, token) as client:
