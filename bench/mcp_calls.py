@@ -115,7 +115,8 @@ def table(ways: Sequence[Way]) -> str:
         lines.append(
             f"| {way.name} | {len(way.samples)} | {way.p(0.5):.2f} | {way.p(0.9):.2f} | "
             f"{way.p(0.99):.2f} | {way.p(0.5) / base.p(0.5):.2f}x | {cpu:.2f} ms | "
-            f"{cpu / base_cpu:.2f}x |"
+            # A few calls can take less than one tick of the process's CPU clock.
+            f"{f'{cpu / base_cpu:.2f}x' if base_cpu else 'n/a'} |"
         )
     return "\n".join(lines)
 
