@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench import admission, bounded, local, promises, servers, waiting
+from bench import admission, bounded, local, mcp_calls, promises, servers, waiting
 from bench.load import LoadResult, run_wrk
 from bench.report import Results, machine_line, render, targets
 from relay.providers.local.invocation import bwrap_works
@@ -186,8 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     results.seconds = time.monotonic() - started
     text = render(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    if args.out.exists() and promises.SECTION in (kept := args.out.read_text()):
-        text = text.rstrip("\n") + "\n\n" + promises.SECTION + kept.split(promises.SECTION, 1)[1]
+    kept = args.out.read_text() if args.out.exists() else ""
+    # The sections other commands write (bench/mcp_calls.py, bench/promises.py) stay.
+    markers = [marker for marker in (mcp_calls.SECTION, promises.SECTION) if marker in kept]
+    if markers:
+        first = min(markers, key=kept.index)
+        text = text.rstrip("\n") + "\n\n" + first + kept.split(first, 1)[1]
     args.out.write_text(text)
     print(text)
     for name, measured, ok in targets(results):

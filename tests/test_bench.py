@@ -63,3 +63,16 @@ def test_the_fault_promises_hold_over_a_few_schedules(capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     for count in ("sandboxes leaked", "finished output was lost", "healthy runs terminated"):
         assert re.search(rf"{count}: 0$", out, re.M), out
+
+
+def test_the_mcp_benchmark_measures_each_way(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import mcp_calls
+
+    assert mcp_calls.main(["6"]) == 0
+    out = capsys.readouterr().out
+    for way in (
+        "POST /v1/runs",
+        "/mcp tool call, 2025-11-25 session",
+        "/mcp tool call, 2026-07-28",
+    ):
+        assert re.search(rf"^\| {re.escape(way)} \| 6 \| [\d.]+ \|", out, re.M), out

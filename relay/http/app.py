@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import logs
@@ -28,6 +29,7 @@ from relay.http.access_log import AccessLog
 from relay.http.app_state import AppState
 from relay.http.console_page import console_routes
 from relay.http.docs_page import docs_routes
+from relay.http.mcp_server import McpEndpoint
 from relay.http.metrics import Metrics
 from relay.http.operator import operator_routes
 from relay.http.routes import routes
@@ -190,6 +192,7 @@ def create_app(
     metrics_token = settings.metrics_token
     metrics = Metrics(metrics_token.get_secret_value() if metrics_token else None)
     logs.redact_settings(settings)  # a key that still reaches a log line reads [redacted]
+    mcp = McpEndpoint(catalog)  # /mcp: a fresh SDK server per app, its sessions per lifespan
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -231,10 +234,14 @@ def create_app(
             store, retention_days=settings.retention_days, interval_s=settings.prune_interval_s
         )
         pruning = asyncio.create_task(pruner.run_forever())
+        mcp_sessions = contextlib.AsyncExitStack()
+        await mcp_sessions.enter_async_context(mcp.running())
         try:
             yield {}
         finally:
             await service.shutdown()
+            # After the drain: a tool call whose run finished meanwhile has its answer.
+            await mcp_sessions.aclose()
             for task in (dispatcher, pruning):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -252,7 +259,7 @@ def create_app(
             await store.close()
 
     app = Starlette(
-        routes=[*routes, *operator_routes, *docs_routes, *console_routes],
+        routes=[*routes, *operator_routes, *docs_routes, *console_routes, Route("/mcp", mcp)],
         lifespan=lifespan,
         exception_handlers={
             RelayError: _relay_error,

@@ -1,0 +1,279 @@
+"""``/mcp``: the relay as a remote MCP server (Streamable HTTP, the official ``mcp`` SDK).
+
+A token sees one tool per job it may run, ``run_command`` if it has the command scope,
+and ``get_run``. A tool call is a ``POST /v1/runs`` by other means: the same request
+model, the same run service (scopes, params, limits, idempotency, cost, the store), so
+the run shows in ``GET /v1/runs`` and ``/metrics`` like any other. While it runs, its
+output goes out as progress notifications; a client that cancels the call cancels the
+run (its sandbox is terminated); a run still going after ``RELAY_MAX_WAIT_S`` is answered
+with its id and state, for ``get_run`` to read later.
+
+Sessions are stateful (the SDK's default, with SSE answers): the only mode in which both
+progress and a client's cancellation reach the tool in both protocol eras (the 2025
+handshake clients most connectors speak, and 2026-07-28). The cost is process-local
+sessions, so replicas behind one host need a balancer that keeps a client on one replica
+(2026-era requests carry no session and go anywhere). Auth is the relay's own, per request: the
+token of every POST is checked before the SDK sees it, and the SDK pins a session to the
+token's name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import anyio
+import mcp.types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
+from starlette.authentication import AuthCredentials
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from relay import __version__
+from relay.auth import Principal
+from relay.errors import InvalidRequest, RelayError, Unauthorized
+from relay.http.app_state import AppState
+from relay.http.mcp_tools import (
+    COMMAND_DESCRIPTION,
+    COMMAND_SCHEMA,
+    COMMAND_TOOL,
+    GET_RUN_DESCRIPTION,
+    GET_RUN_SCHEMA,
+    GET_RUN_TOOL,
+    RUN_OUTPUT_SCHEMA,
+    input_schema,
+    job_schema,
+    run_request,
+    tool_names,
+)
+from relay.http.routes import authenticate
+from relay.runs.catalog import Catalog
+from relay.runs.models import RunState
+from relay.runs.service import RunRecord
+from relay.runs.view import run_model
+
+log = logging.getLogger("relay.mcp")
+
+PRINCIPAL_KEY = "relay.principal"
+"""Where the authenticated caller waits in the ASGI scope for the tool handlers."""
+CHECK_S = 1.0
+"""How often a call silent meanwhile looks whether its run ended without telling it."""
+CANCEL_S = 30.0
+"""Longest wait for a canceled call's run to be stopped."""
+
+
+class McpEndpoint:
+    """The MCP server, its session manager, and the authenticating ASGI endpoint."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.server: Server[Any] = Server(
+            "relay",
+            version=__version__,
+            instructions="Each tool runs one of this relay's jobs in a fresh sandbox.",
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+            # Schemas depend on the tool alone; who may call it is decided per call.
+            get_tool_input_schema=lambda name: input_schema(name, catalog),
+        )
+        self.manager = StreamableHTTPSessionManager(app=self.server)
+        self.transport = StreamableHTTPASGIApp(self.manager)
+
+    def running(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """The sessions' task group: entered once, for the app's lifetime."""
+        return self.manager.run()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Authenticate like ``/v1`` (a RelayError becomes the usual JSON answer), then
+        hand the request to the SDK."""
+        request = Request(scope, receive)
+        try:
+            principal = authenticate(request)
+        except Unauthorized as exc:
+            raise Unauthorized(
+                exc.message, headers={"WWW-Authenticate": 'Bearer realm="relay"'}
+            ) from None
+        scope[PRINCIPAL_KEY] = principal
+        # An AuthenticatedUser lets the SDK pin each session to the token that opened it.
+        token = AccessToken(token=principal.name, client_id=principal.name, scopes=[])
+        scope["user"] = AuthenticatedUser(token)
+        scope["auth"] = AuthCredentials([])
+        await self.transport(scope, receive, send)
+
+    # -- handlers ------------------------------------------------------------------------
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        principal, _ = _caller(ctx)
+        tools = []
+        for name in tool_names(principal, self.catalog):
+            if name == COMMAND_TOOL:
+                description, schema = COMMAND_DESCRIPTION, COMMAND_SCHEMA
+            elif name == GET_RUN_TOOL:
+                description, schema = GET_RUN_DESCRIPTION, GET_RUN_SCHEMA
+            else:
+                job = self.catalog.jobs[name]
+                description, schema = job.description, job_schema(job)
+            tools.append(
+                types.Tool(
+                    name=name,
+                    description=description,
+                    input_schema=schema,
+                    output_schema=RUN_OUTPUT_SCHEMA,
+                )
+            )
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        principal, state = _caller(ctx)
+        name, arguments = params.name, dict(params.arguments or {})
+        if name not in tool_names(principal, self.catalog):
+            # Not listed for this token: to it, the tool does not exist.
+            raise MCPError(code=types.INVALID_PARAMS, message=f"unknown tool: {name!r}")
+        try:
+            if name == GET_RUN_TOOL:
+                return await self._get_run(state, principal, arguments)
+            request, key = run_request(name, arguments, self.catalog)
+            # Shielded: a cancel that came during admission reaches the run in _follow,
+            # rather than leaving a run started with nobody waiting for it.
+            with anyio.CancelScope(shield=True):
+                run, _created = await state.service.submit(principal, request, key)
+            return await self._follow(ctx, state, principal, run)
+        except RelayError as error:
+            return error_result(error)
+        except Exception as exc:  # an answer never carries the relay's internals
+            log.error("mcp tool failed", extra={"error_class": type(exc).__name__, "tool": name})
+            return error_result(RelayError())
+
+    async def _get_run(
+        self, state: AppState, principal: Principal, arguments: dict[str, Any]
+    ) -> types.CallToolResult:
+        run_id = arguments.get("run_id")
+        if set(arguments) != {"run_id"} or not isinstance(run_id, str) or len(run_id) > 64:
+            raise InvalidRequest("get_run takes one argument, run_id (a run's id)")
+        run = await state.service.get(principal, run_id)
+        return await _result(state, run)
+
+    async def _follow(
+        self, ctx: ServerRequestContext[Any], state: AppState, principal: Principal, run: RunRecord
+    ) -> types.CallToolResult:
+        """Wait for the run (``RELAY_MAX_WAIT_S`` at most), sending its output as progress;
+        cancel it if the client cancels the call."""
+        try:
+            run = await _wait(ctx, state, principal, run)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_S):
+                with contextlib.suppress(RelayError):  # ended meanwhile: run_finished
+                    await state.service.cancel(principal, run.id)
+                log.info("mcp call canceled, run canceled", extra={"run_id": run.id})
+            raise
+        return await _result(state, run)
+
+
+def _caller(ctx: ServerRequestContext[Any]) -> tuple[Principal, AppState]:
+    request = ctx.request
+    if not isinstance(request, Request) or PRINCIPAL_KEY not in request.scope:
+        # Every HTTP request passes McpEndpoint.__call__ first; nothing else reaches here.
+        raise MCPError(code=types.INVALID_REQUEST, message="not authenticated")
+    state: AppState = request.app.state.relay
+    principal: Principal = request.scope[PRINCIPAL_KEY]
+    return principal, state
+
+
+async def _output(ctx: ServerRequestContext[Any], state: AppState, run_id: str) -> None:
+    """Send the run's output as progress notifications until the run ends here."""
+    service, live = state.service, state.live
+    queue = live.follow(run_id, running_here=service.holds(run_id)) if live else None
+    if live is None or queue is None:
+        return
+    sent = 0
+    try:
+        while True:
+            try:
+                line = await asyncio.wait_for(queue.get(), CHECK_S)
+            except TimeoutError:
+                # The end may never reach a buffer made as the run ended: ask the service.
+                found = await service.find(run_id)
+                if found is None or RunState(found.state).final:
+                    return
+                continue
+            if line is None:
+                return
+            if line.get("event") != "output":
+                continue
+            text: str = line["text"]
+            sent += len(text.encode("utf-8"))
+            message = text if line.get("stream") == "stdout" else f"[stderr] {text}"
+            await ctx.session.report_progress(sent, None, message)
+    finally:
+        live.unfollow(run_id, queue)
+
+
+async def _wait(
+    ctx: ServerRequestContext[Any], state: AppState, principal: Principal, run: RunRecord
+) -> RunRecord:
+    if RunState(run.state).final:
+        return run
+    service = state.service
+    with anyio.move_on_after(state.settings.max_wait_s):
+        await _output(ctx, state, run.id)
+        return await service.wait(run.id, state.settings.max_wait_s)
+    # Still running: the output so far, and its id for get_run.
+    return await service.get(principal, run.id)
+
+
+async def _result(state: AppState, run: RunRecord) -> types.CallToolResult:
+    found = await state.service.deliveries([run])
+    return run_result(run, found.get(run.id))
+
+
+def run_result(run: RunRecord, deliveries: Any = None) -> types.CallToolResult:
+    """A run as a tool result: stdout as text, the whole Run as structured content; any
+    final state but ``succeeded`` is an error result."""
+    answer = run_model(run, deliveries)
+    content = [types.TextContent(text=answer.stdout)]
+    failed = False
+    if not answer.state.final:
+        content.append(
+            types.TextContent(
+                text=f"run {answer.id} is still {answer.state.value}: call get_run with "
+                f'{{"run_id": "{answer.id}"}} to read it later'
+            )
+        )
+    elif answer.state != RunState.succeeded:
+        failed = True
+        summary = f"run {answer.id} {answer.state.value}"
+        if answer.exit_code is not None:
+            summary += f" with exit code {answer.exit_code}"
+        if answer.error is not None:
+            summary += f": {answer.error.code}: {answer.error.message}"
+        content.append(types.TextContent(text=summary))
+    return types.CallToolResult(
+        content=list(content),
+        structured_content=answer.model_dump(mode="json"),
+        is_error=failed,
+    )
+
+
+def error_result(error: RelayError) -> types.CallToolResult:
+    """A refused call as a tool error: the relay's code and message (and retry hint)."""
+    detail: dict[str, Any] = {"code": error.code, "message": error.message}
+    text = f"{error.code}: {error.message}"
+    if error.retry_after is not None:
+        detail["retry_after_s"] = error.retry_after
+        text += f" (retry after {max(1, round(error.retry_after))} s)"
+    for key in ("run_id", "fields"):
+        if key in error.details:
+            detail[key] = error.details[key]
+    return types.CallToolResult(
+        content=[types.TextContent(text=text)], structured_content={"error": detail}, is_error=True
+    )
