@@ -31,7 +31,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- build: a self-contained virtualenv in /opt/relay ---------------------------------
 FROM ${PYTHON_IMAGE} AS build
-# The extras to install: all, or a comma list of e2b, modal, vercel, postgres.
+# The extras to install: all, or a comma list of e2b, modal, vercel, daytona, sprites, postgres.
 ARG EXTRAS=all
 
 ENV PIP_NO_CACHE_DIR=1 \
