@@ -24,6 +24,7 @@ from relay.http.routes import (
 )
 from relay.runs.models import (
     OperatorHealth,
+    PoolHealth,
     ProviderHealth,
     ReaperHealth,
     SpendDay,
@@ -31,6 +32,7 @@ from relay.runs.models import (
     TokenSpend,
     WebhookHealth,
 )
+from relay.runs.pools import Pools
 from relay.runs.view import usage_window
 
 
@@ -133,8 +135,23 @@ async def operator_health(request: Request) -> Response:
             pending=backlog.pending, oldest_pending_at=_iso(backlog.oldest_created_at)
         ),
         active_runs=state.service.active_runs,
+        pools=_pool_health(state.service.pools),
     )
     return json_answer(answer)
+
+
+def _pool_health(pools: Pools) -> PoolHealth:
+    stats = pools.stats
+    return PoolHealth(
+        size=pools.size,
+        ready=pools.ready,
+        created=stats.created,
+        claimed=stats.claimed,
+        expired=stats.expired,
+        failed=stats.failed,
+        idle_seconds=round(stats.idle_s, 3),
+        idle_usd=round(stats.idle_usd, 6),
+    )
 
 
 operator_routes = [

@@ -473,6 +473,19 @@ class WebhookHealth(BaseModel):
     oldest_pending_at: str | None
 
 
+class PoolHealth(BaseModel):
+    """This replica's warm pools since it started (``relay_pool_*`` on ``/metrics``)."""
+
+    size: int = Field(description="Sandboxes its pools keep ready, all jobs (warm = N).")
+    ready: int = Field(description="Ready for a run now.")
+    created: int
+    claimed: int
+    expired: int = Field(description="Idle past RELAY_POOL_IDLE_S, ended and replaced.")
+    failed: int = Field(description="Creates that failed.")
+    idle_seconds: float = Field(description="What pooled sandboxes waited, billed.")
+    idle_usd: float
+
+
 class OperatorHealth(BaseModel):
     """``GET /v1/health`` (admin tokens): what the console's health page shows."""
 
@@ -482,3 +495,4 @@ class OperatorHealth(BaseModel):
     reaper: ReaperHealth | None
     webhooks: WebhookHealth
     active_runs: int
+    pools: PoolHealth

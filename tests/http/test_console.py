@@ -35,6 +35,7 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
     server = RelayProcess(
         tmp_path_factory.mktemp("console"),
         cost_rates=json.dumps({"local": {"vcpu_s": RATE, "gib_s": 0}}),
+        pool_warm=json.dumps({"echo": 1}),  # a warm pool the health page shows
     )
     server.add_token("ops", admin=True)
     server.add_token("nightly", limits={"runs_per_day": 50, "usd_per_day": 5})
@@ -85,6 +86,7 @@ def test_admin_scope_reads_every_token_and_the_rest_stays_per_token(relay: Relay
     health = relay.get(admin, "/v1/health").json()
     assert [p["name"] for p in health["providers"]] == ["local"]
     assert health["webhooks"] == {"pending": 0, "oldest_pending_at": None}
+    assert health["pools"]["size"] == 1 and health["pools"]["failed"] == 0
     spend = relay.get(admin, "/v1/spend", days="30").json()
     assert {row["token"] for row in spend["rows"]} >= {"nightly", "reports"}
     nightly_limits = next(t for t in spend["tokens"] if t["token"] == "nightly")["limits"]
@@ -231,6 +233,7 @@ def test_spend_chart_adds_up(relay: RelayProcess, page: Any) -> None:
     page.goto(relay.url + "/console/health")  # the token stays for the tab
     expect(page.locator("#providers")).to_contain_text("local")
     expect(page.locator("#reaper")).to_contain_text("last sweep")
+    expect(page.locator("#pools")).to_contain_text("ready / wanted")
     page.set_viewport_size({"width": 360, "height": 740})  # a phone: nothing wider than it
     for path in ("/console", "/console/spend"):
         page.goto(relay.url + path)

@@ -398,6 +398,15 @@
       ["pending deliveries", String(health.webhooks.pending)],
       ["oldest pending", when(health.webhooks.oldest_pending_at) || "none"],
     ]);
+    const pools = health.pools;
+    facts($("pools"), pools.size || pools.created ? [
+      ["ready / wanted", pools.ready + " / " + pools.size],
+      ["created", String(pools.created)],
+      ["claimed by runs", String(pools.claimed)],
+      ["expired idle", String(pools.expired)],
+      ["failed creates", String(pools.failed)],
+      ["idle time", pools.idle_seconds.toFixed(1) + " s ($" + pools.idle_usd.toFixed(4) + ")"],
+    ] : [["pools", "none (no job sets warm)"]]);
   }
 
   // -- start -------------------------------------------------------------------------
