@@ -129,6 +129,7 @@ class E2BProvider(SandboxProvider["E2BSandbox"]):
     errors: ClassVar[ErrorTable] = ERRORS
     settings_model: ClassVar[type[ProviderSettings] | None] = E2BSettings
     retry_after_s: ClassVar[float] = 5.0  # the SDK hides Retry-After (it already retried)
+    extends_lifetime: ClassVar[bool] = True
     terminate_timeout_s: ClassVar[float] = 15.0
 
     def __init__(self, settings: Settings) -> None:
@@ -221,6 +222,12 @@ class E2BProvider(SandboxProvider["E2BSandbox"]):
     async def destroy(self, sandbox_id: str) -> None:
         """Kill a sandbox; one that is already gone (404) is success."""
         await AsyncSandbox.kill(sandbox_id, **self._opts)
+
+    async def extend_lifetime(self, sandbox_id: str, lifetime_s: int) -> None:
+        """A warm pool's sandbox, claimed: its timeout becomes the run's lifetime from now
+        (E2B's ``set_timeout`` replaces the deadline, so it can also shorten it)."""
+        with self.mapping("setting the sandbox's timeout", in_sandbox=False):
+            await AsyncSandbox.set_timeout(sandbox_id, lifetime_s, **self._opts)
 
     async def aclose(self) -> None:
         """Nothing to release: the SDK's connection pools are process-wide and idle out."""

@@ -112,6 +112,8 @@ class Ledger:
         self.signals: list[tuple[str, int, str]] = []
         self.commands: list[dict[str, Any]] = []
         self.reconnects: list[tuple[str, int]] = []
+        self.timeouts: list[tuple[str, int]] = []
+        """``set_timeout`` calls: sandbox, its new timeout."""
 
     def alive(self) -> set[str]:
         with self.lock:
@@ -184,6 +186,8 @@ class World:
         sandbox = self.get(sandbox_id)
         if sandbox is None:
             return False
+        with self.ledger.lock:
+            self.ledger.timeouts.append((sandbox_id, timeout_s))
         self._arm(sandbox, timeout_s)
         return True
 
