@@ -382,7 +382,7 @@ def verify_signature(
     signatures: list[str] = []
     for part in header.split(","):
         key, _, value = part.strip().partition("=")
-        if key == "t" and value.isdigit():
+        if key == "t" and value.isascii() and value.isdigit():  # "²" is a digit to isdigit
             stamp = int(value)
         elif key == "v1":
             signatures.append(value)
@@ -400,7 +400,7 @@ def _verify_standard(
 ) -> bool:
     message_id = headers.get("webhook-id", "")
     stamp_text = headers.get("webhook-timestamp", "")
-    if not message_id or not stamp_text.isdigit():
+    if not message_id or not (stamp_text.isascii() and stamp_text.isdigit()):
         return False
     stamp = int(stamp_text)
     if abs(now - stamp) > tolerance_s:

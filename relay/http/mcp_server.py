@@ -29,15 +29,18 @@ import mcp.types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.authentication import AuthCredentials
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from relay import __version__
 from relay.auth import Principal
-from relay.errors import InvalidRequest, RelayError, Unauthorized
+from relay.errors import InvalidRequest, RateLimited, RelayError, Unauthorized
 from relay.http.app_state import AppState
 from relay.http.mcp_tools import (
     COMMAND_DESCRIPTION,
@@ -66,6 +69,9 @@ CHECK_S = 1.0
 """How often a call silent meanwhile looks whether its run ended without telling it."""
 CANCEL_S = 30.0
 """Longest wait for a canceled call's run to be stopped."""
+MAX_SESSIONS_PER_TOKEN = 32
+"""Open sessions one token may hold: a session lives until it idles 30 minutes, and the
+SDK's room (10 000) is shared, so one token must not fill it and lock the others out."""
 
 
 class McpEndpoint:
@@ -99,12 +105,29 @@ class McpEndpoint:
             raise Unauthorized(
                 exc.message, headers={"WWW-Authenticate": 'Bearer realm="relay"'}
             ) from None
+        # What opens a session: a 2025-era POST without one (2026-era requests hold none).
+        era = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
+        opening = (
+            request.method == "POST"
+            and MCP_SESSION_ID_HEADER not in request.headers
+            and (era is None or era in HANDSHAKE_PROTOCOL_VERSIONS)
+        )
+        if opening and self.sessions_of(principal.name) >= MAX_SESSIONS_PER_TOKEN:
+            raise RateLimited(
+                f"this token has {MAX_SESSIONS_PER_TOKEN} open MCP sessions; end one "
+                "(DELETE /mcp) or let one idle out"
+            )
         scope[PRINCIPAL_KEY] = principal
         # An AuthenticatedUser lets the SDK pin each session to the token that opened it.
         token = AccessToken(token=principal.name, client_id=principal.name, scopes=[])
         scope["user"] = AuthenticatedUser(token)
         scope["auth"] = AuthCredentials([])
         await self.transport(scope, receive, send)
+
+    def sessions_of(self, name: str) -> int:
+        """The open sessions the token ``name`` started (the SDK pins each to its owner)."""
+        owners = self.manager._session_owners
+        return sum(1 for owner in owners.values() if owner["client_id"] == name)
 
     # -- handlers ------------------------------------------------------------------------
 

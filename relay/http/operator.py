@@ -64,7 +64,8 @@ async def spend(request: Request) -> Response:
     principal = authenticate(request)
     state = state_of(request)
     raw = request.query_params.get("days", "30")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_SPEND_DAYS:
+    # ASCII first: "²" is a digit to str.isdigit, and int() then raises (a 500).
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_SPEND_DAYS:
         raise InvalidRequest(f"days must be an integer from 1 to {MAX_SPEND_DAYS}")
     days = int(raw)
     first_day = int(time.time() // 86_400) - days + 1

@@ -440,7 +440,9 @@ def command_line(
     """
     seconds = math.ceil(timeout_s + TIMEOUT_MARGIN_S)
     assignments = [f"{name}={value}" for name, value in env.items()]
-    words = ["timeout", "-s", "KILL", str(seconds), "env", "--", *assignments, *argv]
+    # env runs timeout, never the argv: env takes any word with "=" for an assignment, so
+    # an argv[0] like "./a=b" would be skipped; timeout takes no options after its duration.
+    words = ["env", "--", *assignments, "timeout", "-s", "KILL", str(seconds), *argv]
     quoted = shlex.quote(directory)
     return (
         f"(mkdir -p -- {quoted} && cd -- {quoted} && "

@@ -349,7 +349,20 @@ class Pools:
             pool.creating -= 1
         pool.failures = 0
         self.stats.created += 1
-        if await self.rows.mark_ready(pool_id, box.id):
+        # Shielded: a drain that cancels this fill now must find the sandbox among the
+        # ready ones (or see it ended), not leave it running behind the relay.
+        await shielded(self._keep(pool, pool_id, box, now, expires_at))
+
+    async def _keep(
+        self, pool: Pool, pool_id: str, box: ProviderSandbox, now: float, expires_at: float
+    ) -> None:
+        try:
+            marked = await self.rows.mark_ready(pool_id, box.id)
+        except Exception:
+            marked = False  # the store refused: a sandbox nobody can claim
+            with contextlib.suppress(Exception):
+                await self.rows.end(pool_id, self.clock(), pool.usd_per_s)
+        if marked:
             pool.ready[pool_id] = _Ready(box, now, expires_at)
             return
         await self._end(pool, pool_id, box)  # ended meanwhile: nobody will claim it

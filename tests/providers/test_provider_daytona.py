@@ -87,8 +87,8 @@ def test_egress_maps_to_block_all_or_allow_lists_and_never_widens() -> None:
 def test_the_command_line_quotes_every_word() -> None:
     line = command_line(["echo", "$(id); `x`"], {"A": "b c"}, "/workspace/a b", "/dev/null", 5)
     assert line == (
-        "(mkdir -p -- '/workspace/a b' && cd -- '/workspace/a b' && exec timeout -s KILL 7 "
-        "env -- 'A=b c' echo '$(id); `x`' < /dev/null)"
+        "(mkdir -p -- '/workspace/a b' && cd -- '/workspace/a b' && exec env -- 'A=b c' "
+        "timeout -s KILL 7 echo '$(id); `x`' < /dev/null)"
     )
 
 

@@ -1,0 +1,42 @@
+"""The admin side's query parameters with odd values: a 4xx JSON error or an answer,
+never ``500 internal``, for admin and plain tokens alike."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.relay_server import RelayProcess
+
+ODD = ["²", "\u0661\u0660", "-1", "1e3", " 7", "7\u00a0", "0x10", "9" * 400, "\x00", "%", "", "nan"]
+"""Digits only Python calls digits, numbers in other notations, control bytes, nothing."""
+MOMENTS = ["0001-01-01", "9999-12-31T23:59:59-23:59", "2026-13-01", "²⁰²⁶-01-01", "T", "\x00"]
+
+
+@pytest.fixture(scope="module")
+def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
+    server = RelayProcess(tmp_path_factory.mktemp("relay"))
+    server.add_token("boss", admin=True)
+    server.add_token("plain")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("name", ["boss", "plain"])
+def test_odd_filters_are_refused_not_internal(relay: RelayProcess, name: str) -> None:
+    token = relay.tokens[name]
+    asked = [("/v1/spend", {"days": value}) for value in ODD]
+    asked += [("/v1/runs", {"limit": value}) for value in ODD]
+    asked += [("/v1/runs", {key: value}) for key in ("since", "until") for value in MOMENTS]
+    asked += [
+        ("/v1/runs", {key: value})
+        for key in ("token", "provider", "job", "cursor", "state")
+        for value in ["\x00", "ß" * 300, "'", "%"]
+    ]
+    for path, query in asked:
+        answer = httpx.get(relay.url + path, headers=relay.headers(token), params=query, timeout=30)
+        assert answer.status_code < 500, (path, query, answer.text)
+        assert answer.headers["content-type"].startswith("application/json")
