@@ -45,10 +45,8 @@ from relay.http.app_state import AppState
 from relay.http.mcp_tools import (
     COMMAND_DESCRIPTION,
     COMMAND_SCHEMA,
-    COMMAND_TOOL,
     GET_RUN_DESCRIPTION,
     GET_RUN_SCHEMA,
-    GET_RUN_TOOL,
     RUN_OUTPUT_SCHEMA,
     input_schema,
     job_schema,
@@ -56,7 +54,7 @@ from relay.http.mcp_tools import (
     tool_names,
 )
 from relay.http.routes import authenticate
-from relay.runs.catalog import Catalog
+from relay.runs.catalog import COMMAND_TOOL, GET_RUN_TOOL, Catalog
 from relay.runs.models import RunState
 from relay.runs.service import RunRecord
 from relay.runs.view import run_model

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from relay.auth import Principal
 from relay.errors import InvalidParams, InvalidRequest, ValidationFailed
-from relay.runs.catalog import Catalog, JobSpec, ParamSpec
+from relay.runs.catalog import COMMAND_TOOL, GET_RUN_TOOL, Catalog, JobSpec, ParamSpec
 from relay.runs.models import (
     MAX_ARG_CHARS,
     MAX_ARGV_ITEMS,
@@ -30,8 +30,6 @@ from relay.runs.models import (
     Size,
 )
 
-COMMAND_TOOL = "run_command"
-GET_RUN_TOOL = "get_run"
 IDEMPOTENCY_KEY = "idempotency_key"
 MAX_ARGUMENT_DEPTH = 32
 """Deepest nesting of a tool's arguments, as of a ``POST /v1/runs`` body."""

@@ -29,6 +29,10 @@ OVERRIDABLE = frozenset(
 )
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+COMMAND_TOOL = "run_command"
+GET_RUN_TOOL = "get_run"
+RESERVED_NAMES = frozenset({COMMAND_TOOL, GET_RUN_TOOL})
+"""Names no job may take: ``/mcp`` lists each job as a tool of its name beside these."""
 _JOB_KEYS = {
     "description",
     "command",
@@ -278,6 +282,8 @@ def load_job(directory: Path) -> JobSpec:
     name = directory.name
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", name):
         raise _fail(path, "the folder name is the job name: lower-case letters, digits, '-', '_'")
+    if name in RESERVED_NAMES:
+        raise _fail(path, f"{name!r} is the name of one of /mcp's own tools; choose another")
     extra = sorted(set(data) - _JOB_KEYS)
     if extra:
         raise _fail(path, f"{extra[0]}: unknown field{_suggestion(extra[0], _JOB_KEYS)}")

@@ -148,3 +148,13 @@ def test_per_provider_images(tmp_path: Path) -> None:
     assert image_for("modal", "mine:1", job, job.image) == "mine:1"
     with pytest.raises(ConfigError, match="images"):
         load_job(write_job(tmp_path, "k", 'command = ["x"]\nimages = { e2b = 1 }\n'))
+
+
+@pytest.mark.parametrize("name", ["run_command", "get_run"])
+def test_a_job_may_not_take_the_name_of_an_mcp_tool(tmp_path: Path, name: str) -> None:
+    """/mcp lists each job as a tool of its name beside its own two: a job named like one
+    would be unreachable, or show a raw-command tool to a token without the scope."""
+    write_job(tmp_path, name, 'command = ["echo"]')
+    with pytest.raises(ConfigError) as caught:
+        Catalog.load(tmp_path)
+    assert "/mcp" in caught.value.message
