@@ -1,28 +1,18 @@
-"""Serve the fake on 127.0.0.1 in a background thread with its own event loop."""
+"""Serve the fake Vercel on 127.0.0.1 in a background thread (tests/fakes/threaded.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
-import uvicorn
-
+from tests.fakes.threaded import RunningFake, serving
 from tests.fakes.vercel.app import build_app
 from tests.fakes.vercel.ledger import Faults, Ledger
 from tests.fakes.vercel.world import World
 
 
-@dataclass
-class FakeVercel:
-    """A running fake: its URL, ground truth and fault switches."""
-
-    url: str
-    world: World
-    loop: asyncio.AbstractEventLoop
+class FakeVercel(RunningFake[World]):
+    """A running fake Vercel: its URL, ground truth and fault switches."""
 
     @property
     def ledger(self) -> Ledger:
@@ -32,87 +22,13 @@ class FakeVercel:
     def faults(self) -> Faults:
         return self.world.faults
 
-    def reset(self) -> None:
-        """Clear every fault (and release a hanging create)."""
-        self.world.faults.reset()
-        self.loop.call_soon_threadsafe(self._release_hang)
-
-    def _release_hang(self) -> None:
-        self.world.hang.set()
-        self.world.hang = asyncio.Event()
-
-    def call(self, function_name: str, *args: object) -> None:
-        """Run a World method (``stop``, ``vanish``, ``destroy``) on the fake's loop."""
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                getattr(self.world, function_name)(*args)
-            finally:
-                done.set()
-
-        self.loop.call_soon_threadsafe(run)
-        done.wait(5)
-
-
-def _free_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
-
 
 @contextmanager
 def running_fake(port: int = 0) -> Iterator[FakeVercel]:
     """Serve a fresh fake; on exit kill every process it started and stop serving."""
-    sock = _free_socket() if port == 0 else socket.create_server(("127.0.0.1", port))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    holder: dict[str, object] = {}
-
-    async def serve() -> None:
-        world = World()
-        holder["world"] = world
-        config = uvicorn.Config(
-            build_app(world),
-            log_level="warning",
-            lifespan="off",
-            ws="none",
-            http="h11",
-            timeout_graceful_shutdown=1,
-        )
-        server = uvicorn.Server(config)
-        holder["server"] = server
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        ready.set()
-        await task
-        await world.shutdown()
-
-    def main() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(serve())
-        finally:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-    thread = threading.Thread(target=main, name="fake-vercel", daemon=True)
-    thread.start()
-    if not ready.wait(10):
-        raise RuntimeError("the fake Vercel server did not start")
-    world = holder["world"]
-    assert isinstance(world, World)
-    fake = FakeVercel(url=url, world=world, loop=loop)
-    try:
-        yield fake
-    finally:
-        server = holder["server"]
-        assert isinstance(server, uvicorn.Server)
-        # Kill every process first, so open NDJSON streams end and shutdown is quick.
-        asyncio.run_coroutine_threadsafe(world.shutdown(), loop).result(15)
-        server.should_exit = True
-        thread.join(15)
-        sock.close()
+    with serving("Vercel", World, lambda world, url: build_app(world), port, ws="none") as (
+        url,
+        world,
+        loop,
+    ):
+        yield FakeVercel(url=url, world=world, loop=loop)
