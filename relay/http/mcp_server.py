@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from typing import Any
 
@@ -53,7 +54,7 @@ from relay.http.mcp_tools import (
     run_request,
     tool_names,
 )
-from relay.http.routes import authenticate
+from relay.http.routes import authenticate, state_of
 from relay.runs.catalog import COMMAND_TOOL, GET_RUN_TOOL, Catalog
 from relay.runs.models import RunState
 from relay.runs.service import RunRecord
@@ -68,6 +69,8 @@ CHECK_S = 1.0
 CANCEL_S = 30.0
 """Longest wait for a canceled call's run to be stopped."""
 MAX_SESSIONS_PER_TOKEN = 32
+OWNER_SEPARATOR = "#"
+"""Between a session owner's token name and its credential's digest (names hold no '#')."""
 """Open sessions one token may hold: a session lives until it idles 30 minutes, and the
 SDK's room (10 000) is shared, so one token must not fill it and lock the others out."""
 
@@ -116,8 +119,13 @@ class McpEndpoint:
                 "(DELETE /mcp) or let one idle out"
             )
         scope[PRINCIPAL_KEY] = principal
-        # An AuthenticatedUser lets the SDK pin each session to the token that opened it.
-        token = AccessToken(token=principal.name, client_id=principal.name, scopes=[])
+        # An AuthenticatedUser lets the SDK pin each session to the token that opened it:
+        # its name and its value's digest, so a rotated token (or a new one given a revoked
+        # token's name) does not inherit the sessions the old value opened.
+        credential = request.headers.get(state_of(request).settings.auth_header, "")
+        digest = hashlib.sha256(credential.encode()).hexdigest()[:32]
+        owner = f"{principal.name}{OWNER_SEPARATOR}{digest}"
+        token = AccessToken(token=owner, client_id=owner, scopes=[])
         scope["user"] = AuthenticatedUser(token)
         scope["auth"] = AuthCredentials([])
         await self.transport(scope, receive, send)
@@ -125,7 +133,11 @@ class McpEndpoint:
     def sessions_of(self, name: str) -> int:
         """The open sessions the token ``name`` started (the SDK pins each to its owner)."""
         owners = self.manager._session_owners
-        return sum(1 for owner in owners.values() if owner["client_id"] == name)
+        return sum(
+            1
+            for owner in owners.values()
+            if str(owner["client_id"]).rpartition(OWNER_SEPARATOR)[0] == name
+        )
 
     # -- handlers ------------------------------------------------------------------------
 

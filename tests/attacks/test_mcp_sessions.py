@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from relay.auth import rotate_token
 from relay.http.mcp_server import MAX_SESSIONS_PER_TOKEN
 from tests.relay_server import RelayProcess
 
@@ -57,3 +58,24 @@ def test_one_token_cannot_hold_every_mcp_session(relay: RelayProcess) -> None:
         )
         assert ended.status_code == 200
         assert open_session(greedy).status_code == 200
+
+
+def test_a_rotated_token_does_not_inherit_the_old_values_sessions(relay: RelayProcess) -> None:
+    """Rotating a leaked token cuts off what its old value opened: the new value, same name,
+    is not the session's owner."""
+    relay.add_token("rotated", jobs=["echo"])
+    with httpx.Client(base_url=relay.url, timeout=10) as client:
+        old = relay.tokens["rotated"]
+        opened = client.post("/mcp", json=INITIALIZE, headers=relay.headers(old, **ACCEPT))
+        assert opened.status_code == 200
+        session = {"Mcp-Session-Id": opened.headers["mcp-session-id"]}
+        new = rotate_token(relay.tokens_file, "rotated")
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        answer = client.post("/mcp", json=listing, headers=relay.headers(new, **ACCEPT, **session))
+        assert answer.status_code == 404
+        assert (
+            client.post(
+                "/mcp", json=listing, headers=relay.headers(old, **ACCEPT, **session)
+            ).status_code
+            == 401
+        )  # the old value is no token any more
