@@ -328,7 +328,9 @@ class Pools:
         now = self.clock()
         expires_at = now + self.settings.pool_idle_s
         try:
-            await self.rows.add(self._record(pool, pool_id, now, expires_at))
+            record = self._record(pool, pool_id, now, expires_at)
+            if not await self.rows.add(record, self.settings.pool_max):
+                return  # other replicas filled the room meanwhile: nothing was created
             try:
                 box = await pool.provider.created(self.spec(pool, pool_id))
             except BaseException:

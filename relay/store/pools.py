@@ -57,15 +57,33 @@ def _idle(now: float, usd_per_s: float) -> dict[str, Any]:
     return {"idle_s": seconds, "idle_usd": seconds * usd_per_s}
 
 
+CAP_LOCK = 7_241_004
+"""PostgreSQL advisory lock held while a replica counts and adds a pooled sandbox."""
+
+
 class PoolRows:
     """Queries on the ``pooled`` table, through the relay's one store."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    async def add(self, record: PoolRecord) -> None:
+    async def add(self, record: PoolRecord, cap: int) -> bool:
+        """Write the row of a sandbox about to be created, unless ``cap`` pooled sandboxes
+        (every replica's) are waiting already: False then. The count and the insert are one
+        transaction, under a lock on PostgreSQL, so replicas refilling at once never pass
+        ``RELAY_POOL_MAX`` together (SQLite has one writer)."""
         values = asdict(record)
-        await self.store.run(lambda conn: conn.execute(pooled.insert().values(**values)))
+        waiting = sa.select(sa.func.count()).where(pooled.c.state.in_(WAITING))
+
+        def work(conn: Connection) -> bool:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({CAP_LOCK})"))
+            if int(conn.scalar(waiting) or 0) >= cap:
+                return False
+            conn.execute(pooled.insert().values(**values))
+            return True
+
+        return await self.store.run(work)
 
     async def mark_ready(self, pool_id: str, sandbox_id: str) -> bool:
         """The sandbox exists; False when the row was ended meanwhile (by the reaper)."""

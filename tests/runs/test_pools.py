@@ -31,7 +31,7 @@ from relay.runs.service import RunService
 from relay.settings import Settings
 from relay.store import retention
 from relay.store.database import Store
-from relay.store.pools import CLAIMED, ENDED, READY, PoolRecord, PoolRows
+from relay.store.pools import CLAIMED, CREATING, ENDED, READY, PoolRecord, PoolRows
 from relay.store.records import RunRecord
 from tests.conftest import make_settings
 
@@ -221,7 +221,8 @@ async def test_the_store_gives_a_sandbox_to_one_claim_only(database_url: str) ->
                     memory_mb=1024,
                     created_at=now,
                     expires_at=now + (60 if index else -1),  # the first one: idle too long
-                )
+                ),
+                cap=100,
             )
         claims = await asyncio.gather(
             *(rows[i % 2].claim("one", "s", f"run_{i}", now, 0.0) for i in range(16)),
@@ -234,6 +235,37 @@ async def test_the_store_gives_a_sandbox_to_one_claim_only(database_url: str) ->
         states = {row.id: row.state for row in (await rows[0].by_id([r.id for r in won])).values()}
         assert set(states.values()) == {CLAIMED}
         assert await rows[1].claim("one", "s", "run_late", now, 0.0) is None
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_replicas_adding_at_once_never_pass_the_cap_together(database_url: str) -> None:
+    """RELAY_POOL_MAX holds across replicas: the count and the insert are one transaction
+    (under a lock on PostgreSQL; SQLite has one writer, one replica)."""
+    replicas = 1 if database_url.startswith("sqlite") else 3
+    stores = [await Store.open(database_url) for _ in range(replicas)]
+    try:
+        rows = [PoolRows(store) for store in stores]
+        now = time.time()
+
+        def record(index: int) -> PoolRecord:
+            return PoolRecord(
+                id=f"{POOL_PREFIX}cap{index}",
+                shape="s",
+                job="warm",
+                provider="memory",
+                holder=f"replica-{index % replicas}",
+                state=CREATING,
+                cpu=1.0,
+                memory_mb=1024,
+                created_at=now,
+                expires_at=now + 60,
+            )
+
+        added = await asyncio.gather(*(rows[i % replicas].add(record(i), cap=3) for i in range(12)))
+        assert sum(added) == 3
+        assert await rows[0].waiting() == 3
     finally:
         for store in stores:
             await store.close()
@@ -259,7 +291,7 @@ async def test_retention_deletes_old_ended_pool_rows_only(tmp_path: Path) -> Non
             created_at=created,
             expires_at=created + 1,
         )
-        await rows.add(record)
+        await rows.add(record, cap=100)
     assert (await retention.prune(store, now - 50)).pooled == 1
     left = await rows.by_id([POOL_PREFIX + name for name in ("old", "new", "idle")])
     await store.close()
