@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from relay.http.console_page import ASSETS, CONTENT_SECURITY_POLICY
+from relay.http.operator import MAX_SPEND_DAYS
 from tests.relay_server import REPO, RelayProcess
 
 CHROMIUM = "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else shutil.which("chromium")
@@ -92,6 +93,8 @@ def test_admin_scope_reads_every_token_and_the_rest_stays_per_token(relay: Relay
     nightly_limits = next(t for t in spend["tokens"] if t["token"] == "nightly")["limits"]
     assert nightly_limits["runs_per_day"] == 50
     assert relay.get(admin, "/v1/spend", days="0").status_code == 400
+    assert relay.get(admin, "/v1/spend", days=str(MAX_SPEND_DAYS)).status_code == 200
+    assert relay.get(admin, "/v1/spend", days=str(MAX_SPEND_DAYS + 1)).status_code == 400
 
 
 def test_pages_and_assets_answer_under_a_strict_policy(relay: RelayProcess) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from relay.errors import ConfigError, InvalidParams
-from relay.runs.catalog import Catalog, load_job
+from relay.runs.catalog import MAX_WARM, Catalog, load_job
 from tests.conftest import REPO
 
 
@@ -158,3 +158,12 @@ def test_a_job_may_not_take_the_name_of_an_mcp_tool(tmp_path: Path, name: str) -
     with pytest.raises(ConfigError) as caught:
         Catalog.load(tmp_path)
     assert "/mcp" in caught.value.message
+
+
+def test_warm_is_taken_up_to_its_bound_and_refused_past_it(tmp_path: Path) -> None:
+    write_job(tmp_path, "most", f'command = ["echo"]\nwarm = {MAX_WARM}')
+    assert Catalog.load(tmp_path).jobs["most"].warm == MAX_WARM
+    write_job(tmp_path, "more", f'command = ["echo"]\nwarm = {MAX_WARM + 1}')
+    with pytest.raises(ConfigError) as caught:
+        Catalog.load(tmp_path)
+    assert "warm: must be a whole number from 0" in caught.value.message
