@@ -31,6 +31,7 @@ from relay.settings import Settings
 
 if TYPE_CHECKING:
     from relay.providers.base import Provider
+    from relay.providers.probe import ProbeResult
 
 DEV_TOKEN_FILE = Path(".relay-dev-token")
 
@@ -449,10 +450,27 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return asyncio.run(_prune(settings, days, args.dry_run))
 
 
-def cmd_probe(args: argparse.Namespace) -> int:
+async def _probe(name: str, settings: Settings) -> ProbeResult:
+    """The probe, and the provider's warm pools where the store already holds some: today
+    (UTC) and relay-wide, like an admin token's ``/v1/usage``."""
     from relay.providers.probe import run_probe
+    from relay.store.limits import day_start
+    from relay.store.pools import read_summary
 
-    result = asyncio.run(run_probe(args.provider, _settings()))
+    result = await run_probe(name, settings)
+    pools = await read_summary(settings.database_url, name, day_start(time.time()))
+    if pools is not None:
+        result.pool = {
+            "pool_ready": str(pools.ready),
+            "pool_claimed": str(pools.claimed),
+            "pool_idle_s": str(round(pools.idle_s)),
+            "pool_idle_usd": f"{pools.idle_usd:.6f}",
+        }
+    return result
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    result = asyncio.run(_probe(args.provider, _settings()))
     print(result.line(), flush=True)
     if not result.ok:
         print(f"error: {result.error}", file=sys.stderr)

@@ -1,11 +1,17 @@
 """``relay probe PROVIDER``: create a sandbox, run ``echo ok``, terminate it, and say how
 long each step took, in one dated line.
 
-It talks to the provider directly (no relay server, no store, no token), with the same
-settings and code the relay uses, so it is the first thing to run for a new provider
-or key. The sandbox is tagged as a probe's (run id ``probe_…``) and ended by the probe;
-a running relay's reaper leaves it alone until it is past a probe's lifetime, then ends
-it (if terminating it here failed).
+It talks to the provider directly (no relay server, no token), with the same settings
+and code the relay uses, so it is the first thing to run for a new provider or key. The
+sandbox is tagged as a probe's (run id ``probe_…``) and ended by the probe; a running
+relay's reaper leaves it alone until it is past a probe's lifetime, then ends it (if
+terminating it here failed).
+
+The store is only read, and only for the line's pool words: where ``RELAY_DATABASE_URL``
+names a store that already holds pooled rows of this provider, ``relay probe`` (relay/cli.py)
+adds ``pool_ready=N pool_claimed=N pool_idle_s=N pool_idle_usd=X`` before ``limits=``
+(:attr:`ProbeResult.pool`; relay/store/pools.py reads them without creating or migrating
+anything). A store that is missing, unreachable or older leaves the line as it was.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class ProbeResult:
     failed_step: str | None = None
     error: str | None = None
     limits: dict[str, str | bool] | None = None
+    pool: dict[str, str] = field(default_factory=dict)
+    """The provider's warm pools, relay-wide, as ``key=value`` words (empty: none)."""
 
     @property
     def ok(self) -> bool:
@@ -60,6 +68,11 @@ class ProbeResult:
         ]
         if self.sandbox_id:
             words.append(f"sandbox={self.sandbox_id}")
+        words += [f"{name}={value}" for name, value in self.pool.items()]
+        if self.pool and self.limits is None:
+            # Key=value words are read up to a closing `limits=`: a provider that
+            # reports no limits of its own says `none`, so the line still parses.
+            words.append("limits=none")
         if self.limits is not None:
             words += [
                 f"{name}={value}" for name, value in self.limits.items() if isinstance(value, str)

@@ -6,17 +6,26 @@ names the state it leaves: a run's claim (``ready`` → ``claimed``), an expiry 
 (``ready`` → ``ended``) and the reaper (anything → ``ended``) can race, across replicas
 too, and exactly one of them wins. The idle time (created → claimed or ended) and what it
 cost are written by the change that ends it.
+
+:func:`read_summary` is ``relay probe``'s read of one provider's pools: it opens the store
+read-only and never creates or migrates it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sqlite3
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import create_async_engine
 
+from relay.store.connection import database_url
 from relay.store.database import Store
 from relay.store.schema import pooled
 
@@ -179,3 +188,79 @@ class PoolRows:
         ).where(pooled.c.created_at >= since)
         seconds, usd = await self.store.read(lambda conn: conn.execute(query).one())
         return float(seconds), float(usd)
+
+
+@dataclass(frozen=True)
+class PoolSummary:
+    """One provider's warm pools, relay-wide (every replica), as ``relay probe`` shows them."""
+
+    ready: int
+    """Ready now, waiting for a run."""
+    claimed: int
+    """Claimed by a run since ``since``."""
+    idle_s: float
+    """Idle time of the sandboxes created since ``since`` whose idle time has ended."""
+    idle_usd: float
+
+
+SUMMARY_TIMEOUT_S = 3.0
+"""How long ``relay probe`` waits for the store before it prints its line without it."""
+
+
+def _summary(conn: Connection, provider: str, since: float) -> PoolSummary | None:
+    def count(condition: sa.ColumnElement[bool]) -> sa.ColumnElement[int]:
+        return sa.func.coalesce(sa.func.sum(sa.case((condition, 1), else_=0)), 0)
+
+    def total(column: sa.ColumnElement[float]) -> sa.ColumnElement[float]:
+        return sa.func.coalesce(sa.func.sum(sa.case((pooled.c.created_at >= since, column))), 0.0)
+
+    query = sa.select(
+        sa.func.count(),
+        count(pooled.c.state == READY),
+        count(pooled.c.claimed_at >= since),
+        total(pooled.c.idle_s),
+        total(pooled.c.idle_usd),
+    ).where(pooled.c.provider == provider)
+    rows, ready, claimed, idle_s, idle_usd = conn.execute(query).one()
+    if not rows:
+        return None
+    return PoolSummary(int(ready), int(claimed), float(idle_s), float(idle_usd))
+
+
+async def read_summary(url: str, provider: str, since: float) -> PoolSummary | None:
+    """``provider``'s pools in the store at ``url``, read without creating, migrating or
+    writing anything; None when the store is not there, not reachable within
+    :data:`SUMMARY_TIMEOUT_S`, older than warm pools, or holds no pooled row of
+    ``provider`` (``relay probe`` then prints its line as before)."""
+    try:
+        async with asyncio.timeout(SUMMARY_TIMEOUT_S):
+            return await _read_summary(database_url(url), provider, since)
+    except Exception:  # whatever it is, the probe is about the provider, not the store
+        return None
+
+
+def _read_sqlite(path: str, provider: str, since: float) -> PoolSummary | None:
+    if path in ("", ":memory:") or not os.path.isfile(path):
+        return None  # ``mode=ro`` creates nothing either; this says why, without an error
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    engine = sa.create_engine(
+        "sqlite+pysqlite://",
+        creator=lambda: sqlite3.connect(uri, uri=True),
+        poolclass=sa.pool.NullPool,
+    )
+    try:
+        with engine.connect() as conn:
+            return _summary(conn, provider, since)
+    finally:
+        engine.dispose()
+
+
+async def _read_summary(url: sa.URL, provider: str, since: float) -> PoolSummary | None:
+    if url.get_backend_name() == "sqlite":
+        return await asyncio.to_thread(_read_sqlite, url.database or "", provider, since)
+    remote = create_async_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        async with remote.connect() as conn:
+            return await conn.run_sync(_summary, provider, since)
+    finally:
+        await remote.dispose()

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,7 +20,12 @@ from typing import Any
 
 import pytest
 
+from relay.cli import _probe
 from relay.providers.probe import run_probe
+from relay.store.database import Store
+from relay.store.limits import day_start
+from relay.store.pools import CLAIMED, ENDED, READY, PoolRecord, PoolRows, PoolSummary, read_summary
+from tests.conftest import make_settings
 
 CANARY = "probe-canary-c4f2"
 LINE = re.compile(
@@ -118,3 +126,74 @@ async def test_cloud_probe_through_the_real_sdk_leaves_nothing_alive(provider: s
         assert set(result.timings_ms) == {"create", "exec", "terminate"}
         assert LINE.match(result.line()), result.line()
         assert fake.ledger.alive() == set()
+
+
+def pooled_row(
+    name: str, provider: str, state: str, created_at: float, **values: Any
+) -> PoolRecord:
+    return PoolRecord(
+        id=f"pool_{name}",
+        shape="s",
+        job="warm",
+        provider=provider,
+        holder="replica-a" if name < "m" else "replica-b",
+        state=state,
+        cpu=1.0,
+        memory_mb=1024,
+        created_at=created_at,
+        expires_at=created_at + 60,
+        **values,
+    )
+
+
+async def test_a_probe_shows_the_providers_warm_pools_when_the_store_has_some(
+    tmp_path: Path,
+) -> None:
+    """Relay-wide (both holders) and today's (UTC), like an admin's /v1/usage: ready now,
+    claimed today, idle time and cost of today's; other providers' rows are not counted.
+    A store that is missing or older leaves the line as before, and is not created."""
+    today = day_start(time.time()) + 1
+    store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
+    rows = PoolRows(store)
+    for record in (
+        pooled_row("ready", "memory", READY, today),
+        pooled_row(
+            "claimed", "memory", CLAIMED, today, claimed_at=today + 4, idle_s=4.2, idle_usd=0.5
+        ),
+        pooled_row("old", "memory", ENDED, today - 2 * 86_400, idle_s=300, idle_usd=9),
+        pooled_row("other", "local", READY, today, idle_s=50, idle_usd=5),
+    ):
+        await rows.add(record, cap=100)
+    await store.close()
+
+    done = probe("memory", tmp_path, RELAY_DATABASE_URL=f"sqlite:///{tmp_path / 'relay.db'}")
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    [line] = done.stdout.splitlines()
+    assert LINE.match(line), line
+    assert line.endswith(
+        " pool_ready=1 pool_claimed=1 pool_idle_s=4 pool_idle_usd=0.500000 limits=none"
+    ), line
+
+    older = tmp_path / "older.db"
+    with contextlib.closing(sqlite3.connect(older)) as conn:
+        conn.execute("CREATE TABLE meta (key TEXT, value TEXT)")
+    unreachable = "postgresql://relay@127.0.0.1:1/relay"  # nothing listens on port 1
+    for url in (f"sqlite:///{tmp_path / 'missing.db'}", f"sqlite:///{older}", unreachable):
+        result = await _probe("memory", make_settings(tmp_path, database_url=url))
+        assert result.ok and result.pool == {} and LINE.match(result.line())
+        assert "pool_" not in result.line() and "limits" not in result.line()
+    assert not (tmp_path / "missing.db").exists()
+
+
+async def test_the_pool_summary_reads_either_store(database_url: str) -> None:
+    store = await Store.open(database_url)
+    today = day_start(time.time()) + 1
+    try:
+        await PoolRows(store).add(
+            pooled_row("ended", "memory", ENDED, today, idle_s=2.0, idle_usd=0.25), cap=100
+        )
+    finally:
+        await store.close()
+    summary = await read_summary(database_url, "memory", today - 1)
+    assert summary == PoolSummary(ready=0, claimed=0, idle_s=2.0, idle_usd=0.25)
+    assert await read_summary(database_url, "e2b", today - 1) is None
