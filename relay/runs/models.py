@@ -399,8 +399,9 @@ class UsageWindow(BaseModel):
     active: int
     pool_idle_seconds: float = Field(
         0.0,
-        description="Seconds warm-pool sandboxes waited for a run (the whole relay's, "
-        "not this token's), billed by the providers.",
+        description="Seconds warm-pool sandboxes waited for a run, billed by the "
+        "providers: of those this token's runs claimed (an admin token: the whole relay's, "
+        "claimed or not). Not counted in the token's USD limits.",
     )
     pool_idle_usd: float = Field(0.0, description="What that idle time cost, in USD.")
 

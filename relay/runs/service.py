@@ -275,13 +275,15 @@ class RunService:
         return await self.get(principal, run_id)
 
     async def usage(self, principal: Principal) -> tuple[Usage, Usage]:
-        """The token's usage today and this month (UTC), with the relay's warm pools'
-        idle time and cost (the whole relay's: no token owns an idle sandbox)."""
+        """The token's usage today and this month (UTC), with the warm pools' idle time
+        and cost: of the pooled sandboxes its runs claimed, or the whole relay's for an
+        admin token. Not in the token's USD limits: the operator chose the pool."""
         now = self.clock()
         windows = []
+        claimed_by = None if principal.admin else principal.name
         for since in (day_start(now), month_start(now)):
             usage = await self.store.usage(principal.name, since)
-            seconds, usd = await self.pools.rows.idle_since(since)
+            seconds, usd = await self.pools.rows.idle_since(since, claimed_by)
             windows.append(dataclasses.replace(usage, pool_idle_s=seconds, pool_idle_usd=usd))
         return windows[0], windows[1]
 

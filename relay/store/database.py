@@ -124,7 +124,8 @@ class Usage:
     usd: float
     active: int
     pool_idle_s: float = 0.0
-    """Warm pools' idle sandbox seconds in the window (the whole relay's)."""
+    """Warm pools' idle sandbox seconds in the window (of the sandboxes the token's runs
+    claimed; an admin token's: the whole relay's)."""
     pool_idle_usd: float = 0.0
 
 

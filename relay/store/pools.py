@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from relay.store.connection import database_url
 from relay.store.database import Store
-from relay.store.schema import pooled
+from relay.store.schema import pooled, runs
 
 CREATING, READY, CLAIMED, ENDED = "creating", "ready", "claimed", "ended"
 WAITING = (CREATING, READY)
@@ -179,13 +179,16 @@ class PoolRows:
         count: int | None = await self.store.read(lambda conn: conn.scalar(query))
         return int(count or 0)
 
-    async def idle_since(self, since: float) -> tuple[float, float]:
+    async def idle_since(self, since: float, token: str | None = None) -> tuple[float, float]:
         """Idle seconds and their USD of pooled sandboxes created since ``since`` whose
-        idle time has ended (claimed or ended)."""
+        idle time has ended (claimed or ended): every one, or with ``token`` only those
+        that runs of that token claimed."""
         query = sa.select(
             sa.func.coalesce(sa.func.sum(pooled.c.idle_s), 0.0),
             sa.func.coalesce(sa.func.sum(pooled.c.idle_usd), 0.0),
         ).where(pooled.c.created_at >= since)
+        if token is not None:
+            query = query.join(runs, runs.c.id == pooled.c.run_id).where(runs.c.token == token)
         seconds, usd = await self.store.read(lambda conn: conn.execute(query).one())
         return float(seconds), float(usd)
 

@@ -180,7 +180,7 @@ async def test_idle_sandboxes_expire_are_replaced_and_their_cost_is_recorded(
         await until(lambda: service.pools.stats.expired >= 2 and service.pools.ready == 2)
         assert first.isdisjoint(world.alive())  # the idle ones were terminated and replaced
         assert {world.boxes[box].ended_by for box in first} == {"run"}
-        today, month = await service.usage(PRINCIPAL)
+        today, month = await service.usage(Principal(name="ops", admin=True))
         assert today.pool_idle_s >= 1.0 and today.pool_idle_usd >= 0.5  # 0.5 vCPU (small)
         assert month.pool_idle_s == today.pool_idle_s
         metrics = Metrics()
@@ -369,3 +369,47 @@ warm = {warm}
         assert await local.list_owned() == []
         await local.aclose()
         await store.close()
+
+
+async def test_usage_shows_a_token_the_idle_time_of_the_sandboxes_its_runs_claimed(
+    tmp_path: Path,
+) -> None:
+    """Each token sees the idle time and cost of the pooled sandboxes its own runs claimed;
+    an admin token sees the whole relay's, a sandbox that expired unclaimed included."""
+    offset = [0.0]
+    settings = memory_settings(
+        tmp_path, pool_idle_s=120, cost_rates={"memory": {"vcpu_s": 1.0, "gib_s": 0.0}}
+    )
+    alice, bob = Principal(name="alice"), Principal(name="bob")
+    admin = Principal(name="ops", admin=True)
+    async with relay(settings, MemoryWorld(), clock=lambda: time.time() + offset[0]) as service:
+        await until(lambda: service.pools.ready == 2)
+        rate = service.pools.pools[("warm", "memory")].usd_per_s
+        expired = PoolRecord(
+            id=POOL_PREFIX + "expired",
+            shape="s",
+            job="warm",
+            provider="memory",
+            holder="one",
+            state=ENDED,
+            cpu=0.5,
+            memory_mb=512,
+            created_at=time.time(),
+            expires_at=time.time(),
+            idle_s=100.0,
+            idle_usd=50.0,
+        )
+        await service.pools.rows.add(expired, cap=100)
+        for principal, idle_s in ((alice, 10.0), (bob, 30.0)):
+            offset[0] = idle_s  # both pooled sandboxes were made at 0: idle this long
+            request = RunRequest.model_validate({"job": "warm", "files": {"secret.txt": "x"}})
+            submitted, _ = await service.submit(principal, request, None)
+            done = await service.wait(submitted.id, 10)
+            assert timings(done)["pooled"] is True
+        seen = {p.name: (await service.usage(p))[0] for p in (alice, bob, admin)}
+    assert seen["alice"].pool_idle_s == pytest.approx(10, abs=1)
+    assert seen["alice"].pool_idle_usd == pytest.approx(10 * rate, rel=0.1)
+    assert seen["bob"].pool_idle_s == pytest.approx(30, abs=1)
+    assert seen["ops"].pool_idle_s == pytest.approx(10 + 30 + 100, abs=2)
+    assert seen["ops"].pool_idle_usd == pytest.approx((10 + 30) * rate + 50, rel=0.1)
+    assert seen["alice"].usd < 1  # the idle cost is not the token's spend (nor its limits')
