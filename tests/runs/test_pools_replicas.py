@@ -95,6 +95,7 @@ async def test_two_replicas_share_one_cap_and_never_share_a_sandbox(
                 await until(lambda: a.ready + b.ready >= CAP)
                 answers += await asyncio.gather(*(send(c) for c in [first, second] * 3))
             await asyncio.sleep(0.3)  # a few reaper sweeps on both, with both alive
+            usage = (await second.get("/v1/usage", headers=headers)).json()["today"]
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -119,6 +120,9 @@ async def test_two_replicas_share_one_cap_and_never_share_a_sandbox(
         assert owners[row.run_id] == row.holder  # only its holder's runs claim it
         assert row.sandbox_id == next(r["sandbox_id"] for r in served if r["id"] == row.run_id)
     assert {row.holder for row in claimed} == {"replica-a", "replica-b"}
+    # The token's /v1/usage: the idle time of the sandboxes its runs claimed, on either
+    # replica; not that of those drained unclaimed at shutdown.
+    assert usage["pool_idle_seconds"] == pytest.approx(sum(row.idle_s for row in claimed), abs=0.01)
     assert max(waiting_seen) == CAP  # RELAY_POOL_MAX over both replicas
     assert world.alive() == set()
     assert {row.state for row in every} == {ENDED}
