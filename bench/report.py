@@ -97,6 +97,21 @@ def targets(results: Results) -> list[tuple[str, str, bool]]:
     if 10 in sqlite and 10 in base:
         extra = sqlite[10].p99_ms - base[10].p99_ms
         out.append(("(1) p99 overhead at concurrency 10 < 10 ms", f"{_ms(extra)} ms", extra < 10))
+    both = [level for level in (10, 50) if level in sqlite and level in floor]
+    if both:  # issue 24's per-run extras: what the relay adds to the stack's own floor
+        ratios = {level: sqlite[level].server_cpu_ms / floor[level].server_cpu_ms for level in both}
+        measured = "; ".join(
+            f"c={level}: {ratio:.2f}x ({sqlite[level].server_cpu_ms:.2f} vs "
+            f"{floor[level].server_cpu_ms:.2f} ms)"
+            for level, ratio in ratios.items()
+        )
+        out.append(
+            (
+                "(1) relay CPU per run ≤ 1.5x the stack's floor (SQLite)",
+                measured,
+                max(ratios.values()) <= 1.5,
+            )
+        )
     relay_wait = results.waiting.get("relay")
     if relay_wait is not None:
         out.append(

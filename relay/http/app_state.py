@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.requests import Request
 
@@ -15,6 +16,10 @@ from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.settings import Settings
 from relay.store.database import Store
+
+MAX_BASE_URLS = 64
+"""Ways of reaching the relay whose URL is remembered; a Host header is the caller's, so
+past this many the URL is built each time instead of the cache growing."""
 
 
 @dataclass
@@ -30,8 +35,24 @@ class AppState:
     reaper: Reaper | None = None
     events: EventBus | None = None
     live: LiveRuns | None = None
+    _base_urls: dict[tuple[Any, ...], str] = field(default_factory=dict, repr=False)
 
     def base_url(self, request: Request) -> str:
+        """The relay's URL: ``RELAY_PUBLIC_URL``, else as this request reached it."""
         if self.settings.public_url:
             return self.settings.public_url.rstrip("/")
-        return str(request.base_url).rstrip("/")
+        scope = request.scope
+        # Built once per way the relay is reached (a few): URL parsing is not free, and
+        # every run's answer carries it in its Location.
+        key = (
+            scope.get("scheme"),
+            repr(scope.get("server")),  # a tuple from uvicorn, a list from some servers
+            scope.get("root_path", ""),
+            request.headers.get("host"),
+        )
+        found = self._base_urls.get(key)
+        if found is None:
+            found = str(request.base_url).rstrip("/")
+            if len(self._base_urls) < MAX_BASE_URLS:
+                self._base_urls[key] = found
+        return found

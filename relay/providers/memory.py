@@ -241,9 +241,13 @@ class MemoryWorld:
         self._answer(api_key)
         box = self._box(box_id)
         command = Command()
-        box.commands.add(command)
-        command.task = asyncio.create_task(_ran(program, command))
-        command.task.add_done_callback(lambda _: box.commands.discard(command))
+        started = program(command)
+        if isinstance(started, int):  # a built-in that ended at once: no task to wait for
+            command.end(started)
+        else:
+            box.commands.add(command)
+            command.task = asyncio.create_task(_ran(started, command))
+            command.task.add_done_callback(lambda _: box.commands.discard(command))
         if self.faults.vanish_after_s is not None:
             asyncio.get_running_loop().call_later(
                 self.faults.vanish_after_s, self.end, box_id, "vanished"
@@ -276,12 +280,13 @@ class MemoryWorld:
             stop(command)
 
 
-Program = Callable[[Command], Awaitable[int]]
+Program = Callable[[Command], "int | Awaitable[int]"]
+"""A command: its exit code when it ends at once, else what to await for it."""
 
 
-async def _ran(program: Program, command: Command) -> None:
+async def _ran(running: Awaitable[int], command: Command) -> None:
     try:
-        command.end(await program(command))
+        command.end(await running)
     except asyncio.CancelledError:
         command.end(None)  # killed, as with its sandbox
 
@@ -381,10 +386,13 @@ class Shell:
     stdin: bytes | None
     env: Mapping[str, str]
 
-    async def run(self, argv: Sequence[str], command: Command) -> int:
+    def run(self, argv: Sequence[str], command: Command) -> int | Awaitable[int]:
+        """The exit code of a built-in that ends at once; a script or ``sleep`` is awaited."""
         if len(argv) == 3 and argv[0] == "sh" and argv[1] == "-c":
-            return await self.script(argv[2], command)
-        return await self.builtin(argv, command, "stdout")
+            return self.script(argv[2], command)
+        if argv[:1] == ["sleep"]:
+            return self.sleep(argv[1:])
+        return self.builtin(argv, command, "stdout")
 
     async def script(self, text: str, command: Command) -> int:
         code = 0
@@ -395,11 +403,17 @@ class Shell:
                 words, stream = words[:-1], "stderr"
             if words[:1] == ["exit"]:
                 return int(words[1]) if len(words) > 1 else code
-            if words:
-                code = await self.builtin(words, command, stream)
+            if words[:1] == ["sleep"]:
+                code = await self.sleep(words[1:])
+            elif words:
+                code = self.builtin(words, command, stream)
         return code
 
-    async def builtin(self, argv: Sequence[str], command: Command, stream: StreamName) -> int:
+    async def sleep(self, args: Sequence[str]) -> int:
+        await asyncio.sleep(float(args[0]))
+        return 0
+
+    def builtin(self, argv: Sequence[str], command: Command, stream: StreamName) -> int:
         name, args = argv[0], list(argv[1:])
         if name in ("true", "false"):
             return int(name == "false")
@@ -407,8 +421,6 @@ class Shell:
             command.write(stream, (" ".join(args) + "\n").encode())
         elif name == "env":
             command.write(stream, "".join(f"{k}={v}\n" for k, v in self.env.items()).encode())
-        elif name == "sleep":
-            await asyncio.sleep(float(args[0]))
         elif name == "exit":
             return int(args[0]) if args else 0
         elif name == "cat":

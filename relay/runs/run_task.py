@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from relay.errors import ProviderTimeout, RelayError
+from relay.errors import RelayError
 from relay.providers.base import OutputSink, Provider, Sandbox
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
@@ -92,12 +92,8 @@ class RunTask:
             # A warm pool's: its idle time was the pool's cost; the run's starts now.
             sandbox: Sandbox = await stack.enter_async_context(claimed.serving())
             watch.sandbox_started = time.monotonic()
-        else:
-            try:
-                async with asyncio.timeout(self.settings.create_timeout_s + 5):
-                    sandbox = await stack.enter_async_context(provider.sandbox(plan.spec))
-            except TimeoutError as exc:
-                raise ProviderTimeout("the provider did not create the sandbox in time") from exc
+        else:  # bounded by the provider's create_timeout_s (SandboxProvider.created)
+            sandbox = await stack.enter_async_context(provider.sandbox(plan.spec))
         watch.timings["create_ms"] = _ms_since(watch.started)
         watch.timings["pooled"] = claimed is not None
         return sandbox

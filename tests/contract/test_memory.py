@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.providers.base import Provider
+from relay.errors import ProviderError
+from relay.providers.base import OutputSink, Provider, SandboxSpec
 from relay.providers.memory import API_KEY, BODY_MARKER, MemoryProvider, MemoryWorld
 from tests.conftest import make_settings
 from tests.contract.fault_suite import FaultContract
@@ -72,3 +74,29 @@ class TestMemory(ProviderContract, FaultContract):
     async def harness(self, tmp_path: Path) -> AsyncIterator[Harness]:
         async with checked(open_harness(tmp_path)) as opened:
             yield opened
+
+
+async def test_a_builtin_that_ends_at_once_needs_no_task_and_a_bad_one_fails_at_once(
+    tmp_path: Path,
+) -> None:
+    """`true` has ended when the world starts it (no task, no wait); `exit abc` is an
+    error the relay hears at once, where it used to leave the command running to its
+    deadline."""
+    world = MemoryWorld()
+    provider = MemoryProvider(make_settings(tmp_path, cluster="test"), world)
+    spec = SandboxSpec(run_id="run_eager", cluster="test", timeout_s=30, grace_s=10, image="none")
+    async with provider.sandbox(spec) as sandbox:
+        box = world.boxes[sandbox.id]
+        done = world.start(API_KEY, sandbox.id, lambda command: 0)
+        assert done.ended and done.exit_code == 0 and done.task is None
+        assert not box.commands
+        sink = OutputSink(1024)
+        async with asyncio.timeout(2):
+            with pytest.raises(ProviderError):
+                await sandbox.exec(
+                    ["exit", "abc"], stdin=None, env={}, workdir=None, timeout_s=30, output=sink
+                )
+            ran = await sandbox.exec(
+                ["echo", "hi"], stdin=None, env={}, workdir=None, timeout_s=30, output=sink
+            )
+        assert ran.exit_code == 0 and sink.text("stdout") == "hi\n"

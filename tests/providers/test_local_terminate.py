@@ -116,3 +116,10 @@ async def test_a_sandbox_terminated_by_another_relay_mid_run_is_sandbox_lost(
     finally:
         await other.aclose()
         await provider.aclose()
+
+
+def test_the_create_timeout_setting_bounds_a_local_create(tmp_path: Path) -> None:
+    """RELAY_CREATE_TIMEOUT_S bounds a local create as it does every provider's (the base's
+    ``created``); before, local kept the base's 60 s whatever the setting said."""
+    provider = LocalProvider(make_settings(tmp_path, local_isolation="none", create_timeout_s=7))
+    assert provider.create_timeout_s == 7

@@ -80,6 +80,7 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
     def __init__(self, settings: Settings) -> None:
         self.cluster = settings.cluster
         self.settings = settings
+        self.create_timeout_s = settings.create_timeout_s
         self.explicit_none = settings.local_isolation == "none"
         if settings.local_isolation == "auto":
             self.isolation = "bwrap" if bwrap_works() else "none"
