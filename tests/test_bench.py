@@ -48,7 +48,9 @@ def test_smoke_run_writes_every_section_and_every_request_succeeds(tmp_path: Pat
         (name, level) for name in servers for level in ("1", "10")
     }
     assert re.search(r"the stack's floor: [\d.]+%", text)
-    assert re.search(r"relay CPU per run ≤ 1.5x the stack's floor \(SQLite\) \| c=10: [\d.]+x", text)
+    assert re.search(
+        r"relay CPU per run ≤ 1.5x the stack's floor \(SQLite\) \| c=10: [\d.]+x", text
+    )
     assert all(errors == "0" for _, _, errors in overhead), overhead
     waiting = re.findall(r"^\| (relay|baseline) \| 20 \| (\d+) \| (\d+) \|", text, re.M)
     assert sorted(waiting) == [("baseline", "20", "0"), ("relay", "20", "0")]
@@ -77,3 +79,19 @@ def test_the_mcp_benchmark_measures_each_way(capsys: pytest.CaptureFixture[str])
         "/mcp tool call, 2026-07-28",
     ):
         assert re.search(rf"^\| {re.escape(way)} \| 6 \| [\d.]+ \|", out, re.M), out
+
+
+def test_the_extras_diagnostic_compares_the_relay_with_its_floor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import extras
+
+    assert extras.main(["--rounds", "1", "--runs", "100"]) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(
+        r"^\| (floor|relay|relay, log level warning) \| 100 \| [\d.]+ ms \| ([\d.]+)x \|$",
+        out,
+        re.M,
+    )
+    assert [name for name, _ in rows] == ["floor", "relay", "relay, log level warning"], out
+    assert float(rows[0][1]) == 1.0 and float(rows[1][1]) > 1.0

@@ -1,0 +1,203 @@
+"""The relay's per-run extras over the stack's floor, in one process (issue 24).
+
+``python -m bench.extras [--rounds N] [--runs N]`` drives the relay's ASGI app (its
+middleware, routes, run service, the memory provider's ``noop`` job, a SQLite store) and the
+floor's (bench/floor.py) directly, no sockets, ten runs at a time, in alternating rounds of
+each, and prints the CPU each spends per run and their ratio. Alternating in one process
+makes the ratio hold while the machine's speed drifts, which moves benchmark (1)'s
+per-process figures by 10% between runs on a shared virtual machine. The relay's rounds are
+also taken with logging at ``warning`` (the same app without its three info lines a run):
+the gap is what the log lines cost. A diagnostic for profiling, not a target: benchmark (1)
+measures the target, over HTTP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import bench.floor as floor_server
+from bench.servers import BENCH_JOBS
+from relay.auth import new_token
+from relay.http.app import create_app
+from relay.logs import configure
+from relay.settings import Settings
+from relay.store.database import Store
+
+App = Callable[
+    [
+        MutableMapping[str, Any],
+        Callable[[], Awaitable[MutableMapping[str, Any]]],
+        Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ],
+    Awaitable[None],
+]
+CONCURRENCY = 10
+BODY = json.dumps({"job": "noop", "wait": True}).encode()
+
+
+class Target:
+    """One app under test and the CPU it has used so far."""
+
+    def __init__(self, name: str, app: App, token: str) -> None:
+        self.name, self.app = name, app
+        self.cpu_s, self.runs, self.refused = 0.0, 0, 0
+        self.headers = [
+            (b"host", b"127.0.0.1"),
+            (b"authorization", f"Bearer {token}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(BODY)).encode()),
+        ]
+
+    async def post(self) -> None:
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/runs",
+            "raw_path": b"/v1/runs",
+            "query_string": b"",
+            "root_path": "",
+            "headers": list(self.headers),
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 8080),
+            "state": {},
+        }
+        sent = False
+
+        async def receive() -> MutableMapping[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": BODY, "more_body": False}
+            await asyncio.Event().wait()  # the caller never hangs up
+            raise AssertionError  # pragma: no cover
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start" and message["status"] != 200:
+                self.refused += 1
+
+        await self.app(scope, receive, send)
+
+    async def round(self, runs: int) -> None:
+        async def caller(count: int) -> None:
+            for _ in range(count):
+                await self.post()
+
+        started = time.process_time()
+        await asyncio.gather(*(caller(runs // CONCURRENCY) for _ in range(CONCURRENCY)))
+        self.cpu_s += time.process_time() - started
+        self.runs += runs // CONCURRENCY * CONCURRENCY
+
+
+@asynccontextmanager
+async def _relay(root: Path) -> Any:
+    """The relay app with its lifespan running."""
+    folder = root / "relay"
+    jobs = folder / "jobs"
+    for job, manifest in BENCH_JOBS.items():
+        (jobs / job).mkdir(parents=True)
+        (jobs / job / "job.toml").write_text(manifest)
+    token = new_token(folder / "tokens.toml", "bench")
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        providers=["memory"],
+        jobs_dir=jobs,
+        tokens_file=folder / "tokens.toml",
+        database_url=f"sqlite:///{folder / 'relay.db'}",
+        max_concurrent=100_000,
+        max_wait_s=120,
+    )
+    app = create_app(settings)
+    inbox: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+    outbox: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
+    await inbox.put({"type": "lifespan.startup"})
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        await outbox.put(message)
+
+    lifespan = asyncio.create_task(app({"type": "lifespan", "state": {}}, inbox.get, send))
+    started = await outbox.get()
+    assert started["type"] == "lifespan.startup.complete", started
+    try:
+        yield app, token
+    finally:
+        await inbox.put({"type": "lifespan.shutdown"})
+        await lifespan
+
+
+async def measure(rounds: int, runs: int) -> list[Target]:
+    with tempfile.TemporaryDirectory(prefix="relay-extras-") as folder:
+        root = Path(folder)
+        # Each app's lines go to a file, as a relay's do when its stderr is a log file.
+        log_file = (root / "relay.log").open("w")
+        kept = logging.getLogger().handlers[:], logging.getLogger().level
+        configure("info", "json")
+        for handler in logging.getLogger().handlers:
+            assert isinstance(handler, logging.StreamHandler)
+            handler.setStream(log_file)
+        async with AsyncExitStack() as stack:
+            app, relay_token = await stack.enter_async_context(_relay(root))
+            relay, quiet = Target("relay", app, relay_token), Target("quiet", app, relay_token)
+            token = new_token(root / "floor-tokens.toml", "bench")
+            floor_server.TOKENS[hashlib.sha256(token.encode()).hexdigest()] = "bench"
+            floor_server.app.state.store = store = await Store.open(
+                f"sqlite:///{root / 'floor.db'}"
+            )
+            stack.push_async_callback(store.close)
+            floor = Target("floor", floor_server.app, token)
+            targets = [floor, relay, quiet]
+            for target in targets:  # warm up, not counted
+                await _round(target, 200)
+                target.cpu_s = target.runs = 0
+            for _ in range(rounds):
+                for target in targets:
+                    await _round(target, runs)
+        logging.getLogger().handlers[:], level = kept
+        logging.getLogger().setLevel(level)
+        log_file.close()
+    return targets
+
+
+async def _round(target: Target, runs: int) -> None:
+    level = logging.WARNING if target.name == "quiet" else logging.INFO
+    logging.getLogger().setLevel(level)
+    await target.round(runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.extras", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--runs", type=int, default=1000, help="runs per app per round")
+    args = parser.parse_args(argv)
+    import uvloop
+
+    floor, relay, quiet = uvloop.run(measure(args.rounds, args.runs))
+    print("| app | runs | CPU per run | ratio to the floor |")
+    print("|---|---|---|---|")
+    for target in (floor, relay, quiet):
+        per_run = target.cpu_s / target.runs * 1000
+        ratio = target.cpu_s / target.runs / (floor.cpu_s / floor.runs)
+        label = {"floor": "floor", "relay": "relay", "quiet": "relay, log level warning"}
+        print(f"| {label[target.name]} | {target.runs} | {per_run:.3f} ms | {ratio:.2f}x |")
+    refused = sum(target.refused for target in (floor, relay, quiet))
+    if refused:
+        print(f"{refused} runs were not answered 200", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
