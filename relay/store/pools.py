@@ -245,10 +245,25 @@ async def read_summary(url: str, provider: str, since: float) -> PoolSummary | N
 def _read_sqlite(path: str, provider: str, since: float) -> PoolSummary | None:
     if path in ("", ":memory:") or not os.path.isfile(path):
         return None  # ``mode=ro`` creates nothing either; this says why, without an error
-    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    # A WAL database opened read-only creates its -wal and -shm files where they are missing
+    # (the last relay to close it removed them) and leaves them behind, owned by whoever
+    # ran the probe: a relay of another user could then not open its own store. Missing,
+    # no relay has the file open and all of it is in the file: read it as immutable (no
+    # lock, nothing created). Present, a relay may be writing: read through them. Anything
+    # else (one of the two, a rollback journal) is not a state to read a summary in.
+    present = {suffix for suffix in ("-wal", "-shm", "-journal") if os.path.lexists(path + suffix)}
+    if present == {"-wal", "-shm"}:
+        options = "mode=ro"
+    elif not present:
+        options = "mode=ro&immutable=1"
+    else:
+        return None
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?" + options
     engine = sa.create_engine(
         "sqlite+pysqlite://",
-        creator=lambda: sqlite3.connect(uri, uri=True),
+        # A lock held elsewhere is waited for well within SUMMARY_TIMEOUT_S, so this thread
+        # is done when the probe gives up on it.
+        creator=lambda: sqlite3.connect(uri, uri=True, timeout=SUMMARY_TIMEOUT_S / 3),
         poolclass=sa.pool.NullPool,
     )
     try:

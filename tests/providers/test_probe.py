@@ -197,3 +197,23 @@ async def test_the_pool_summary_reads_either_store(database_url: str) -> None:
     summary = await read_summary(database_url, "memory", today - 1)
     assert summary == PoolSummary(ready=0, claimed=0, idle_s=2.0, idle_usd=0.25)
     assert await read_summary(database_url, "e2b", today - 1) is None
+
+
+async def test_the_pool_summary_leaves_no_file_beside_a_sqlite_store(tmp_path: Path) -> None:
+    """Open (a relay writing: read through its -wal) or closed (read as it is): the read
+    creates nothing beside the file, so no probe run by another user leaves the relay a
+    -shm it cannot open."""
+    url = f"sqlite:///{tmp_path / 'relay.db'}"
+    today = day_start(time.time()) + 1
+    store = await Store.open(url)
+    try:
+        await PoolRows(store).add(pooled_row("ready", "memory", READY, today), cap=100)
+        beside = sorted(path.name for path in tmp_path.iterdir())
+        assert beside == ["relay.db", "relay.db-shm", "relay.db-wal"]
+        open_store = await read_summary(url, "memory", today - 1)
+    finally:
+        await store.close()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["relay.db"]
+    closed_store = await read_summary(url, "memory", today - 1)
+    assert open_store == closed_store == PoolSummary(ready=1, claimed=0, idle_s=0.0, idle_usd=0.0)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["relay.db"]
