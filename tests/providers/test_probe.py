@@ -260,3 +260,14 @@ def test_a_store_host_whose_name_never_resolves_holds_the_probe_3_s_at_most(
     [line] = done.stdout.splitlines()
     assert LINE.match(line) and "pool_" not in line and CANARY not in line, line
     assert elapsed < 8, elapsed  # the probe's own work, 3 s for the store; the lookup: 10 s
+
+
+def test_a_local_probe_leaves_no_folder_where_the_store_path_names_none(tmp_path: Path) -> None:
+    """The local sandbox root follows the SQLite file's folder: a mistyped or not yet made
+    path is made for the probe's sandbox, then taken away again."""
+    url = f"sqlite:///{tmp_path / 'missing' / 'deeper' / 'relay.db'}"
+    done = probe("local", tmp_path, RELAY_LOCAL_ISOLATION="bwrap", RELAY_DATABASE_URL=url)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    [line] = done.stdout.splitlines()
+    assert LINE.match(line) and " ok " in line and "pool_" not in line, line
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
