@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import difflib
 import importlib.util
 import json
@@ -450,6 +451,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return asyncio.run(_prune(settings, days, args.dry_run))
 
 
+def _remove_empty_folders(top: Path) -> None:
+    """``top`` and the folders under it that hold nothing (a sandbox left behind stays)."""
+    for folder, _, _ in os.walk(top, topdown=False):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
 async def _probe(name: str, settings: Settings) -> ProbeResult:
     """The probe, and the provider's warm pools where the store already holds some: today
     (UTC) and relay-wide, like an admin token's ``/v1/usage``."""
@@ -457,7 +465,16 @@ async def _probe(name: str, settings: Settings) -> ProbeResult:
     from relay.store.limits import day_start
     from relay.store.pools import read_summary
 
-    result = await run_probe(name, settings)
+    # The state directory follows RELAY_DATABASE_URL (a SQLite file's folder) and the
+    # local provider makes its sandbox root there: where it did not exist, the probe leaves
+    # none of it behind (a mistyped path, or a folder a relay of another user could not use).
+    state = settings.state_directory().absolute()
+    missing = next((p for p in reversed([state, *state.parents]) if not p.exists()), None)
+    try:
+        result = await run_probe(name, settings)
+    finally:
+        if missing is not None:
+            _remove_empty_folders(missing)
     pools = await read_summary(settings.database_url, name, day_start(time.time()))
     if pools is not None:
         result.pool = {

@@ -8,6 +8,9 @@ import importlib
 import json
 import os
 import re
+import secrets
+import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -197,3 +200,74 @@ async def test_the_pool_summary_reads_either_store(database_url: str) -> None:
     summary = await read_summary(database_url, "memory", today - 1)
     assert summary == PoolSummary(ready=0, claimed=0, idle_s=2.0, idle_usd=0.25)
     assert await read_summary(database_url, "e2b", today - 1) is None
+
+
+async def test_the_pool_summary_leaves_no_file_beside_a_sqlite_store(tmp_path: Path) -> None:
+    """Open (a relay writing: read through its -wal) or closed (read as it is): the read
+    creates nothing beside the file, so no probe run by another user leaves the relay a
+    -shm it cannot open."""
+    url = f"sqlite:///{tmp_path / 'relay.db'}"
+    today = day_start(time.time()) + 1
+    store = await Store.open(url)
+    try:
+        await PoolRows(store).add(pooled_row("ready", "memory", READY, today), cap=100)
+        beside = sorted(path.name for path in tmp_path.iterdir())
+        assert beside == ["relay.db", "relay.db-shm", "relay.db-wal"]
+        open_store = await read_summary(url, "memory", today - 1)
+    finally:
+        await store.close()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["relay.db"]
+    closed_store = await read_summary(url, "memory", today - 1)
+    assert open_store == closed_store == PoolSummary(ready=1, claimed=0, idle_s=0.0, idle_usd=0.0)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["relay.db"]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
+)
+def test_a_store_host_whose_name_never_resolves_holds_the_probe_3_s_at_most(
+    tmp_path: Path,
+) -> None:
+    """A name server that never answers (a loopback socket, bound in for /etc/resolv.conf in
+    a mount namespace of the probe's own): the lookup is left behind at the timeout, the
+    line and exit are the provider's, the password is never shown."""
+    address = f"127.{secrets.randbelow(200) + 20}.{secrets.randbelow(250) + 1}.53"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind((address, 53))
+        resolv = tmp_path / "resolv.conf"
+        resolv.write_text(f"nameserver {address}\noptions timeout:5 attempts:2\n")
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path),
+            "RELAY_DATABASE_URL": f"postgresql://relay:{CANARY}@db.relay-probe.invalid/relay",
+        }
+        started = time.monotonic()
+        script = 'mount --bind "$1" /etc/resolv.conf && exec "$2" -m relay probe memory'
+        command = ["sh", "-c", script, "sh", str(resolv), sys.executable]
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", *command],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        elapsed = time.monotonic() - started
+        silent.settimeout(0.5)
+        assert silent.recv(512)  # the name was asked of the silent server
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    [line] = done.stdout.splitlines()
+    assert LINE.match(line) and "pool_" not in line and CANARY not in line, line
+    assert elapsed < 8, elapsed  # the probe's own work, 3 s for the store; the lookup: 10 s
+
+
+def test_a_local_probe_leaves_no_folder_where_the_store_path_names_none(tmp_path: Path) -> None:
+    """The local sandbox root follows the SQLite file's folder: a mistyped or not yet made
+    path is made for the probe's sandbox, then taken away again."""
+    url = f"sqlite:///{tmp_path / 'missing' / 'deeper' / 'relay.db'}"
+    done = probe("local", tmp_path, RELAY_LOCAL_ISOLATION="bwrap", RELAY_DATABASE_URL=url)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    [line] = done.stdout.splitlines()
+    assert LINE.match(line) and " ok " in line and "pool_" not in line, line
+    assert sorted(path.name for path in tmp_path.iterdir()) == []

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+import sqlalchemy as sa
 
 from relay.auth import Principal
 from relay.http.metrics import Metrics
@@ -33,6 +34,7 @@ from relay.store import retention
 from relay.store.database import Store
 from relay.store.pools import CLAIMED, CREATING, ENDED, READY, PoolRecord, PoolRows
 from relay.store.records import RunRecord
+from relay.store.schema import pooled
 from tests.conftest import make_settings
 
 PRINCIPAL = Principal(name="pooler", command=True)
@@ -413,3 +415,48 @@ async def test_usage_shows_a_token_the_idle_time_of_the_sandboxes_its_runs_claim
     assert seen["ops"].pool_idle_s == pytest.approx(10 + 30 + 100, abs=2)
     assert seen["ops"].pool_idle_usd == pytest.approx((10 + 30) * rate + 50, rel=0.1)
     assert seen["alice"].usd < 1  # the idle cost is not the token's spend (nor its limits')
+
+
+async def test_usage_idle_time_adds_up_per_token_on_either_store(
+    tmp_path: Path, database_url: str
+) -> None:
+    """On SQLite and PostgreSQL alike: an idempotent retry claims nothing more, a cold run
+    (another size) nothing at all, a token that ran nothing sees nothing, and the tokens'
+    shares plus what no run claimed are the admin's figure."""
+    offset = [0.0]
+    settings = memory_settings(
+        tmp_path,
+        database_url=database_url,
+        pool_idle_s=120,
+        cost_rates={"memory": {"vcpu_s": 1.0, "gib_s": 0.0}},
+    )
+    alice, bob, carol = Principal(name="alice"), Principal(name="bob"), Principal(name="carol")
+    admin = Principal(name="ops", admin=True)
+
+    async def send(principal: Principal, key: str | None = None, **body: object) -> RunRecord:
+        request = RunRequest.model_validate({"job": "warm", "files": {"secret.txt": "x"}, **body})
+        submitted, _ = await service.submit(principal, request, key)
+        return await service.wait(submitted.id, 10)
+
+    async with relay(settings, MemoryWorld(), clock=lambda: time.time() + offset[0]) as service:
+        await until(lambda: service.pools.ready == 2)
+        offset[0] = 10.0
+        first = await send(alice, "same")
+        assert timings(first)["pooled"] is True
+        assert (await send(alice, "same")).id == first.id  # the retry is the same run
+        assert timings(await send(alice, size=Size.medium))["pooled"] is False
+        offset[0] = 20.0
+        assert timings(await send(bob))["pooled"] is True
+        seen = {p.name: (await service.usage(p))[0] for p in (alice, bob, carol)}
+        relay_wide = (await service.usage(admin))[0]
+        unclaimed = sa.select(
+            sa.func.coalesce(sa.func.sum(pooled.c.idle_s), 0.0),
+            sa.func.coalesce(sa.func.sum(pooled.c.idle_usd), 0.0),
+        ).where(pooled.c.run_id.is_(None))
+        nobody = await service.store.read(lambda conn: conn.execute(unclaimed).one())
+    assert seen["alice"].pool_idle_s == pytest.approx(10, abs=1)
+    assert seen["bob"].pool_idle_s == pytest.approx(20, abs=1)
+    assert (seen["carol"].pool_idle_s, seen["carol"].pool_idle_usd) == (0.0, 0.0)
+    for field, index in (("pool_idle_s", 0), ("pool_idle_usd", 1)):
+        shares = getattr(seen["alice"], field) + getattr(seen["bob"], field) + nobody[index]
+        assert getattr(relay_wide, field) == pytest.approx(shares)

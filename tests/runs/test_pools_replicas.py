@@ -86,21 +86,24 @@ async def test_two_replicas_share_one_cap_and_never_share_a_sandbox(
 
     watcher = asyncio.create_task(watch())
     answers: list[dict[str, Any]] = []
-    try:
-        async with (
-            replica(make_settings(tmp_path / "a", **shared), world, "replica-a") as (first, a),
-            replica(make_settings(tmp_path / "b", **shared), world, "replica-b") as (second, b),
-        ):
-            for _ in range(4):  # rounds: each drains the pools, which refill in between
-                await until(lambda: a.ready + b.ready >= CAP)
-                answers += await asyncio.gather(*(send(c) for c in [first, second] * 3))
-            await asyncio.sleep(0.3)  # a few reaper sweeps on both, with both alive
-            usage = (await second.get("/v1/usage", headers=headers)).json()["today"]
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-    try:
+    try:  # the observer's connections are closed however the test ends
+        try:
+            # A hung run fails the test here, in time for both lifespans and the watcher
+            # to end before pytest's own timeout would.
+            async with (
+                asyncio.timeout(60),
+                replica(make_settings(tmp_path / "a", **shared), world, "replica-a") as (first, a),
+                replica(make_settings(tmp_path / "b", **shared), world, "replica-b") as (second, b),
+            ):
+                for _ in range(4):  # rounds: each drains the pools, which refill in between
+                    await until(lambda: a.ready + b.ready >= CAP)
+                    answers += await asyncio.gather(*(send(c) for c in [first, second] * 3))
+                await asyncio.sleep(0.3)  # a few reaper sweeps on both, with both alive
+                usage = (await second.get("/v1/usage", headers=headers)).json()["today"]
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
         every = await observer.read(lambda conn: list(conn.execute(sa.select(pooled))))
         owners = await observer.read(
             lambda conn: {
