@@ -65,8 +65,10 @@ def _record(row: Any) -> PoolRecord:
 
 
 def _idle(now: float, usd_per_s: float) -> dict[str, Any]:
-    """The idle time from creation to ``now`` and its cost, as SQL values."""
-    seconds = sa.literal(now) - pooled.c.created_at
+    """The idle time from creation to ``now`` and its cost, as SQL values; never below 0
+    (a replica whose clock is behind the creator's may be the one that ends the row)."""
+    elapsed = sa.literal(now) - pooled.c.created_at
+    seconds = sa.case((elapsed < 0, 0.0), else_=elapsed)
     return {"idle_s": seconds, "idle_usd": seconds * usd_per_s}
 
 

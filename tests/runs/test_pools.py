@@ -460,3 +460,35 @@ async def test_usage_idle_time_adds_up_per_token_on_either_store(
     for field, index in (("pool_idle_s", 0), ("pool_idle_usd", 1)):
         shares = getattr(seen["alice"], field) + getattr(seen["bob"], field) + nobody[index]
         assert getattr(relay_wide, field) == pytest.approx(shares)
+
+
+async def test_idle_time_is_never_negative_when_the_ending_clock_is_behind(
+    database_url: str,
+) -> None:
+    """Replicas' clocks differ: the one claiming or ending a row may read a time before its
+    creation. Its idle time and cost then read 0, never a negative figure in /v1/usage."""
+    store = await Store.open(database_url)
+    try:
+        rows, now = PoolRows(store), time.time()
+        for name in ("claimed", "ended"):
+            record = PoolRecord(
+                id=POOL_PREFIX + name,
+                shape="s",
+                job="warm",
+                provider="memory",
+                holder="one",
+                state=READY,
+                sandbox_id="box-" + name,
+                cpu=1.0,
+                memory_mb=1024,
+                created_at=now + 30,  # the creator's clock is 30 s ahead of this replica's
+                expires_at=now + 300,
+            )
+            await rows.add(record, cap=100)
+        assert await rows.claim("one", "s", "run_skewed", now, 0.01) is not None
+        assert await rows.end(POOL_PREFIX + "ended", now, 0.01)
+        found = await rows.by_id([POOL_PREFIX + "claimed", POOL_PREFIX + "ended"])
+        assert {(row.idle_s, row.idle_usd) for row in found.values()} == {(0.0, 0.0)}
+        assert await rows.idle_since(0) == (0.0, 0.0)
+    finally:
+        await store.close()
