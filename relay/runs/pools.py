@@ -143,6 +143,11 @@ class Claimed:
             with contextlib.suppress(Exception):
                 await shielded(rows.end(self.record.id, now, 0.0, states=(CLAIMED,)))
 
+    async def discard(self) -> None:
+        """Terminate it and end its row without serving a run."""
+        async with self.serving():
+            pass
+
 
 class Pools:
     """Every warm pool of this replica: claims, the refill loop, expiry and drain."""
@@ -266,18 +271,21 @@ class Pools:
         self.stats.claimed += 1
         if ready is None:  # pragma: no cover - rows of this replica are its ready boxes
             return None
+        claimed = Claimed(self, pool, record, ready.box)
         if pool.provider.extends_lifetime:
             try:
                 lifetime = math.ceil(plan.timeout_s + self.settings.grace_s)
                 await pool.provider.extend_lifetime(ready.box.id, lifetime)
-            except ProviderError:
-                log.warning("extending a pooled sandbox failed; cold path", extra={"job": plan.job})
-                claimed = Claimed(self, pool, record, ready.box)
+            except BaseException as exc:
+                # No longer the pool's, not yet the run's (the extension failed, or the run
+                # was canceled meanwhile): nobody else would end it.
                 with contextlib.suppress(ProviderError):
-                    async with claimed.serving():
-                        pass
+                    await shielded(claimed.discard())
+                if not isinstance(exc, ProviderError):
+                    raise
+                log.warning("extending a pooled sandbox failed; cold path", extra={"job": plan.job})
                 return None
-        return Claimed(self, pool, record, ready.box)
+        return claimed
 
     def _count_idle(self, created_at: float, until: float, pool: Pool) -> None:
         seconds = max(0.0, until - created_at)

@@ -492,3 +492,38 @@ async def test_idle_time_is_never_negative_when_the_ending_clock_is_behind(
         assert await rows.idle_since(0) == (0.0, 0.0)
     finally:
         await store.close()
+
+
+class HangingExtension(MemoryProvider):
+    """A memory provider whose lifetime extension never answers (a slow provider API)."""
+
+    def __init__(self, settings: Settings, world: MemoryWorld) -> None:
+        super().__init__(settings, world)
+        self.extending = asyncio.Event()
+
+    async def extend_lifetime(self, sandbox_id: str, lifetime_s: int) -> None:
+        self.extending.set()
+        await asyncio.Event().wait()
+
+
+async def test_a_run_canceled_while_its_claim_is_extended_ends_the_pooled_sandbox(
+    tmp_path: Path,
+) -> None:
+    """The claim is written, the sandbox no longer the pool's and not yet the run's: a cancel
+    then must still terminate it and end its row (it was left alive to its lifetime)."""
+    world = MemoryWorld()
+    settings = memory_settings(tmp_path, warm=1)
+    async with relay(settings, world, provider=HangingExtension) as service:
+        await until(lambda: service.pools.ready == 1)
+        (box_id,) = world.alive()
+        provider = service.providers["memory"]
+        assert isinstance(provider, HangingExtension)
+        request = RunRequest.model_validate({"job": "warm", "files": {"secret.txt": "x"}})
+        submitted, _ = await service.submit(PRINCIPAL, request, None)
+        await until(provider.extending.is_set)
+        canceled = await service.cancel(PRINCIPAL, submitted.id)
+        assert canceled.state == "canceled"
+        assert not world.boxes[box_id].alive
+        assert world.boxes[box_id].ended_by == "run"
+        row = (await PoolRows(service.store).by_id([world.boxes[box_id].run_id])).popitem()[1]
+        assert row.state == ENDED and row.run_id == submitted.id
