@@ -254,10 +254,17 @@ class Pools:
         ):
             return None
         now = self.clock()
+        claiming = asyncio.ensure_future(
+            self.rows.claim(self.instance_id, pool.shape.key, plan.spec.run_id, now, pool.usd_per_s)
+        )
         try:
-            record = await self.rows.claim(
-                self.instance_id, pool.shape.key, plan.spec.run_id, now, pool.usd_per_s
-            )
+            record = await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            # The claim may be written all the same (the cancel came with the store's
+            # answer): that sandbox would stay in the ready ones, its row claimed, never
+            # claimed again, expired nor drained, and the pool one short for good.
+            await shielded(self._unclaim(pool, claiming, now))
+            raise
         except Exception as exc:  # the store refused: the cold path needs no claim
             log.warning(
                 "claiming a pooled sandbox failed", extra={"error_class": type(exc).__name__}
@@ -286,6 +293,19 @@ class Pools:
                 log.warning("extending a pooled sandbox failed; cold path", extra={"job": plan.job})
                 return None
         return claimed
+
+    async def _unclaim(
+        self, pool: Pool, claiming: asyncio.Future[PoolRecord | None], now: float
+    ) -> None:
+        """End the sandbox a claim canceled by its run took, if the claim was written."""
+        with contextlib.suppress(Exception):  # not written, or the store refused: the pool's
+            record = await claiming
+            ready = pool.ready.pop(record.id, None) if record is not None else None
+            if record is None or ready is None:
+                return
+            self._wake.set()
+            self._count_idle(record.created_at, now, pool)
+            await Claimed(self, pool, record, ready.box).discard()
 
     def _count_idle(self, created_at: float, until: float, pool: Pool) -> None:
         seconds = max(0.0, until - created_at)

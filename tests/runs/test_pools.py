@@ -527,3 +527,42 @@ async def test_a_run_canceled_while_its_claim_is_extended_ends_the_pooled_sandbo
         assert world.boxes[box_id].ended_by == "run"
         row = (await PoolRows(service.store).by_id([world.boxes[box_id].run_id])).popitem()[1]
         assert row.state == ENDED and row.run_id == submitted.id
+
+
+class ClaimAnsweredLate(PoolRows):
+    """Pool rows whose claim is written, then answered late (a busy store)."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.written = asyncio.Event()
+
+    async def claim(
+        self, holder: str, shape: str, run_id: str, now: float, usd_per_s: float
+    ) -> PoolRecord | None:
+        record = await super().claim(holder, shape, run_id, now, usd_per_s)
+        self.written.set()
+        await asyncio.sleep(0.3)
+        return record
+
+
+async def test_a_run_canceled_while_its_claim_is_written_ends_the_pooled_sandbox(
+    tmp_path: Path,
+) -> None:
+    """A cancel arriving with the store's answer to the claim: the claimed sandbox was left
+    among the ready ones, alive, its row claimed (never expired nor drained), the pool one
+    short for good. It is terminated, its row ended, and the pool refilled."""
+    world = MemoryWorld()
+    async with relay(memory_settings(tmp_path, warm=1), world) as service:
+        pools = service.pools
+        await until(lambda: pools.ready == 1)
+        (box_id,) = world.alive()
+        rows = pools.rows = ClaimAnsweredLate(service.store)
+        request = RunRequest.model_validate({"job": "warm", "files": {"secret.txt": "x"}})
+        submitted, _ = await service.submit(PRINCIPAL, request, None)
+        await until(rows.written.is_set)
+        canceled = await service.cancel(PRINCIPAL, submitted.id)
+        assert canceled.state == "canceled"
+        await until(lambda: not world.boxes[box_id].alive, 2)
+        row = (await rows.by_id([world.boxes[box_id].run_id])).popitem()[1]
+        assert row.state == ENDED and row.run_id == submitted.id
+        await until(lambda: pools.ready == 1 and box_id not in world.alive(), 2)
