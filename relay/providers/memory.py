@@ -141,6 +141,8 @@ class Command:
     exit_code: int | None = None
     cut: bool = False
     task: asyncio.Task[None] | None = None
+    error: Exception | None = None
+    """What made a running command fail (a bad script): raised to whoever follows it."""
 
     def write(self, stream: StreamName, data: bytes) -> None:
         if data:
@@ -265,6 +267,8 @@ class MemoryWorld:
                     command.cut = True
                     raise StreamCut
             if command.ended:
+                if command.error is not None:
+                    raise command.error
                 return
             command.changed.clear()
             await command.changed.wait()
@@ -289,6 +293,9 @@ async def _ran(running: Awaitable[int], command: Command) -> None:
         command.end(await running)
     except asyncio.CancelledError:
         command.end(None)  # killed, as with its sandbox
+    except Exception as exc:  # a bad script (`exit abc`, `sleep`): fails as a bad built-in
+        command.error = exc
+        command.end(None)
 
 
 def stop(command: Command) -> None:

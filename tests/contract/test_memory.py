@@ -100,3 +100,23 @@ async def test_a_builtin_that_ends_at_once_needs_no_task_and_a_bad_one_fails_at_
                 ["echo", "hi"], stdin=None, env={}, workdir=None, timeout_s=30, output=sink
             )
         assert ran.exit_code == 0 and sink.text("stdout") == "hi\n"
+
+
+@pytest.mark.parametrize(
+    "argv", [["sh", "-c", "echo a; exit abc"], ["sh", "-c", "echo 'a"], ["sleep"], ["sleep", "x"]]
+)
+async def test_a_bad_script_or_sleep_fails_at_once(tmp_path: Path, argv: list[str]) -> None:
+    """A script or `sleep` that is bad fails as a bad built-in does, at once; it left its
+    command running to the run's deadline (its task dead with the error unread)."""
+    world = MemoryWorld()
+    provider = MemoryProvider(make_settings(tmp_path, cluster="test"), world)
+    spec = SandboxSpec(run_id="run_bad", cluster="test", timeout_s=30, grace_s=10, image="none")
+    async with provider.sandbox(spec) as sandbox:
+        box = world.boxes[sandbox.id]
+        async with asyncio.timeout(2):
+            with pytest.raises(ProviderError):
+                await sandbox.exec(
+                    argv, stdin=None, env={}, workdir=None, timeout_s=30, output=OutputSink(1024)
+                )
+        await asyncio.sleep(0)  # the ended task's callback
+        assert not box.commands
