@@ -423,6 +423,11 @@ class Pools:
                     self.stats.expired += 1
                     self._count_idle(ready.created_at, now, pool)
                     await self._end(pool, pool_id, ready.box)
+                elif pool.ready.pop(pool_id, None) is not None:
+                    # Its row is no longer ready, yet no run took it from here (a claim
+                    # written, then answered with an error; the reaper): nobody serves it,
+                    # and kept it would stay alive and leave the pool one short for good.
+                    await self._end(pool, pool_id, ready.box)
 
     async def _end(self, pool: Pool, pool_id: str, box: ProviderSandbox) -> None:
         with contextlib.suppress(ProviderError):  # logged; the reaper retries it

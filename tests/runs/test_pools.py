@@ -566,3 +566,33 @@ async def test_a_run_canceled_while_its_claim_is_written_ends_the_pooled_sandbox
         row = (await rows.by_id([world.boxes[box_id].run_id])).popitem()[1]
         assert row.state == ENDED and row.run_id == submitted.id
         await until(lambda: pools.ready == 1 and box_id not in world.alive(), 2)
+
+
+class ClaimAnsweredWithAnError(PoolRows):
+    """Pool rows whose claim is written, then answered with an error (a lost connection)."""
+
+    async def claim(
+        self, holder: str, shape: str, run_id: str, now: float, usd_per_s: float
+    ) -> PoolRecord | None:
+        await super().claim(holder, shape, run_id, now, usd_per_s)
+        raise ConnectionResetError("the store's answer was lost")
+
+
+async def test_a_claim_written_but_answered_with_an_error_does_not_keep_its_sandbox(
+    tmp_path: Path,
+) -> None:
+    """The run goes cold; the sandbox its claim took was kept among the ready ones past its
+    idle time (its row claimed: never expired, never claimed again), alive, the pool one
+    short for good. At its idle time it is terminated and the pool refilled."""
+    world = MemoryWorld()
+    settings = memory_settings(tmp_path, warm=1, pool_idle_s=0.5)
+    async with relay(settings, world) as service:
+        pools = service.pools
+        await until(lambda: pools.ready == 1)
+        (box_id,) = world.alive()
+        pools.rows = ClaimAnsweredWithAnError(service.store)
+        done = await run(service, files={"secret.txt": "x"})
+        assert done.state == "succeeded" and timings(done)["pooled"] is False
+        pools.rows = PoolRows(service.store)
+        await until(lambda: not world.boxes[box_id].alive, 3)
+        await until(lambda: pools.ready == 1 and box_id not in world.alive(), 3)
