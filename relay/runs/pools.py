@@ -451,6 +451,8 @@ class Pools:
                     pool.ready.pop(pool_id, None)
                     self._count_idle(ready.created_at, now, pool)
                     ending.append(self._end(pool, pool_id, ready.box))
+                elif pool.ready.pop(pool_id, None) is not None:  # nobody serves it (_expire)
+                    ending.append(self._end(pool, pool_id, ready.box))
         await asyncio.gather(*ending)
         if ending:
             log.info("warm pools drained", extra={"terminated": len(ending)})

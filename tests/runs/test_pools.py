@@ -596,3 +596,20 @@ async def test_a_claim_written_but_answered_with_an_error_does_not_keep_its_sand
         pools.rows = PoolRows(service.store)
         await until(lambda: not world.boxes[box_id].alive, 3)
         await until(lambda: pools.ready == 1 and box_id not in world.alive(), 3)
+
+
+async def test_a_claim_answered_with_an_error_leaves_nothing_alive_at_shutdown(
+    tmp_path: Path,
+) -> None:
+    """The drain ended only the ready rows' sandboxes: one whose claim was written but
+    answered with an error stayed alive behind the relay."""
+    world = MemoryWorld()
+    async with relay(memory_settings(tmp_path, warm=1, pool_idle_s=60), world) as service:
+        pools = service.pools
+        await until(lambda: pools.ready == 1)
+        (box_id,) = world.alive()
+        pools.rows = ClaimAnsweredWithAnError(service.store)
+        done = await run(service, files={"secret.txt": "x"})
+        assert done.state == "succeeded" and timings(done)["pooled"] is False
+        pools.rows = PoolRows(service.store)
+    assert not world.boxes[box_id].alive
