@@ -19,7 +19,10 @@ from relay.store.database import Store
 
 MAX_BASE_URLS = 64
 """Ways of reaching the relay whose URL is remembered; a Host header is the caller's, so
-past this many the URL is built each time instead of the cache growing."""
+past this many the oldest is forgotten (a caller sending many Hosts can't keep the relay's
+usual one out for good, nor grow the cache)."""
+MAX_REMEMBERED_HOST_CHARS = 255
+"""A longer Host header (no host name is) is never remembered: its URL is built each time."""
 
 
 @dataclass
@@ -44,15 +47,18 @@ class AppState:
         scope = request.scope
         # Built once per way the relay is reached (a few): URL parsing is not free, and
         # every run's answer carries it in its Location.
+        host = request.headers.get("host")
         key = (
             scope.get("scheme"),
             repr(scope.get("server")),  # a tuple from uvicorn, a list from some servers
             scope.get("root_path", ""),
-            request.headers.get("host"),
+            host,
         )
         found = self._base_urls.get(key)
         if found is None:
             found = str(request.base_url).rstrip("/")
-            if len(self._base_urls) < MAX_BASE_URLS:
+            if host is None or len(host) <= MAX_REMEMBERED_HOST_CHARS:
+                if len(self._base_urls) >= MAX_BASE_URLS:
+                    del self._base_urls[next(iter(self._base_urls))]
                 self._base_urls[key] = found
         return found

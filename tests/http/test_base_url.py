@@ -48,3 +48,18 @@ def test_each_host_and_scheme_gets_its_own_url_and_the_memory_stays_bounded(
 def test_the_public_url_wins(tmp_path: Path) -> None:
     state = app_state(tmp_path, public_url="https://relay.example.com/")
     assert state.base_url(request("evil.example")) == "https://relay.example.com"
+
+
+def test_a_caller_sending_many_hosts_cannot_keep_the_usual_one_out(tmp_path: Path) -> None:
+    """Past MAX_BASE_URLS the cache took nothing more: the first 64 Hosts a token holder
+    sent (any bytes) kept the relay's usual Host out for good, built on every answer. The
+    oldest is forgotten instead, and an overlong Host is never remembered."""
+    state = app_state(tmp_path)
+    for number in range(MAX_BASE_URLS + 20):
+        state.base_url(request(f"junk-{number}"))
+    assert state.base_url(request("relay.example.com")) == "http://relay.example.com"
+    assert "relay.example.com" in {key[-1] for key in state._base_urls}
+    long_host = "a" * 10_000
+    assert state.base_url(request(long_host)) == f"http://{long_host}"
+    assert long_host not in {key[-1] for key in state._base_urls}
+    assert len(state._base_urls) == MAX_BASE_URLS
