@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from relay import logs
+from relay.providers.base import SandboxProvider
 from relay.providers.e2b import E2BSettings
 from relay.providers.modal import ModalSettings
-from relay.providers.registry import load_provider
+from relay.providers.registry import PROVIDERS, load_provider, provider_class
 from relay.settings import Settings
+from tests.conftest import make_settings
 
 
 def test_a_providers_section_reads_the_env_file(
@@ -63,3 +65,25 @@ def test_a_loaded_providers_keys_are_blanked_in_logs(
         asyncio.run(provider.aclose())
     written = capsys.readouterr().err
     assert "e2b_redact_me_7f1" not in written and "[redacted]" in written
+
+
+@pytest.mark.parametrize("name", sorted(PROVIDERS))
+def test_every_provider_takes_the_create_timeout_setting(tmp_path: Path, name: str) -> None:
+    """RELAY_CREATE_TIMEOUT_S is the only bound on a create (the base lifecycle's
+    ``created``; the run has no second one): a provider keeping the base's 60 s ignored it
+    (local did)."""
+    keys = {
+        "e2b_api_key": "k",
+        "vercel_token": "t",
+        "vercel_team_id": "team",
+        "vercel_project_id": "project",
+        "sprites_token": "t",
+        "daytona_api_key": "k",
+    }
+    settings = make_settings(tmp_path, create_timeout_s=7, local_isolation="none", **keys)
+    provider = provider_class(name)(settings)
+    try:
+        assert isinstance(provider, SandboxProvider)
+        assert provider.create_timeout_s == 7
+    finally:
+        asyncio.run(provider.aclose())
