@@ -12,7 +12,7 @@ from relay import logs
 from relay.providers.base import SandboxProvider
 from relay.providers.e2b import E2BSettings
 from relay.providers.modal import ModalSettings
-from relay.providers.registry import PROVIDERS, load_provider, provider_class
+from relay.providers.registry import PROVIDERS, load_provider
 from relay.settings import Settings
 from tests.conftest import make_settings
 
@@ -81,7 +81,7 @@ def test_every_provider_takes_the_create_timeout_setting(tmp_path: Path, name: s
         "daytona_api_key": "k",
     }
     settings = make_settings(tmp_path, create_timeout_s=7, local_isolation="none", **keys)
-    provider = provider_class(name)(settings)
+    provider = load_provider(name, settings)
     try:
         assert isinstance(provider, SandboxProvider)
         assert provider.create_timeout_s == 7
