@@ -613,3 +613,21 @@ async def test_a_claim_answered_with_an_error_leaves_nothing_alive_at_shutdown(
         assert done.state == "succeeded" and timings(done)["pooled"] is False
         pools.rows = PoolRows(service.store)
     assert not world.boxes[box_id].alive
+
+
+async def test_an_extension_that_never_answers_goes_cold_within_the_create_timeout(
+    tmp_path: Path,
+) -> None:
+    """Nothing bounded the lifetime extension at claim: a provider API that never answered
+    held the run `starting` for good (the reaper leaves the runs a relay holds). It is
+    bounded as the create it replaces; the run goes cold, the pooled sandbox ended."""
+    world = MemoryWorld()
+    settings = memory_settings(tmp_path, warm=1, create_timeout_s=0.5)
+    async with relay(settings, world, provider=HangingExtension) as service:
+        await until(lambda: service.pools.ready == 1)
+        (box_id,) = world.alive()
+        request = RunRequest.model_validate({"job": "warm", "files": {"secret.txt": "x"}})
+        submitted, _ = await service.submit(PRINCIPAL, request, None)
+        done = await service.wait(submitted.id, 3)
+        assert done.state == "succeeded" and timings(done)["pooled"] is False
+        assert not world.boxes[box_id].alive
