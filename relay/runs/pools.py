@@ -276,7 +276,11 @@ class Pools:
         self._wake.set()
         self._count_idle(record.created_at, now, pool)
         self.stats.claimed += 1
-        if ready is None:  # pragma: no cover - rows of this replica are its ready boxes
+        if ready is None:
+            # Its idle time ran out while the claim was written: the expiry ended the
+            # sandbox but could not end the claimed row; the run goes cold.
+            with contextlib.suppress(Exception):
+                await shielded(self.rows.end(record.id, now, 0.0, states=(CLAIMED,)))
             return None
         claimed = Claimed(self, pool, record, ready.box)
         if pool.provider.extends_lifetime:

@@ -631,3 +631,29 @@ async def test_an_extension_that_never_answers_goes_cold_within_the_create_timeo
         done = await service.wait(submitted.id, 3)
         assert done.state == "succeeded" and timings(done)["pooled"] is False
         assert not world.boxes[box_id].alive
+
+
+async def test_a_sandbox_expired_while_its_claim_is_written_leaves_no_claimed_row(
+    tmp_path: Path,
+) -> None:
+    """The expiry finds the row claimed and ends the sandbox; the claim, answered then,
+    goes cold. Its row stayed `claimed` for good (its sandbox gone, nobody to end it)."""
+    world = MemoryWorld()
+    now = [time.time()]
+    settings = memory_settings(tmp_path, warm=1, pool_idle_s=60)
+    async with relay(settings, world, clock=lambda: now[0]) as service:
+        pools = service.pools
+        await until(lambda: pools.ready == 1)
+        (box_id,) = world.alive()
+        pool_id = world.boxes[box_id].run_id
+        rows = pools.rows = ClaimAnsweredLate(service.store)
+        request = RunRequest.model_validate({"job": "warm", "files": {"secret.txt": "x"}})
+        submitted, _ = await service.submit(PRINCIPAL, request, None)
+        await until(rows.written.is_set)
+        now[0] += 61
+        await pools._expire()
+        assert not world.boxes[box_id].alive
+        done = await service.wait(submitted.id, 3)
+        assert done.state == "succeeded" and timings(done)["pooled"] is False
+        row = (await rows.by_id([pool_id])).popitem()[1]
+        assert row.state == ENDED
