@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import sqlalchemy as sa
@@ -56,6 +56,23 @@ def write_job(root: Path, warm: int, text: str = JOB, name: str = "warm") -> Pat
 def memory_settings(tmp_path: Path, warm: int = 2, **values: object) -> Settings:
     jobs = write_job(tmp_path / "jobs", warm)
     return make_settings(tmp_path, jobs_dir=jobs, providers=["memory"], grace_s=5, **values)
+
+
+def pool_row(name: str, *, created_at: float, **values: Any) -> PoolRecord:
+    """A row of ``pooled`` for job ``warm`` on memory, shape ``s``, held by ``one``."""
+    fields: dict[str, Any] = {
+        "id": POOL_PREFIX + name,
+        "shape": "s",
+        "job": "warm",
+        "provider": "memory",
+        "holder": "one",
+        "state": READY,
+        "cpu": 1.0,
+        "memory_mb": 1024,
+        "created_at": created_at,
+        "expires_at": created_at + 60,
+    }
+    return PoolRecord(**{**fields, **values})
 
 
 class FixedLifetimeMemory(MemoryProvider):
@@ -211,16 +228,9 @@ async def test_the_store_gives_a_sandbox_to_one_claim_only(database_url: str) ->
         now = time.time()
         for index in range(6):
             await rows[0].add(
-                PoolRecord(
-                    id=f"{POOL_PREFIX}{index}",
-                    shape="s",
-                    job="warm",
-                    provider="memory",
-                    holder="one",
-                    state=READY,
+                pool_row(
+                    str(index),
                     sandbox_id=f"box-{index}",
-                    cpu=1.0,
-                    memory_mb=1024,
                     created_at=now,
                     expires_at=now + (60 if index else -1),  # the first one: idle too long
                 ),
@@ -252,17 +262,8 @@ async def test_replicas_adding_at_once_never_pass_the_cap_together(database_url:
         now = time.time()
 
         def record(index: int) -> PoolRecord:
-            return PoolRecord(
-                id=f"{POOL_PREFIX}cap{index}",
-                shape="s",
-                job="warm",
-                provider="memory",
-                holder=f"replica-{index % replicas}",
-                state=CREATING,
-                cpu=1.0,
-                memory_mb=1024,
-                created_at=now,
-                expires_at=now + 60,
+            return pool_row(
+                f"cap{index}", holder=f"replica-{index % replicas}", state=CREATING, created_at=now
             )
 
         added = await asyncio.gather(*(rows[i % replicas].add(record(i), cap=3) for i in range(12)))
@@ -281,18 +282,7 @@ async def test_retention_deletes_old_ended_pool_rows_only(tmp_path: Path) -> Non
         ("new", ENDED, now),
         ("idle", READY, 0),
     ):
-        record = PoolRecord(
-            id=POOL_PREFIX + name,
-            shape="s",
-            job="warm",
-            provider="memory",
-            holder="one",
-            state=state,
-            cpu=1.0,
-            memory_mb=1024,
-            created_at=created,
-            expires_at=created + 1,
-        )
+        record = pool_row(name, state=state, created_at=created, expires_at=created + 1)
         await rows.add(record, cap=100)
     assert (await retention.prune(store, now - 50)).pooled == 1
     left = await rows.by_id([POOL_PREFIX + name for name in ("old", "new", "idle")])
@@ -387,12 +377,8 @@ async def test_usage_shows_a_token_the_idle_time_of_the_sandboxes_its_runs_claim
     async with relay(settings, MemoryWorld(), clock=lambda: time.time() + offset[0]) as service:
         await until(lambda: service.pools.ready == 2)
         rate = service.pools.pools[("warm", "memory")].usd_per_s
-        expired = PoolRecord(
-            id=POOL_PREFIX + "expired",
-            shape="s",
-            job="warm",
-            provider="memory",
-            holder="one",
+        expired = pool_row(
+            "expired",
             state=ENDED,
             cpu=0.5,
             memory_mb=512,
@@ -471,16 +457,9 @@ async def test_idle_time_is_never_negative_when_the_ending_clock_is_behind(
     try:
         rows, now = PoolRows(store), time.time()
         for name in ("claimed", "ended"):
-            record = PoolRecord(
-                id=POOL_PREFIX + name,
-                shape="s",
-                job="warm",
-                provider="memory",
-                holder="one",
-                state=READY,
+            record = pool_row(
+                name,
                 sandbox_id="box-" + name,
-                cpu=1.0,
-                memory_mb=1024,
                 created_at=now + 30,  # the creator's clock is 30 s ahead of this replica's
                 expires_at=now + 300,
             )
