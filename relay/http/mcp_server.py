@@ -69,10 +69,10 @@ CHECK_S = 1.0
 CANCEL_S = 30.0
 """Longest wait for a canceled call's run to be stopped."""
 MAX_SESSIONS_PER_TOKEN = 32
-OWNER_SEPARATOR = "#"
-"""Between a session owner's token name and its credential's digest (names hold no '#')."""
 """Open sessions one token may hold: a session lives until it idles 30 minutes, and the
 SDK's room (10 000) is shared, so one token must not fill it and lock the others out."""
+OWNER_SEPARATOR = "#"
+"""Between a session owner's token name and its credential's digest (names hold no '#')."""
 
 
 class McpEndpoint:

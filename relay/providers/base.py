@@ -403,7 +403,8 @@ class SandboxProvider(ABC, Generic[S]):
 
     async def extend_lifetime(self, sandbox_id: str, lifetime_s: int) -> None:
         """Make the sandbox's hard deadline ``lifetime_s`` from now (only where
-        :attr:`extends_lifetime`; E2B's ``set_timeout`` is one)."""
+        :attr:`extends_lifetime`; E2B's ``set_timeout`` is one). Called through
+        :meth:`extended`, which bounds it and maps its errors."""
         raise NotImplementedError(f"{self.label} cannot extend a sandbox's lifetime")
 
     def may_have_created(self, error: ProviderError) -> bool:
@@ -465,6 +466,18 @@ class SandboxProvider(ABC, Generic[S]):
             if error is None:
                 raise
             raise error from exc
+
+    async def extended(self, sandbox_id: str, lifetime_s: int) -> None:
+        """:meth:`extend_lifetime`, bounded by ``create_timeout_s`` like the create it
+        stands in for (a warm pool's claim), its SDK errors mapped."""
+        try:
+            with anyio.fail_after(self.create_timeout_s):
+                with self.mapping("extending the sandbox's lifetime", in_sandbox=False):
+                    await self.extend_lifetime(sandbox_id, lifetime_s)
+        except TimeoutError as exc:
+            raise ProviderTimeout(
+                f"{self.label} did not extend the sandbox's lifetime in time"
+            ) from exc
 
     async def _sweep(self, spec: SandboxSpec) -> None:
         """Terminate what a failed create left tagged with its run (bounded, best effort)."""

@@ -226,8 +226,7 @@ class E2BProvider(SandboxProvider["E2BSandbox"]):
     async def extend_lifetime(self, sandbox_id: str, lifetime_s: int) -> None:
         """A warm pool's sandbox, claimed: its timeout becomes the run's lifetime from now
         (E2B's ``set_timeout`` replaces the deadline, so it can also shorten it)."""
-        with self.mapping("setting the sandbox's timeout", in_sandbox=False):
-            await AsyncSandbox.set_timeout(sandbox_id, lifetime_s, **self._opts)
+        await AsyncSandbox.set_timeout(sandbox_id, lifetime_s, **self._opts)
 
     async def aclose(self) -> None:
         """Nothing to release: the SDK's connection pools are process-wide and idle out."""

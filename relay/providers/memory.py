@@ -336,8 +336,7 @@ class MemoryProvider(SandboxProvider["MemorySandbox"]):
         self.world.destroy(self._api_key, self._client, sandbox_id)
 
     async def extend_lifetime(self, sandbox_id: str, lifetime_s: int) -> None:
-        with self.mapping("extending the sandbox's lifetime"):
-            self.world.extend(self._api_key, sandbox_id, lifetime_s)
+        self.world.extend(self._api_key, sandbox_id, lifetime_s)
 
     async def list_tagged(self) -> list[SandboxRef]:
         return [

@@ -38,7 +38,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
-from relay.errors import ProviderError, ProviderTimeout
+from relay.errors import ProviderError
 from relay.providers.base import (
     POOL_PREFIX,
     Egress,
@@ -286,13 +286,9 @@ class Pools:
         if pool.provider.extends_lifetime:
             try:
                 lifetime = math.ceil(plan.timeout_s + self.settings.grace_s)
-                # Bounded as the create it replaces: nothing else ends a run of this
-                # replica still starting (the reaper leaves the runs a relay holds).
-                try:
-                    async with asyncio.timeout(pool.provider.create_timeout_s):
-                        await pool.provider.extend_lifetime(ready.box.id, lifetime)
-                except TimeoutError as exc:
-                    raise ProviderTimeout(f"{pool.provider.label} did not answer") from exc
+                # Bounded (nothing else ends a run of this replica still starting: the
+                # reaper leaves the runs a relay holds).
+                await pool.provider.extended(ready.box.id, lifetime)
             except BaseException as exc:
                 # No longer the pool's, not yet the run's (the extension failed, or the run
                 # was canceled meanwhile): nobody else would end it.
