@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from relay import logs
 from relay.auth import TokenStore
 from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError, StoreUnavailable
-from relay.http.access_log import AccessLog
+from relay.http.access_log import report
 from relay.http.app_state import AppState
 from relay.http.console_page import console_routes
 from relay.http.docs_page import docs_routes
@@ -109,20 +110,27 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 class RequestContext:
-    """Request id (honours a sane ``X-Request-Id``) and the body size limit, as raw ASGI.
+    """The outermost of the relay's own middleware, as raw ASGI: each request starts with
+    fresh log ids and a request id (a sane ``X-Request-Id`` is honoured), its body is held
+    to the size limit, and its line and metrics sample are written as it ends
+    (relay/http/access_log.py), whatever it answered.
 
     The limit is enforced while the body streams in, so an oversized body is refused
     with 413 before it is read whole.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, metrics: Metrics) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        context = logs.fresh_context()
+        started = time.perf_counter()
+        status = 500  # what the error middleware answers if nothing else did
         headers = dict(scope["headers"])
         incoming = headers.get(b"x-request-id", b"").decode("latin-1")
         request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else ""
@@ -149,27 +157,34 @@ class RequestContext:
             return message
 
         async def send_with_id(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
+                status = message["status"]
                 sent = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
                 # A handler's headers for whatever it answers, an error included (the
                 # RateLimit fields of POST /v1/runs); the answer's own win.
                 extra: dict[str, str] = scope["state"].get("extra_headers") or {}
-                names = {name.lower() for name, _ in sent}
-                sent += [
-                    (name.lower().encode(), value.encode())
-                    for name, value in extra.items()
-                    if name.lower().encode() not in names
-                ]
+                if extra:
+                    names = {name.lower() for name, _ in sent}
+                    sent += [
+                        (name.lower().encode(), value.encode())
+                        for name, value in extra.items()
+                        if name.lower().encode() not in names
+                    ]
                 message["headers"] = sent
             await send(message)
 
-        if too_large:
-            request = Request(scope)
-            response = error_response(request, BodyTooLarge(f"the body is over {limit} bytes"))
-            response.headers["Connection"] = "close"
-            await response(scope, receive, send_with_id)
-            return
-        await self.app(scope, limited_receive, send_with_id)
+        try:
+            if too_large:
+                request = Request(scope)
+                response = error_response(request, BodyTooLarge(f"the body is over {limit} bytes"))
+                response.headers["Connection"] = "close"
+                await response(scope, receive, send_with_id)
+            else:
+                await self.app(scope, limited_receive, send_with_id)
+        finally:
+            report(self.metrics, scope, status, time.perf_counter() - started)
+            logs.restore(context)
 
 
 def create_app(
@@ -269,7 +284,6 @@ def create_app(
             Exception: _unexpected,
         },
     )
-    app.add_middleware(RequestContext, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(AccessLog, metrics=metrics)  # outermost: sees every answer
+    app.add_middleware(RequestContext, max_body_bytes=settings.max_body_bytes, metrics=metrics)
     app.state.metrics = metrics
     return app
