@@ -9,10 +9,10 @@ the runs in flight, is the :class:`~relay.runs.runner.Runner`'s.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 from relay.errors import RelayError
@@ -64,6 +64,8 @@ class RunTask:
             ),
         )
         self.watch = _Stopwatch()
+        self.pooled = False
+        """Whether the sandbox came from a warm pool."""
 
     async def steps(self) -> RunValues:
         """Run the job in a sandbox, always terminated; the state it ended in. A failure
@@ -71,35 +73,43 @@ class RunTask:
         final: RunValues = {}
         try:
             self.events.publish(RunEvent(self.run.id, "state", state=RunState.starting.value))
-            async with contextlib.AsyncExitStack() as stack:
-                sandbox = await self._open_sandbox(stack)
-                self._mark_running(stack, sandbox.id)
-                assert self.run.started_at is not None
-                final = await self._exec(sandbox, self.run.started_at)
+            async with await self._open_sandbox() as sandbox:  # leaving it terminates
+                self._sandbox_created()
+                record = self._mark_running(sandbox.id)
+                try:
+                    assert self.run.started_at is not None
+                    final = await self._exec(sandbox, self.run.started_at)
+                finally:
+                    record.cancel()
                 terminate_started = time.monotonic()
             self.watch.timings["terminate_ms"] = _ms_since(terminate_started)
         except Exception as exc:
             final = failure(self.run.id, self.plan, final, exc)
         return final
 
-    async def _open_sandbox(self, stack: contextlib.AsyncExitStack) -> Sandbox:
-        """Create the sandbox inside ``stack`` (leaving it terminates the sandbox)."""
+    async def _open_sandbox(self) -> AbstractAsyncContextManager[Sandbox]:
+        """The context that creates the sandbox (or serves a warm pool's) and terminates
+        it on exit."""
         plan, watch = self.plan, self.watch
-        provider = self.providers[plan.provider]
         watch.sandbox_started = time.monotonic()
         claimed = await self.pools.claim(plan) if self.pools is not None else None
+        self.pooled = claimed is not None
         if claimed is not None:
-            # A warm pool's: its idle time was the pool's cost; the run's starts now.
-            sandbox: Sandbox = await stack.enter_async_context(claimed.serving())
-            watch.sandbox_started = time.monotonic()
-        else:  # bounded by the provider's create_timeout_s (SandboxProvider.created)
-            sandbox = await stack.enter_async_context(provider.sandbox(plan.spec))
-        watch.timings["create_ms"] = _ms_since(watch.started)
-        watch.timings["pooled"] = claimed is not None
-        return sandbox
+            return claimed.serving()
+        # Bounded by the provider's create_timeout_s (SandboxProvider.created).
+        return self.providers[plan.provider].sandbox(plan.spec)
 
-    def _mark_running(self, stack: contextlib.AsyncExitStack, sandbox_id: str) -> None:
-        """The sandbox exists: the run is running, and its deadline starts now."""
+    def _sandbox_created(self) -> None:
+        watch = self.watch
+        if self.pooled:
+            # A warm pool's: its idle time was the pool's cost; the run's starts now.
+            watch.sandbox_started = time.monotonic()
+        watch.timings["create_ms"] = _ms_since(watch.started)
+        watch.timings["pooled"] = self.pooled
+
+    def _mark_running(self, sandbox_id: str) -> asyncio.TimerHandle:
+        """The sandbox exists: the run is running, and its deadline starts now. Returns
+        the timer of the deferred `running` write, to cancel when the run has ended."""
         run, started_at = self.run, time.time()
         running: RunValues = {
             "state": RunState.running.value,
@@ -113,8 +123,8 @@ class RunTask:
         record = asyncio.get_running_loop().call_later(
             RUNNING_WRITE_DELAY_S, self.record_running, run.id, running
         )
-        stack.callback(record.cancel)
         self.run = run.changed(**running)
+        return record
 
     async def _exec(self, sandbox: Sandbox, started_at: float) -> RunValues:
         """Upload the job's files and run its command for what is left of its timeout;

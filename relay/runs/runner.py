@@ -34,10 +34,40 @@ FINAL_WRITE_RETRY_S = (0.1, 5.0)
 the second, until it lands (the outcome waits in memory meanwhile)."""
 
 
-class _Done(asyncio.Event):
-    """Set when a run is final; carries the final record so a waiter needn't read it again."""
+class _Done:
+    """Set once, when a run is final; carries the final record so a waiter needn't read it
+    again. Waiting is bounded by a timer of the loop's, not a cancel scope: a run answered
+    at once (``wait``) waits through this on every request."""
 
-    run: RunRecord | None = None
+    def __init__(self) -> None:
+        self.run: RunRecord | None = None
+        self._set = False
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def set(self) -> None:
+        self._set = True
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until set, or ``timeout_s`` has passed."""
+        if self._set:
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        timer = loop.call_later(timeout_s, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiters.remove(waiter)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class Runner:
@@ -61,6 +91,10 @@ class Runner:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._done: dict[str, _Done] = {}
         self._cancel_reason: dict[str, str] = {}
+        # Runs whose task is still in its steps (or not started): only those are cancelled
+        # by stop(). Once the steps end the task writes the final state, which no
+        # cancellation interrupts; a shield around it would cost a task per run.
+        self._stepping: set[str] = set()
         self._writes: set[asyncio.Task[None]] = set()  # deferred `running` writes in flight
         # Runs this process answers for: from admission until their final state is stored
         # (or given up at shutdown). The reaper leaves them alone; any other active run
@@ -88,6 +122,7 @@ class Runner:
     def start(self, plan: Plan, run: RunRecord) -> None:
         """Run ``plan`` for the admitted ``run`` in a task of its own."""
         self._done[run.id] = _Done()
+        self._stepping.add(run.id)
         self._tasks[run.id] = asyncio.create_task(self._execute(plan, run), name=run.id)
 
     def running(self, run_id: str) -> bool:
@@ -111,16 +146,16 @@ class Runner:
         event = self._done.get(run_id)
         if event is None:
             return None
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await event.wait()
+        await event.wait(timeout_s)
         return event.run
 
     def stop(self, run_id: str, reason: str) -> None:
-        """Cancel the run's task; ``reason`` (canceled, shutdown, elsewhere) says why."""
+        """Cancel the run's steps; ``reason`` (canceled, shutdown, elsewhere) says why. A
+        run whose steps have ended is being written final: it is left to finish."""
         if run_id not in self._cancel_reason:
             self._cancel_reason[run_id] = reason
-            self._tasks[run_id].cancel()
+            if run_id in self._stepping:
+                self._tasks[run_id].cancel()
 
     async def closed(self, run_ids: set[str]) -> None:
         """Wait (up to the create timeout) for stopped runs to be written final."""
@@ -168,14 +203,25 @@ class Runner:
         )
         self._output[run.id] = task.sink
         final: RunValues = {}
+        cancelled = False
         try:
             final = await task.steps()
         except asyncio.CancelledError:
             final = canceled(self._cancel_reason.get(run.id, "shutdown"))
-            raise
+            cancelled = True
         finally:
+            # From here stop() leaves the task alone (the flag changes while this task
+            # runs, so no cancellation requested before can arrive after it): the final
+            # write is never interrupted.
+            self._stepping.discard(run.id)
+            if cancelled:
+                current = asyncio.current_task()
+                assert current is not None
+                current.uncancel()
             final = task.measured(final)
-            await shielded(self._finish(task.run, final, task.sink, task.watch.timings))
+            await self._finish(task.run, final, task.sink, task.watch.timings)
+        if cancelled:
+            raise asyncio.CancelledError
 
     def _record_running(self, run_id: str, values: RunValues) -> None:
         task = asyncio.create_task(self._write_running(run_id, values))
@@ -219,6 +265,7 @@ class Runner:
         finished = await self._write_final(run, values)
         self._output.pop(run_id, None)
         self._tasks.pop(run_id, None)
+        self._stepping.discard(run_id)
         self._cancel_reason.pop(run_id, None)
         self._held.discard(run_id)
         event = self._done.pop(run_id, None)

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,3 +136,37 @@ async def test_running_is_stored_soon_and_a_quick_run_is_written_once_with_its_s
     assert final is not None and final.sandbox_id == done.sandbox_id is not None
     assert final.started_at is not None and final.duration_ms is not None
     assert (await relay.service.wait(slow.id, 5)).state == "succeeded"
+
+
+async def test_a_cancel_during_the_final_write_leaves_the_outcome_to_land(
+    world: tuple[MemoryBackend, Store, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job has ended and its final state is being written when a DELETE (then a
+    shutdown) arrives: the write is not interrupted, the run keeps its own outcome."""
+    backend, store, tmp = world
+    relay = Relay(store, backend, tmp, {})
+    writing, release = asyncio.Event(), asyncio.Event()
+    finish_run = store.finish_run
+
+    async def slow_finish(*args: Any, **kwargs: Any) -> bool:
+        writing.set()
+        await release.wait()
+        return await finish_run(*args, **kwargs)
+
+    monkeypatch.setattr(relay.store, "finish_run", slow_finish)
+    request = RunRequest(command=["echo", "done"], timeout_s=10, wait=False)
+    run, _ = await relay.service.submit(PRINCIPAL, request, None)
+    [task] = relay.service.runner.tasks()
+    await asyncio.wait_for(writing.wait(), 5)
+    relay.service.runner.stop(run.id, "canceled")
+    relay.service.begin_drain()
+    shutdown = asyncio.create_task(relay.service.shutdown())
+    await asyncio.sleep(0.05)  # both reached the run's task before the write answers
+    release.set()
+    await asyncio.wait_for(shutdown, 5)
+    final = await store.get_run(run.id)
+    assert final is not None
+    assert (final.state, final.stdout, final.error_code) == ("succeeded", "done\n", None)
+    assert task.done() and not task.cancelled()
+    assert not relay.service.holds(run.id)
+    assert not any(box.alive for box in backend.world.boxes.values())
