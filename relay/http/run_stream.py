@@ -64,6 +64,10 @@ class LiveRuns:
 
     def __init__(self, events: EventBus, *, max_streams_per_token: int = 8) -> None:
         self._runs: dict[str, _Buffer] = {}
+        # A run nobody follows and that has printed nothing needs no buffer: the states it
+        # went through are enough to replay its events so far to a caller who comes
+        # later. Most runs are never followed; this keeps them cheap.
+        self._states: dict[str, tuple[str, ...]] = {}
         self._unsubscribe = events.subscribe(self._on_event)
         self.max_streams_per_token = max_streams_per_token
         self._streams: dict[str, int] = {}
@@ -96,16 +100,30 @@ class LiveRuns:
             self._end(run_id)
 
     def _on_event(self, event: RunEvent) -> None:
+        run_id = event.run_id
         if event.kind == "finished":
-            self._end(event.run_id)
+            self._states.pop(run_id, None)
+            self._end(run_id)
             return
-        buffer = self._runs.setdefault(event.run_id, _Buffer())
+        buffer = self._runs.get(run_id)
+        if buffer is None:
+            if event.kind == "state" and event.state is not None:
+                self._states[run_id] = (*self._states.get(run_id, ()), event.state)
+                return
+            buffer = self._open(run_id)
         if event.kind == "state":
             buffer.add({"event": "state", "state": event.state})
         elif event.kind == "output" and event.stream:
             text = buffer.text(event.stream, event.data)
             if text:
                 buffer.add({"event": "output", "stream": event.stream, "text": text})
+
+    def _open(self, run_id: str) -> _Buffer:
+        """The run's buffer, begun with the states it has been through so far."""
+        buffer = self._runs[run_id] = _Buffer()
+        for state in self._states.pop(run_id, ()):
+            buffer.add({"event": "state", "state": state})
+        return buffer
 
     def _end(self, run_id: str) -> None:
         buffer = self._runs.pop(run_id, None)
@@ -123,9 +141,9 @@ class LiveRuns:
         end; None when this replica is not running the run."""
         buffer = self._runs.get(run_id)
         if buffer is None:
-            if not running_here:
+            if not running_here and run_id not in self._states:
                 return None
-            buffer = self._runs[run_id] = _Buffer()  # no event yet: it is about to start
+            buffer = self._open(run_id)  # or no event yet: it is about to start
         queue: asyncio.Queue[Line | None] = asyncio.Queue()
         for line in buffer.events:
             queue.put_nowait(line)

@@ -19,9 +19,10 @@ log = logging.getLogger("relay.events")
 EventKind = Literal["state", "output", "finished"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RunEvent:
-    """One thing that happened to a run."""
+    """One thing that happened to a run (not to be changed by a subscriber; not frozen,
+    which would make each of the several events of every run slower to make)."""
 
     run_id: str
     kind: EventKind
