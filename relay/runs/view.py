@@ -90,13 +90,32 @@ def run_summary(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None = No
 
 def run_model(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None = None) -> Run:
     """A stored run (and its deliveries) as the API shows it (the same shape everywhere)."""
-    asked = RequestEcho.model_validate_json(run.request) if run.request else None
+    asked = _echo(run.request) if run.request else None
     return Run(
         stdout=run.stdout or "",
         stderr=run.stderr or "",
         request=asked,
         **_run_fields(run, deliveries),
     )
+
+
+_ECHOES: dict[str, RequestEcho] = {}
+MAX_ECHOES = 256
+"""Requests' echoes kept parsed, by their stored text: a run is answered and polled several
+times, and a scheduled job sends the same request each time. The oldest is forgotten."""
+MAX_ECHO_CHARS = 4096
+"""A longer echo (large params) is parsed each time, not kept."""
+
+
+def _echo(text: str) -> RequestEcho:
+    found = _ECHOES.get(text)
+    if found is None:
+        found = RequestEcho.model_validate_json(text)
+        if len(text) <= MAX_ECHO_CHARS:
+            if len(_ECHOES) >= MAX_ECHOES:
+                del _ECHOES[next(iter(_ECHOES))]
+            _ECHOES[text] = found
+    return found
 
 
 def usage_window(usage: Usage) -> UsageWindow:

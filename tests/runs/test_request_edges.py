@@ -3,6 +3,8 @@ accepted and the first that is refused."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -41,3 +43,23 @@ def test_json_depth_counts_to_the_limit() -> None:
         nested = [nested]
     assert json_depth(nested) == MAX_JSON_DEPTH  # accepted by the handler
     assert json_depth([nested]) == MAX_JSON_DEPTH + 1  # refused: 400 invalid_request
+
+
+def test_parsed_echoes_kept_for_answers_are_bounded_in_number_and_size() -> None:
+    """The answers' parse of a run's request echo is remembered by its text: at most
+    MAX_ECHOES of them, the oldest forgotten, and never one over MAX_ECHO_CHARS."""
+    from relay.runs import view
+    from tests.rows import run_row
+
+    view._ECHOES.clear()
+    for number in range(view.MAX_ECHOES + 10):
+        echo = RunRequest(job="noop", params={"n": number}).echo()
+        answer = view.run_model(run_row(f"run_{number:x}", request=json.dumps(echo)))
+        assert answer.request is not None and answer.request.params == {"n": number}
+    assert len(view._ECHOES) == view.MAX_ECHOES
+    first = json.dumps(RunRequest(job="noop", params={"n": 0}).echo())
+    last = json.dumps(RunRequest(job="noop", params={"n": view.MAX_ECHOES + 9}).echo())
+    assert first not in view._ECHOES and last in view._ECHOES  # the oldest are forgotten
+    big = json.dumps(RunRequest(job="noop", params={"x": "y" * view.MAX_ECHO_CHARS}).echo())
+    assert view.run_model(run_row("run_b16", request=big)).request is not None
+    assert big not in view._ECHOES
