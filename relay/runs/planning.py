@@ -101,6 +101,12 @@ def narrower_egress(job: tuple[str, ...], asked: list[str]) -> tuple[str, ...]:
     raise Forbidden("this job does not allow that egress; a request may only narrow it")
 
 
+OVERRIDABLE = frozenset(
+    ("image", "size", "env", "stdin", "files", "workdir", "timeout_s", "egress")
+)
+"""What a request may set for a job only where the job's ``allow`` lists it."""
+
+
 class Planner:
     """Resolves requests against one relay's settings, job catalog and providers."""
 
@@ -149,17 +155,8 @@ class Planner:
                 )
             overrides = {
                 key
-                for key in (
-                    "image",
-                    "size",
-                    "env",
-                    "stdin",
-                    "files",
-                    "workdir",
-                    "timeout_s",
-                    "egress",
-                )
-                if key in request.model_fields_set and getattr(request, key) not in (None, {}, [])
+                for key in OVERRIDABLE & request.model_fields_set
+                if getattr(request, key) not in (None, {}, [])
             }
             refused = sorted(overrides - job.allow)
             if refused:
