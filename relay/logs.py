@@ -81,7 +81,7 @@ def _add_fields(line: dict[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
 
 _json_encoder = json.JSONEncoder(default=str)
 _json_string = json.encoder.encode_basestring_ascii
-_json_keys = {key: f", {_json_string(key)}: " for key in FIELDS}
+_json_keys = tuple((key, f", {_json_string(key)}: ") for key in FIELDS)
 
 
 def _json_value(value: Any) -> str:
@@ -103,7 +103,7 @@ class LineFormatter(logging.Formatter):
     a record; ``format(record)`` passes the record's parts, so both paths write one text."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return self.text(
+        return self.format_parts(
             record.name,
             record.levelname,
             record.created,
@@ -112,7 +112,7 @@ class LineFormatter(logging.Formatter):
             record.__dict__,  # ``extra`` lands here
         )
 
-    def text(
+    def format_parts(
         self,
         logger: str,
         level: str,
@@ -126,12 +126,12 @@ class LineFormatter(logging.Formatter):
 
 class JsonFormatter(LineFormatter):
     """Written for every line the relay logs, several per run: the timestamp's seconds are
-    formatted once a second and one encoder serves every line."""
+    formatted once a second, and the line is put together from its escaped parts."""
 
     _second = -1
     _second_text = ""
 
-    def text(
+    def format_parts(
         self,
         logger: str,
         level: str,
@@ -142,30 +142,34 @@ class JsonFormatter(LineFormatter):
     ) -> str:
         second = int(created)
         if second != self._second:
-            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            # Digits and "-T:" only: the escaper would leave them as they are.
+            self._second_text = time.strftime('{"ts": "%Y-%m-%dT%H:%M:%S.', time.gmtime(second))
             self._second = second
         # The text json.JSONEncoder(default=str) writes for {"ts": ..., "level": ...,
         # "logger": ..., "event": ..., **fields}, built from its parts: the encoder's own
         # per-call setup cost more than the line.
         parts = [
-            f'{{"ts": {_json_string(f"{self._second_text}.{int(msecs):03d}Z")}, '
+            f'{self._second_text}{int(msecs):03d}Z", '
             f'"level": {_json_string(level.lower())}, "logger": {_json_string(logger)}, '
             f'"event": {_json_string(event)}'
         ]
         bound = _context.get(_NOTHING_BOUND)
-        for key in FIELDS:  # as _add_fields
+        for key, json_key in _json_keys:  # as _add_fields, with _json_value's commonest case
             value = own.get(key)
             if value is None:
                 value = bound.get(key)
-            if value is not None:
-                parts.append(_json_keys[key])
-                parts.append(_json_value(value))
+                if value is None:
+                    continue
+            if type(value) is str:
+                parts.append(json_key + _json_string(value))
+            else:
+                parts.append(json_key + _json_value(value))
         parts.append("}")
         return _blank("".join(parts))
 
 
 class ConsoleFormatter(LineFormatter):
-    def text(
+    def format_parts(
         self,
         logger: str,
         level: str,
@@ -289,7 +293,7 @@ class _Sink:
         created, msecs = _clock()
         handler.acquire()
         try:
-            text = self.formatter.text(
+            text = self.formatter.format_parts(
                 logger.name, logging.getLevelName(level), created, msecs, event, own
             )
             stream = handler.stream
