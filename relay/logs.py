@@ -304,7 +304,15 @@ class _Sink:
             raise
         except Exception:
             record = logger.makeRecord(
-                logger.name, level, "(unknown file)", 0, event, (), None, None, dict(own)
+                logger.name,
+                level,
+                "(unknown file)",
+                0,
+                event,
+                (),
+                None,
+                "(unknown function)",
+                dict(own),
             )
             handler.handleError(record)
         finally:
@@ -368,7 +376,7 @@ class RelayLogger(logging.Logger):
 def _adopt_own_loggers() -> None:
     """Make the relay's existing loggers :class:`RelayLogger`s. Modules make their loggers
     when they are imported, mostly before :func:`configure` runs, so the class is set on
-    the ones that exist (the subclass adds no state, only a method); a logger of another
+    the ones that exist (the subclass adds no state, only methods); a logger of another
     library, or one of another class, is left as it is, and one made later takes logging's
     own path (the same line, at the ordinary cost)."""
     for name, logger in list(logging.Logger.manager.loggerDict.items()):

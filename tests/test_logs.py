@@ -249,8 +249,9 @@ def test_the_short_path_writes_the_line_logging_writes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     logger = logging.getLogger("relay.test-short")  # made before configure(), as at import
+    library = logging.getLogger("some_library.test-short")
     stream = configured(fmt)
-    assert isinstance(logger, logs.RelayLogger)
+    assert isinstance(logger, logs.RelayLogger) and type(library) is logging.Logger
     monkeypatch.setattr(time, "time", lambda: FIXED_TIME)
     logs.redact(["sk-short-path-secret"])
     extras: list[dict[str, Any] | None] = [
