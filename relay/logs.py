@@ -13,11 +13,12 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import math
 import sys
 import time
 import traceback
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, SecretStr
 
@@ -62,47 +63,123 @@ def restore(token: contextvars.Token[dict[str, Any]]) -> None:
 
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
     """The allowed fields of a record: its own ``extra`` first, then the bound ids."""
+    return _add_fields({}, record.__dict__)  # ``extra`` lands in the record's __dict__
+
+
+def _add_fields(line: dict[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """Add to ``line`` the allowed fields, in ``FIELDS`` order: ``own``'s value, else the
+    bound one; a field that is None in both is left out."""
     bound = _context.get(_NOTHING_BOUND)
-    own = record.__dict__  # ``extra`` lands here
-    values: dict[str, Any] = {}
     for key in FIELDS:
         value = own.get(key)
         if value is None:
             value = bound.get(key)
         if value is not None:
-            values[key] = value
-    return values
+            line[key] = value
+    return line
 
 
-class JsonFormatter(logging.Formatter):
+_json_encoder = json.JSONEncoder(default=str)
+_json_string = json.encoder.encode_basestring_ascii
+_json_keys = tuple((key, f", {_json_string(key)}: ") for key in FIELDS)
+
+
+def _json_value(value: Any) -> str:
+    """``value`` as ``_json_encoder`` writes it inside an object: strings, plain ints and
+    finite floats as its C encoder writes them (the ascii escaper, ``int.__repr__``,
+    ``float.__repr__``), anything else by the encoder itself."""
+    kind = type(value)
+    if kind is str:
+        return _json_string(value)
+    if kind is int:
+        return int.__repr__(value)
+    if kind is float and math.isfinite(value):
+        return float.__repr__(value)
+    return _json_encoder.encode(value)
+
+
+class LineFormatter(logging.Formatter):
+    """A formatter whose line is made of the parts :class:`RelayLogger` has at hand without
+    a record; ``format(record)`` passes the record's parts, so both paths write one text."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.format_parts(
+            record.name,
+            record.levelname,
+            record.created,
+            record.msecs,
+            record.getMessage(),
+            record.__dict__,  # ``extra`` lands here
+        )
+
+    def format_parts(
+        self,
+        logger: str,
+        level: str,
+        created: float,
+        msecs: float,
+        event: str,
+        own: Mapping[str, Any],
+    ) -> str:
+        raise NotImplementedError
+
+
+class JsonFormatter(LineFormatter):
     """Written for every line the relay logs, several per run: the timestamp's seconds are
-    formatted once a second and one encoder serves every line."""
+    formatted once a second, and the line is put together from its escaped parts."""
 
-    _encode = json.JSONEncoder(default=str).encode
     _second = -1
     _second_text = ""
 
-    def format(self, record: logging.LogRecord) -> str:
-        second = int(record.created)
+    def format_parts(
+        self,
+        logger: str,
+        level: str,
+        created: float,
+        msecs: float,
+        event: str,
+        own: Mapping[str, Any],
+    ) -> str:
+        second = int(created)
         if second != self._second:
-            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            # Digits and "-T:" only: the escaper would leave them as they are.
+            self._second_text = time.strftime('{"ts": "%Y-%m-%dT%H:%M:%S.', time.gmtime(second))
             self._second = second
-        line = {
-            "ts": f"{self._second_text}.{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "event": record.getMessage(),
-        }
-        line.update(fields_of(record))
-        return _blank(self._encode(line))
+        # The text json.JSONEncoder(default=str) writes for {"ts": ..., "level": ...,
+        # "logger": ..., "event": ..., **fields}, built from its parts: the encoder's own
+        # per-call setup cost more than the line.
+        parts = [
+            f'{self._second_text}{int(msecs):03d}Z", '
+            f'"level": {_json_string(level.lower())}, "logger": {_json_string(logger)}, '
+            f'"event": {_json_string(event)}'
+        ]
+        bound = _context.get(_NOTHING_BOUND)
+        for key, json_key in _json_keys:  # as _add_fields, with _json_value's commonest case
+            value = own.get(key)
+            if value is None:
+                value = bound.get(key)
+                if value is None:
+                    continue
+            if type(value) is str:
+                parts.append(json_key + _json_string(value))
+            else:
+                parts.append(json_key + _json_value(value))
+        parts.append("}")
+        return _blank("".join(parts))
 
 
-class ConsoleFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        extras = " ".join(f"{key}={value}" for key, value in fields_of(record).items())
-        return _blank(
-            f"{record.levelname.lower():7} {record.name}: {record.getMessage()} {extras}".rstrip()
-        )
+class ConsoleFormatter(LineFormatter):
+    def format_parts(
+        self,
+        logger: str,
+        level: str,
+        created: float,
+        msecs: float,
+        event: str,
+        own: Mapping[str, Any],
+    ) -> str:
+        extras = " ".join(f"{key}={value}" for key, value in _add_fields({}, own).items())
+        return _blank(f"{level.lower():7} {logger}: {event} {extras}".rstrip())
 
 
 OWN_LOGGERS = ("relay", "uvicorn")
@@ -134,12 +211,178 @@ def _blank(line: str) -> str:
     return line
 
 
+_own_names: dict[str, bool] = {}
+
+
+def _is_own(name: str) -> bool:
+    """Whether OwnLinesFilter passes the debug and info lines of logger ``name``."""
+    own = _own_names.get(name)
+    if own is None:
+        own = _own_names[name] = name.split(".")[0] in OWN_LOGGERS
+    return own
+
+
 class OwnLinesFilter(logging.Filter):
     """Drops other libraries' debug and info lines."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        own = record.name.split(".")[0] in OWN_LOGGERS
-        return own or record.levelno >= logging.WARNING
+        return record.levelno >= logging.WARNING or _is_own(record.name)
+
+
+if sys.version_info >= (3, 13):
+
+    def _clock() -> tuple[float, float]:
+        """A line's time as ``logging.LogRecord`` takes it on this Python."""
+        now = time.time_ns()
+        return now / 1e9, (now % 1_000_000_000) // 1_000_000 + 0.0
+
+else:
+
+    def _clock() -> tuple[float, float]:
+        """A line's time as ``logging.LogRecord`` takes it on this Python."""
+        now = time.time()
+        return now, int((now - int(now)) * 1000) + 0.0
+
+
+_FIELD_NAMES = frozenset(FIELDS)
+_NO_EXTRA: dict[str, Any] = {}
+
+
+class _Sink:
+    """The handler :func:`configure` installed, and what it installed on it."""
+
+    def __init__(
+        self, handler: logging.StreamHandler[Any], formatter: LineFormatter, own: OwnLinesFilter
+    ) -> None:
+        self.handler, self.formatter, self.own = handler, formatter, own
+
+    def carries(self, logger: logging.Logger, level: int) -> bool:
+        """Whether logging would hand a line of ``logger`` at ``level`` to this handler alone,
+        and its filter would let it through: the logger is enabled and has no filter, no
+        logger from it up to the root has a handler or stops the line, the root has this one
+        handler, still with its level, formatter and filter only, and records are plain
+        ``LogRecord`` (a factory could add attributes). Anything else, such as a capturing
+        handler a test added, takes logging's own path."""
+        handler = self.handler
+        filters = handler.filters
+        if (
+            logger.disabled
+            or logger.filters
+            or level < handler.level
+            or handler.formatter is not self.formatter
+            or len(filters) != 1
+            or filters[0] is not self.own
+            or logging.getLogRecordFactory() is not logging.LogRecord
+        ):
+            return False
+        if level < logging.WARNING and not _is_own(logger.name):  # OwnLinesFilter's test
+            return False
+        node = logger
+        while (parent := node.parent) is not None:
+            if node.handlers or not node.propagate:
+                return False
+            node = parent
+        handlers = node.handlers
+        return len(handlers) == 1 and handlers[0] is handler
+
+    def write(self, logger: logging.Logger, level: int, event: str, own: Mapping[str, Any]) -> None:
+        """What the handler's ``handle`` and ``emit`` do with the record, without the record:
+        the same text, written and flushed under the handler's lock; a failing write goes to
+        ``handleError`` (which reports it on stderr) and never into the caller."""
+        handler = self.handler
+        created, msecs = _clock()
+        handler.acquire()
+        try:
+            text = self.formatter.format_parts(
+                logger.name, logging.getLevelName(level), created, msecs, event, own
+            )
+            stream = handler.stream
+            stream.write(text + handler.terminator)
+            if stream and hasattr(stream, "flush"):  # StreamHandler.flush's test
+                stream.flush()
+        except RecursionError:  # as StreamHandler.emit does
+            raise
+        except Exception:
+            record = logger.makeRecord(
+                logger.name,
+                level,
+                "(unknown file)",
+                0,
+                event,
+                (),
+                None,
+                "(unknown function)",
+                dict(own),
+            )
+            handler.handleError(record)
+        finally:
+            handler.release()
+
+
+class RelayLogger(logging.Logger):
+    """The relay's loggers. A line without ``%`` arguments, exception or stack, whose
+    ``extra`` holds only ``FIELDS``, is written straight to the handler :func:`configure`
+    installed while that configuration is the one in place (:meth:`_Sink.carries`): the
+    same text logging would write, without building a record and dispatching it, which
+    is most of a line's cost. Every other line, and every line under another
+    configuration, takes logging's own path."""
+
+    sink: ClassVar[_Sink | None] = None
+
+    def info(
+        self,
+        msg: object,
+        *args: object,
+        exc_info: Any = None,
+        stack_info: bool = False,
+        stacklevel: int = 1,
+        extra: Mapping[str, object] | None = None,
+    ) -> None:
+        """``Logger.info``, without packing and unpacking its keywords (the relay's most
+        frequent call)."""
+        if self.isEnabledFor(logging.INFO):
+            # One frame more to step over for the caller's file and line (logging's own
+            # frames are skipped, this module's are not).
+            self._log(logging.INFO, msg, args, exc_info, extra, stack_info, stacklevel + 1)
+
+    def _log(
+        self,
+        level: int,
+        msg: object,
+        args: Any,
+        exc_info: Any = None,
+        extra: Mapping[str, object] | None = None,
+        stack_info: bool = False,
+        stacklevel: int = 1,
+    ) -> None:
+        sink = RelayLogger.sink
+        if (
+            sink is None
+            or args
+            or exc_info
+            or stack_info
+            or type(msg) is not str
+            or (
+                extra is not None
+                and (type(extra) is not dict or not _FIELD_NAMES.issuperset(extra))
+            )
+            or not sink.carries(self, level)
+        ):
+            super()._log(level, msg, args, exc_info, extra, stack_info, stacklevel + 1)
+            return
+        sink.write(self, level, msg, _NO_EXTRA if extra is None else extra)
+
+
+def _adopt_own_loggers() -> None:
+    """Make the relay's existing loggers :class:`RelayLogger`s. Modules make their loggers
+    when they are imported, mostly before :func:`configure` runs, so the class is set on
+    the ones that exist (the subclass adds no state, only methods); a logger of another
+    library, or one of another class, is left as it is, and one made later takes logging's
+    own path (the same line, at the ordinary cost)."""
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        own = name == "relay" or name.startswith("relay.")
+        if own and type(logger) is logging.Logger:
+            logger.__class__ = RelayLogger
 
 
 def configure(level: str, fmt: str) -> None:
@@ -149,12 +392,16 @@ def configure(level: str, fmt: str) -> None:
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging._srcfile = None  # no caller lookup per line
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
-    handler.addFilter(OwnLinesFilter())
+    formatter = JsonFormatter() if fmt == "json" else ConsoleFormatter()
+    handler.setFormatter(formatter)
+    own = OwnLinesFilter()
+    handler.addFilter(own)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # relay.access instead
+    RelayLogger.sink = _Sink(handler, formatter, own)
+    _adopt_own_loggers()
 
 
 def traceback_of(error: BaseException) -> str:

@@ -197,3 +197,214 @@ def test_a_500_logs_its_stack_without_values(tmp_path: Path) -> None:
     assert "in lookup" in stack and "in broken" in stack and "test_logs.py" in stack
     for secret in (SECRET_CANARY, token, "body-marker-55", "Bearer"):
         assert secret not in stream.getvalue(), secret
+
+
+# The relay's loggers write a plain line (no % arguments, only FIELDS in extra) straight to
+# the handler configure() installed; these tests hold that short path to logging's own.
+
+FIXED_TIME = 1_700_000_000.123456  # LogRecord and the short path read time.time()
+
+
+@pytest.fixture
+def configured(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], io.StringIO]]:
+    """configure() with the handler's stream swapped for a StringIO; undone after."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, logs.RelayLogger.sink
+
+    def configure(fmt: str) -> io.StringIO:
+        logs.configure("info", fmt)
+        stream = io.StringIO()
+        handler = root.handlers[0]
+        assert isinstance(handler, logging.StreamHandler)
+        handler.setStream(stream)
+        return stream
+
+    yield configure
+    root.handlers[:], level, logs.RelayLogger.sink = saved
+    root.setLevel(level)
+
+
+def count_records(monkeypatch: pytest.MonkeyPatch) -> list[logging.LogRecord]:
+    """The records logging builds from here on (the short path builds none)."""
+    made: list[logging.LogRecord] = []
+    make = logging.Logger.makeRecord
+
+    def counted(self: logging.Logger, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        made.append(make(self, *args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(logging.Logger, "makeRecord", counted)
+    return made
+
+
+class Shown:
+    def __str__(self) -> str:
+        return "shown ✓"
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_the_short_path_writes_the_line_logging_writes(
+    fmt: str,
+    configured: Callable[[str], io.StringIO],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    logger = logging.getLogger("relay.test-short")  # made before configure(), as at import
+    library = logging.getLogger("some_library.test-short")
+    stream = configured(fmt)
+    assert isinstance(logger, logs.RelayLogger) and type(library) is logging.Logger
+    monkeypatch.setattr(time, "time", lambda: FIXED_TIME)
+    logs.redact(["sk-short-path-secret"])
+    extras: list[dict[str, Any] | None] = [
+        None,
+        {"run_id": "run_x", "state": "succeeded"},
+        {"status": 200, "duration_ms": 1.25, "method": "POST", "route": "/v1/runs"},
+        {"job": 'quo"te\\ \n tab\t é ☃ \x00', "attempt": True, "status": float("nan")},
+        {"token": None, "error_code": Shown(), "path": ["a", {"b": 1}], "state": 2**70},
+        {"error_class": "key sk-short-path-secret leaked", "duration_ms": 10.0},
+    ]
+    made = count_records(monkeypatch)
+    context = logs.fresh_context()
+    try:
+        logs.bind(request_id="req_1", run_id="run_bound", token="ops", provider="memory")
+        for extra in extras:
+            logger.info("run finished", extra=extra)
+            logger.warning("a warning ü", extra=extra)
+        assert made == []  # every line took the short path
+        short = stream.getvalue()
+        stream.seek(0)
+        stream.truncate()
+        logger.addFilter(lambda record: True)  # any logger filter: logging's own path
+        for extra in extras:
+            logger.info("run finished", extra=extra)
+            logger.warning("a warning ü", extra=extra)
+        assert len(made) == 2 * len(extras)
+    finally:
+        logs.restore(context)
+        logger.filters.clear()
+    assert short == stream.getvalue()
+    if fmt == "json":  # and both are what json.JSONEncoder(default=str) makes of the dict
+        encode = json.JSONEncoder(default=str).encode
+        bound = {"request_id": "req_1", "run_id": "run_bound", "token": "ops"}
+        for raw, extra in zip(short.splitlines()[::2], extras, strict=True):
+            own = {k: v for k, v in (extra or {}).items() if v is not None}
+            line = {"ts": "2023-11-14T22:13:20.123Z", "level": "info"}
+            line |= {"logger": "relay.test-short", "event": "run finished"}
+            fields = {**bound, "provider": "memory", **own}
+            line |= {key: fields[key] for key in logs.FIELDS if key in fields}
+            assert raw == encode(line).replace("sk-short-path-secret", logs.REDACTED)
+    assert "sk-short-path-secret" not in short and logs.REDACTED in short
+
+
+class Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_another_handler_or_logger_setting_takes_loggings_own_path(
+    configured: Callable[[str], io.StringIO], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logger = logging.getLogger("relay.test-other")
+    stream = configured("json")
+    made = count_records(monkeypatch)
+    capture = Capture()
+    root = logging.getLogger()
+    root.addHandler(capture)  # as pytest's caplog does
+    logger.info("seen twice", extra={"run_id": "run_1"})
+    root.removeHandler(capture)
+    assert [record.__dict__["run_id"] for record in capture.records] == ["run_1"]
+    assert json.loads(stream.getvalue())["event"] == "seen twice"
+    assert len(made) == 1
+    parent = logging.getLogger("relay")
+    parent.propagate = False
+    try:
+        logger.info("stops at relay")
+    finally:
+        parent.propagate = True
+    logger.info("not a field", extra={"body": "never shown"})
+    logger.info("%s args", "with")
+    assert len(made) == 4
+    written = [json.loads(raw) for raw in stream.getvalue().splitlines()]
+    assert [line["event"] for line in written] == ["seen twice", "not a field", "with args"]
+    assert "never shown" not in stream.getvalue()
+
+
+def test_levels_disable_and_the_own_lines_filter_hold_on_the_short_path(
+    configured: Callable[[str], io.StringIO],
+) -> None:
+    logger = logging.getLogger("relay.test-levels")
+    stream = configured("json")
+    handler = logging.getLogger().handlers[0]
+    logger.debug("below the root's level")
+    logging.disable(logging.INFO)
+    try:
+        logger.info("disabled")
+        logger.warning("kept 1")
+    finally:
+        logging.disable(logging.NOTSET)
+    handler.setLevel(logging.WARNING)
+    logger.info("below the handler's level")
+    handler.setLevel(logging.NOTSET)
+    other = logs.RelayLogger("sdk.chatty")  # not one of OWN_LOGGERS
+    other.parent = logging.getLogger()
+    other.info("dropped by OwnLinesFilter")
+    other.warning("kept 2")
+    logger.info("kept 3")
+    written = [json.loads(raw)["event"] for raw in stream.getvalue().splitlines()]
+    assert written == ["kept 1", "kept 2", "kept 3"]
+
+
+class FullDisk(io.StringIO):
+    def write(self, text: str) -> int:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_failing_write_is_reported_not_raised(
+    configured: Callable[[str], io.StringIO], capsys: pytest.CaptureFixture[str]
+) -> None:
+    logger = logging.getLogger("relay.test-full")
+    configured("json")
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(FullDisk())
+    logger.info("lost line", extra={"run_id": "run_1"})  # must not raise
+    err = capsys.readouterr().err
+    assert "--- Logging error ---" in err and "No space left on device" in err
+    assert "Message: 'lost line'" in err
+
+
+def test_the_short_path_writes_under_the_handlers_lock(
+    configured: Callable[[str], io.StringIO],
+) -> None:
+    logger = logging.getLogger("relay.test-lock")
+    stream = configured("json")
+    handler = logging.getLogger().handlers[0]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        handler.acquire()
+        try:
+            pending = pool.submit(logger.info, "waits for the lock")
+            time.sleep(0.05)
+            assert stream.getvalue() == "" and not pending.done()
+        finally:
+            handler.release()
+        pending.result(timeout=5)
+    assert json.loads(stream.getvalue())["event"] == "waits for the lock"
+
+
+def test_a_line_on_loggings_own_path_keeps_its_callers_place(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logger = logging.getLogger("relay.test-caller")
+    logger.__class__ = logs.RelayLogger  # as configure() makes it
+    monkeypatch.setattr(logging, "_srcfile", logging.__file__)  # caller lookup on
+    with caplog.at_level(logging.INFO):
+        logger.info("from here")
+        logger.warning("and here")
+    for record in caplog.records:
+        assert (record.filename, record.funcName) == (
+            "test_logs.py",
+            "test_a_line_on_loggings_own_path_keeps_its_callers_place",
+        )
