@@ -100,6 +100,27 @@ async def _read_request(request: Request) -> RunRequest:
     if content_type.split(";")[0].strip().lower() not in ("application/json", ""):
         raise UnsupportedMediaType()
     body = await request.body()
+    if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH:
+        _check_shape(body)  # it may nest too deep: looked at before the model parses it
+    try:
+        return RunRequest.model_validate_json(body)
+    except ValidationError as exc:
+        # Not a JSON object, or not JSON at all, says so first. A body the model took needs
+        # no other look: its parser accepts nothing Python's refuses, and a body of so few
+        # brackets cannot nest too deep.
+        _check_shape(body)
+        fields = [
+            {"field": ".".join(str(part) for part in err["loc"]) or "body", "message": err["msg"]}
+            for err in exc.errors(include_input=False, include_url=False)
+        ]
+        first = fields[0]
+        raise ValidationFailed(
+            f"{first['field']}: {first['message']}", details={"fields": fields}
+        ) from exc
+
+
+def _check_shape(body: bytes) -> None:
+    """Refuse a body that is not JSON, not an object, or nests deeper than allowed."""
     try:
         data = json.loads(body)
     except RecursionError as exc:
@@ -110,17 +131,6 @@ async def _read_request(request: Request) -> RunRequest:
         raise InvalidRequest("the body must be a JSON object")
     if json_depth(data) > MAX_JSON_DEPTH:
         raise InvalidRequest(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
-    try:
-        return RunRequest.model_validate_json(body)
-    except ValidationError as exc:
-        fields = [
-            {"field": ".".join(str(part) for part in err["loc"]) or "body", "message": err["msg"]}
-            for err in exc.errors(include_input=False, include_url=False)
-        ]
-        first = fields[0]
-        raise ValidationFailed(
-            f"{first['field']}: {first['message']}", details={"fields": fields}
-        ) from exc
 
 
 def json_depth(value: Any) -> int:

@@ -33,6 +33,21 @@ def raw(body: str) -> bytes:
 CASES: list[tuple[str, Any, int, str]] = [
     ("malformed JSON", raw('{"job": "echo",'), 400, "invalid_json"),
     ("not UTF-8", b'{"job": "\xff"}', 400, "invalid_json"),
+    # What Python's parser and the model's disagree on ends as it did when both looked.
+    ("a NUL after the object", b'{"job": "echo"}\x00', 400, "invalid_json"),
+    ("a byte-order mark", b'\xef\xbb\xbf{"job": "echo"}', 422, "validation_error"),
+    (
+        "a lone surrogate",
+        raw('{"job": "echo", "params": {"message": "\\ud800"}}'),
+        422,
+        "validation_error",
+    ),
+    (
+        "a number too long to convert",
+        raw('{"job": "echo", "params": {"n": 1' + "0" * 5000 + "}}"),
+        400,
+        "invalid_json",
+    ),
     ("JSON array", [1, 2], 400, "invalid_request"),
     ("JSON string", "echo", 400, "invalid_request"),
     ("empty object", {}, 422, "validation_error"),
