@@ -101,15 +101,16 @@ async def shielded(awaitable: Awaitable[T]) -> T:
     try:
         yielded = context.run(coroutine.send, None)
     except StopIteration as stop:
-        _keep(spare)
-        return cast(T, stop.value)
+        if _keep(spare):
+            return cast(T, stop.value)
+        raise asyncio.CancelledError from None  # as a task that cancelled itself ends
     except BaseException:
         _keep(spare)
         raise
     finally:
         asyncio.tasks._leave_task(loop, spare.task)
         asyncio.tasks._enter_task(loop, caller)
-    spare.start.set_result((coroutine, yielded, context))
+    spare.carry(coroutine, yielded, context)
     return cast(T, await _shielded_task(spare.task))
 
 
@@ -128,21 +129,63 @@ async def _shielded_task(task: asyncio.Future[T]) -> T:
     return result
 
 
-Started = tuple[Coroutine[Any, Any, Any], Any, contextvars.Context]
-"""A coroutine stopped at its first wait, what it yielded there, and the context it runs in."""
+class _Spare(Coroutine[Any, Any, Any]):
+    """A task made ahead, and the coroutine it runs: parked until handed a coroutine stopped
+    at its first wait (see :func:`shielded`), then that coroutine's driver. Its yields go
+    to the task as they are (a future to wait for, ``None`` for a bare turn of the loop),
+    what the task sends or throws goes to it, in its own context."""
 
-
-class _Spare:
-    """A task made ahead, waiting for a coroutine to carry on (see :func:`shielded`)."""
-
-    __slots__ = ("loop", "start", "task")
+    __slots__ = ("_context", "_coroutine", "_first", "_parked", "loop", "task")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.start: asyncio.Future[Started] = loop.create_future()
-        self.task: asyncio.Task[Any] = loop.create_task(_carried(self.start), name="shielded")
+        self._parked: asyncio.Future[None] = loop.create_future()
+        self._coroutine: Coroutine[Any, Any, Any] | None = None
+        self._first: Any = _NOTHING
+        self.task: asyncio.Task[Any] = loop.create_task(self, name="shielded")
         # An idle spare left on a loop closed without cancelling its tasks is no leak.
         self.task._log_destroy_pending = False  # type: ignore[attr-defined]
+
+    def fit(self) -> bool:
+        """Whether the work that borrowed it left it as made (it may cancel its own task)."""
+        return self._coroutine is None and not self.task.done() and not self.task.cancelling()
+
+    def carry(
+        self, coroutine: Coroutine[Any, Any, Any], yielded: Any, context: contextvars.Context
+    ) -> None:
+        self._coroutine, self._first, self._context = coroutine, yielded, context
+        self.task._log_destroy_pending = True  # type: ignore[attr-defined]  # work: as a task's
+        self._parked.set_result(None)  # wakes the task if it is parked already
+
+    def send(self, value: Any) -> Any:
+        first = self._first
+        if first is not _NOTHING:
+            self._first = _NOTHING
+            return first  # a future it already waits for, its flag set by its __await__
+        coroutine = self._coroutine
+        if coroutine is None:  # not handed one yet: wait to be
+            parked = self._parked
+            parked._asyncio_future_blocking = True
+            return parked
+        return self._context.run(coroutine.send, value)
+
+    def throw(self, kind: Any, value: Any = None, traceback: Any = None) -> Any:
+        error = kind if value is None else value  # called as throw(error) by tasks
+        coroutine = self._coroutine
+        if coroutine is None:
+            raise error  # cancelled while parked: the spare ends
+        self._first = _NOTHING
+        return self._context.run(coroutine.throw, error)
+
+    def close(self) -> None:
+        if self._coroutine is not None:
+            self._coroutine.close()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        raise TypeError("a spare is run by its task, never awaited")
+
+
+_NOTHING: Any = object()
 
 
 class _Spares(threading.local):
@@ -156,54 +199,25 @@ _spares = _Spares()
 
 def _spare(loop: asyncio.AbstractEventLoop) -> _Spare:
     spare, _spares.spare = _spares.spare, None  # taken: a nested call makes its own
-    if spare is not None and spare.loop is loop and _fit(spare):
+    if spare is not None and spare.loop is loop and spare.fit():
         return spare
     if spare is not None:
         _drop(spare)  # another loop's, or one its borrower cancelled
     return _Spare(loop)
 
 
-def _fit(spare: _Spare) -> bool:
-    """Whether the work that borrowed it left it as made (it may cancel its own task)."""
-    return not spare.start.done() and not spare.task.done() and spare.task.cancelling() == 0
-
-
-def _keep(spare: _Spare) -> None:
-    if _spares.spare is None and _fit(spare):
+def _keep(spare: _Spare) -> bool:
+    """Keep a spare that was only borrowed; False when the work cancelled its own task."""
+    if not spare.fit():
+        _drop(spare)
+        return False
+    if _spares.spare is None:
         _spares.spare = spare
     else:
         _drop(spare)  # one idle spare is enough (nested calls made a second)
+    return True
 
 
 def _drop(spare: _Spare) -> None:
     if not spare.task.done() and not spare.loop.is_closed():
         spare.task.cancel()
-
-
-async def _carried(start: asyncio.Future[Started]) -> Any:
-    coroutine, yielded, context = await start
-    return await _continued(coroutine, yielded, context)
-
-
-@types.coroutine
-def _continued(
-    coroutine: Coroutine[Any, Any, T], yielded: Any, context: contextvars.Context
-) -> Generator[Any, Any, T]:
-    """Drive a started coroutine on: its yields go to this task as they are (a future to
-    wait for, or ``None`` for a bare turn of the loop), what comes back goes to it."""
-    while True:
-        thrown: BaseException | None = None
-        try:
-            sent = yield yielded
-        except GeneratorExit:
-            coroutine.close()
-            raise
-        except BaseException as error:  # a cancellation, or a bad yield: the coroutine's
-            thrown = error
-        try:
-            if thrown is None:
-                yielded = context.run(coroutine.send, sent)
-            else:
-                yielded = context.run(coroutine.throw, thrown)
-        except StopIteration as stop:
-            return cast(T, stop.value)

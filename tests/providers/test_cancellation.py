@@ -151,8 +151,15 @@ async def test_shielded_raises_the_work_error_at_its_first_step_and_later() -> N
         await asyncio.sleep(0)
         raise KeyError("later")
 
+    async def cancels_itself() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+
     with pytest.raises(ValueError, match="at once"):
         await shielded(fails_at_once())
+    with pytest.raises(asyncio.CancelledError):  # as a task of its own would have ended
+        await shielded(cancels_itself())
     with pytest.raises(KeyError, match="later"):
         await shielded(fails_later())
     assert await shielded(ends_at_once()) is not None  # the shield still works after
@@ -180,6 +187,28 @@ async def test_shielded_work_owns_what_it_entered_before_its_first_wait() -> Non
     assert time.monotonic() - started < 1.0
     assert await shielded(scoped()) is False
     assert caller.cancelling() == 0
+
+
+async def test_shielded_inside_shielded_work_and_no_task_left_over() -> None:
+    async def nested(wait: bool) -> tuple[object, ...]:
+        outer = asyncio.current_task()
+        inner = await shielded(ends_at_once())
+        if wait:
+            await asyncio.sleep(0)
+        waited = await shielded(fails_later_or(wait))
+        return outer, inner, waited
+
+    async def fails_later_or(wait: bool) -> str:
+        await asyncio.sleep(0)
+        return "waited" if wait else "not"
+
+    before = asyncio.all_tasks()
+    for wait in (False, True):
+        outer, inner, waited = await shielded(nested(wait))
+        assert outer is not inner and waited == ("waited" if wait else "not")
+    await asyncio.sleep(0.01)
+    spares = [task for task in asyncio.all_tasks() - before if not task.done()]
+    assert len(spares) <= 1  # one idle spare at most
 
 
 async def test_shielded_work_has_its_own_context() -> None:
