@@ -18,6 +18,9 @@ from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
+_EMPTY = contextvars.Context()
+"""What a deadline's callback runs in: it reads no variable, so the caller's isn't copied."""
+
 
 class Deadline:
     """Cancel the enclosing task's block once ``delay_s`` has passed; raise TimeoutError.
@@ -44,7 +47,9 @@ class Deadline:
             raise RuntimeError("a Deadline needs a running task")
         self._loop, self._task = loop, task
         self._before = task.cancelling()
-        self._handle: asyncio.Handle = loop.call_at(loop.time() + self._delay_s, self._expire)
+        self._handle: asyncio.Handle = loop.call_at(
+            loop.time() + self._delay_s, self._expire, context=_EMPTY
+        )
         return self
 
     def _expire(self) -> None:
@@ -54,7 +59,7 @@ class Deadline:
             return  # a coroutine abandoned inside the block: nothing left to cancel
         self._cancels += 1
         self._task.cancel()
-        self._handle = self._loop.call_soon(self._expire)
+        self._handle = self._loop.call_soon(self._expire, context=_EMPTY)
 
     def __exit__(
         self,
