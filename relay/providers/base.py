@@ -26,13 +26,14 @@ class with ``write_files`` and ``run``, and its :data:`ErrorTable`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import logging
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,7 +50,6 @@ from relay.errors import (
     SandboxLost,
 )
 from relay.providers.cancellation import Deadline
-from relay.providers.cancellation import shielded as shielded
 from relay.settings import ProviderSettings
 
 log = logging.getLogger("relay.providers")
@@ -569,3 +569,25 @@ class SandboxProvider(ABC, Generic[S]):
         if found is ProviderRateLimited:
             return ProviderRateLimited(message, retry_after=self.retry_after_s)
         return found(message)
+
+
+async def shielded(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` to the end even if the caller is cancelled, any number of times.
+
+    Cleanup such as terminating a sandbox must finish; ``anyio.CancelScope(shield=True)``
+    does not stop a native ``Task.cancel()``, this does. The caller's cancellation is
+    raised again once the work is done.
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
