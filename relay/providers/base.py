@@ -39,8 +39,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
-import anyio
-
 from relay.errors import (
     EgressUnsupported,
     ProviderAuth,
@@ -51,6 +49,7 @@ from relay.errors import (
     RelayError,
     SandboxLost,
 )
+from relay.providers.cancellation import Deadline
 from relay.settings import ProviderSettings
 
 log = logging.getLogger("relay.providers")
@@ -446,7 +445,7 @@ class SandboxProvider(ABC, Generic[S]):
         """Create a sandbox the caller terminates (:meth:`sandbox` and a warm pool use it):
         bounded by ``create_timeout_s``, swept after a failed or cancelled create."""
         try:
-            with anyio.fail_after(self.create_timeout_s):
+            with Deadline(self.create_timeout_s):
                 return await self.create(spec)
         except RelayError as exc:
             if not isinstance(exc, ProviderError):
@@ -471,9 +470,11 @@ class SandboxProvider(ABC, Generic[S]):
         """:meth:`extend_lifetime`, bounded by ``create_timeout_s`` like the create it
         stands in for (a warm pool's claim), its SDK errors mapped."""
         try:
-            with anyio.fail_after(self.create_timeout_s):
-                with self.mapping("extending the sandbox's lifetime", in_sandbox=False):
-                    await self.extend_lifetime(sandbox_id, lifetime_s)
+            with (
+                Deadline(self.create_timeout_s),
+                self.mapping("extending the sandbox's lifetime", in_sandbox=False),
+            ):
+                await self.extend_lifetime(sandbox_id, lifetime_s)
         except TimeoutError as exc:
             raise ProviderTimeout(
                 f"{self.label} did not extend the sandbox's lifetime in time"
@@ -481,7 +482,8 @@ class SandboxProvider(ABC, Generic[S]):
 
     async def _sweep(self, spec: SandboxSpec) -> None:
         """Terminate what a failed create left tagged with its run (bounded, best effort)."""
-        with anyio.move_on_after(self.sweep_timeout_s):
+        # Best effort, bounded: what the sweep leaves, the reaper ends.
+        with contextlib.suppress(TimeoutError), Deadline(self.sweep_timeout_s):
             try:
                 for ref in await self.list_owned():
                     if ref.run_id == spec.run_id:
@@ -503,7 +505,7 @@ class SandboxProvider(ABC, Generic[S]):
         """Terminate a sandbox; one already gone is success. A failure is logged and raised
         (the reaper retries it)."""
         try:
-            with anyio.fail_after(self.terminate_timeout_s):
+            with Deadline(self.terminate_timeout_s):
                 await self.destroy(sandbox_id)
             return
         except TimeoutError as exc:

@@ -1,0 +1,71 @@
+"""The lifecycle's deadline, cheap enough to run several times a run.
+
+:class:`Deadline` bounds a block as ``anyio.fail_after`` does (a cancellation the block
+swallows is delivered again every turn of the loop, so an SDK that eats one still ends near
+the deadline) for a timer handle and a few counters, not a cancel scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import types
+
+_EMPTY = contextvars.Context()
+"""What a deadline's callback runs in: it reads no variable, so the caller's isn't copied."""
+
+
+class Deadline:
+    """Cancel the enclosing task's block once ``delay_s`` has passed; raise TimeoutError.
+
+    Used as ``with Deadline(seconds):`` inside a task. When the time is up the task is
+    cancelled, and again every turn of the loop until the block ends, so a body that swallows
+    a :class:`asyncio.CancelledError` and awaits again is cancelled again. A block ended by
+    its own cancellation raises :class:`TimeoutError`; a cancellation from elsewhere (another
+    ``Task.cancel()``, an outer deadline) passes through as it came. Every cancellation this
+    block made is taken back (``Task.uncancel``) when it ends, so ``cancelling()`` reads as
+    before. A body that swallows the cancellation and returns ends normally, as in anyio.
+    """
+
+    __slots__ = ("_before", "_cancels", "_delay_s", "_handle", "_loop", "_task")
+
+    def __init__(self, delay_s: float) -> None:
+        self._delay_s = delay_s
+        self._cancels = 0
+
+    def __enter__(self) -> Deadline:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        if task is None:
+            raise RuntimeError("a Deadline needs a running task")
+        self._loop, self._task = loop, task
+        self._before = task.cancelling()
+        self._handle: asyncio.Handle = loop.call_at(
+            loop.time() + self._delay_s, self._expire, context=_EMPTY
+        )
+        return self
+
+    def _expire(self) -> None:
+        # Runs between the task's steps, so the block is still open: the cancellation lands
+        # in it. Again next turn in case the body swallows it (anyio's re-delivery).
+        if self._task.done():
+            return  # a coroutine abandoned inside the block: nothing left to cancel
+        self._cancels += 1
+        self._task.cancel()
+        self._handle = self._loop.call_soon(self._expire, context=_EMPTY)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> None:
+        self._handle.cancel()
+        cancels = self._cancels
+        if not cancels:
+            return
+        task = self._task
+        for _ in range(cancels):
+            task.uncancel()
+        if kind is asyncio.CancelledError and task.cancelling() <= self._before:
+            raise TimeoutError from error
