@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from relay.providers.base import Egress, OutputSink, SandboxSpec
+from relay.providers.cancellation import Deadline
 from relay.providers.local import spawn
 from relay.providers.local.invocation import HOST_ENV, base_rlimits, bwrap_works
 from relay.providers.local.provider import LocalProvider
@@ -160,3 +161,28 @@ def test_an_invocation_never_closes_a_number_twice(tmp_path: Path) -> None:
     finally:
         for fd in reused:
             os.close(fd)
+
+
+@needs_bwrap
+async def test_an_exec_ended_by_its_deadline_finishes_its_cleanup(tmp_path: Path) -> None:
+    # The run's exec deadline cancels again every loop turn until the exec ends (an SDK
+    # may swallow one): the command's cleanup (pumps, pipes, private network) must still
+    # run to its end, not stop at its first await.
+    provider = LocalProvider(make_settings(tmp_path, local_isolation="bwrap"))
+    try:
+        async with provider.sandbox(SandboxSpec("run_deadline", "test", 30)) as box:
+            assert isinstance(box, LocalSandbox)
+            with pytest.raises(TimeoutError), Deadline(0.2):
+                await box.exec(
+                    ["sleep", "30"],
+                    stdin=None,
+                    env={},
+                    workdir=None,
+                    timeout_s=30,
+                    output=OutputSink(1000),
+                )
+            (child,) = box.processes
+            assert isinstance(child, spawn.PopenChild)
+            assert all(transport.is_closing() for transport in child._transports)
+    finally:
+        await provider.aclose()

@@ -25,6 +25,7 @@ from relay.providers.base import (
     ProviderSandbox,
     SandboxOwner,
     SandboxSpec,
+    shielded,
 )
 from relay.providers.local import cgroups, private_network
 from relay.providers.local.invocation import (
@@ -295,12 +296,18 @@ class LocalSandbox(ProviderSandbox):
                 kill_group(process.pid)
             for pump in pumps:
                 pump.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
-            close_child(process)
-            if self.network is not None:
-                network, self.network = self.network, None
-                await network.close()
+            # Shielded: the run's exec deadline cancels again every loop turn until the
+            # exec ends, which would stop this cleanup at its first await.
+            await shielded(self._close_command(process, pumps))
         return code
+
+    async def _close_command(self, process: Child, pumps: list[asyncio.Task[None]]) -> None:
+        """Wait for the cancelled pumps, release the pipes, detach the private network."""
+        await asyncio.gather(*pumps, return_exceptions=True)
+        close_child(process)
+        if self.network is not None:
+            network, self.network = self.network, None
+            await network.close()
 
 
 def _set_once(future: asyncio.Future[None]) -> None:
