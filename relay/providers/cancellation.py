@@ -45,11 +45,6 @@ class Deadline:
         )
         return self
 
-    @property
-    def expired(self) -> bool:
-        """Whether the time ran out (the block was cancelled for it)."""
-        return self._cancels > 0
-
     def _expire(self) -> None:
         # Runs between the task's steps, so the block is still open: the cancellation lands
         # in it. Again next turn in case the body swallows it (anyio's re-delivery).

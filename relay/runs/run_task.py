@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 from relay.errors import RelayError
 from relay.providers.base import OutputSink, Provider, Sandbox
-from relay.providers.cancellation import Deadline
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.models import RunState
@@ -136,10 +135,10 @@ class RunTask:
             await sandbox.upload(plan.files)
         watch.exec_started = time.monotonic()
         remaining = max(0.0, plan.timeout_s - (time.time() - started_at))
-        deadline = Deadline(remaining)  # ends the exec even if its SDK swallows the cancel
+        deadline = asyncio.timeout(remaining)
         result = None
         try:
-            with deadline:
+            async with deadline:
                 result = await sandbox.exec(
                     plan.argv,
                     stdin=plan.stdin,
@@ -149,7 +148,7 @@ class RunTask:
                     output=self.sink,
                 )
         except TimeoutError:
-            if not deadline.expired:
+            if not deadline.expired():
                 raise
         watch.timings["exec_ms"] = _ms_since(watch.exec_started)
         if result is None:

@@ -9,24 +9,18 @@ replica to terminate), and a final write that fails.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from relay.providers.base import ExecResult, SandboxSpec
-from relay.providers.memory import MemoryProvider, MemorySandbox
-from relay.runs.catalog import Catalog
 from relay.runs.event_bus import RunEvent
 from relay.runs.models import RunRequest
 from relay.runs.run_task import RUNNING_WRITE_DELAY_S
-from relay.runs.service import RunService
 from relay.store.database import Store
 from tests.chaos import PRINCIPAL, MemoryBackend, Relay
-from tests.conftest import make_settings
 
 
 @pytest.fixture
@@ -183,38 +177,3 @@ async def test_a_cancel_during_the_final_write_leaves_the_outcome_to_land(
     assert task.done() and not task.cancelled()
     assert not relay.service.holds(run.id)
     assert not any(box.alive for box in backend.world.boxes.values())
-
-
-class StubbornSandbox(MemorySandbox):
-    """Its SDK's exec swallows the first cancellation and goes on waiting."""
-
-    async def run(self, argv: Sequence[str], **options: Any) -> ExecResult:
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.sleep(5)
-        await asyncio.sleep(5)
-        return ExecResult(0)
-
-
-class StubbornExec(MemoryProvider):
-    async def create(self, spec: SandboxSpec) -> MemorySandbox:
-        box = await super().create(spec)
-        return StubbornSandbox(self, box.id)
-
-
-async def test_a_run_whose_exec_swallows_the_cancel_still_times_out(tmp_path: Path) -> None:
-    """The run's deadline is delivered again until the exec ends: the run is timed_out at
-    its timeout, its sandbox terminated, not left waiting on an SDK that ate the cancel."""
-    store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
-    try:
-        settings = make_settings(tmp_path, providers=["memory"], max_concurrent=10)
-        provider = StubbornExec(settings)
-        service = RunService(settings, store, Catalog({}), {"memory": provider})
-        request = RunRequest(command=["true"], timeout_s=0.2, wait=False)
-        run, _ = await service.submit(PRINCIPAL, request, None)
-        started = time.monotonic()
-        done = await service.wait(run.id, 5)
-        assert done.state == "timed_out"
-        assert time.monotonic() - started < 2
-        assert not any(box.alive for box in provider.world.boxes.values())
-    finally:
-        await store.close()
