@@ -27,11 +27,10 @@ from relay.store.records import RunRecord, RunValues
 
 log = logging.getLogger("relay.service")
 
-RUNNING_WRITE_DELAY_S = 0.25
+RUNNING_WRITE_DELAY_S = 0.05
 """A run's `running` state is stored this long after its sandbox exists: a run that ends
-sooner (a quick job, also under load, when the loop is busy) is written once, final, with
-its sandbox id. Events (metrics, live streams) and a GET through this process see
-`running` at once; a GET through another replica may read `starting` for this long."""
+sooner (a quick job) is written once, final, with its sandbox id. Events (metrics, live
+streams) see `running` at once; a GET may read `starting` for this long."""
 
 
 class RunTask:

@@ -102,7 +102,7 @@ class Runner:
         self._held: set[str] = set()
         # Final records the store has refused so far, kept until a retry lands.
         self._unwritten: dict[str, RunRecord] = {}
-        self._steps: dict[str, RunTask] = {}  # running runs' steps: output and state so far
+        self._output: dict[str, OutputSink] = {}  # running runs' output so far, for a GET
         self._closing = asyncio.Event()  # set at shutdown: final writes stop retrying
 
     # -- what the service asks ---------------------------------------------------------
@@ -137,10 +137,9 @@ class Runner:
         """The run finished here whose final state the store has not taken yet."""
         return self._unwritten.get(run_id)
 
-    def live(self, run_id: str) -> RunTask | None:
-        """A run's steps while they run here: its output so far, and the run as its task
-        knows it (``running``, with its sandbox, before that is stored)."""
-        return self._steps.get(run_id)
+    def output(self, run_id: str) -> OutputSink | None:
+        """A running run's output so far."""
+        return self._output.get(run_id)
 
     async def finished(self, run_id: str, timeout_s: float) -> RunRecord | None:
         """The run once final, if it runs here and ends within ``timeout_s``."""
@@ -202,7 +201,7 @@ class Runner:
             record_running=self._record_running,
             pools=self.pools,
         )
-        self._steps[run.id] = task
+        self._output[run.id] = task.sink
         final: RunValues = {}
         cancelled = False
         try:
@@ -264,7 +263,7 @@ class Runner:
             "timings": json.dumps(timings),
         }
         finished = await self._write_final(run, values)
-        self._steps.pop(run_id, None)
+        self._output.pop(run_id, None)
         self._tasks.pop(run_id, None)
         self._stepping.discard(run_id)
         self._cancel_reason.pop(run_id, None)

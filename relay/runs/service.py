@@ -187,16 +187,10 @@ class RunService:
         run = await self.find(run_id)
         if run is None or not principal.may_read_run(run.token):
             raise NotFound("no such run")  # another token's run is as good as absent
-        steps = self.runner.live(run_id)
-        if steps is not None and not RunState(run.state).final:
-            # Running here: its state as the task has it (``running`` is stored a moment
-            # later), and the output so far (kept within the same caps as the final).
-            sink, current = steps.sink, steps.run
+        sink = self.runner.output(run_id)
+        if sink is not None and not RunState(run.state).final:
+            # Running here: the output so far (kept within the same caps as the final).
             run = run.changed(
-                state=current.state,
-                sandbox_id=current.sandbox_id,
-                started_at=current.started_at,
-                deadline=current.deadline,
                 stdout=sink.text("stdout"),
                 stderr=sink.text("stderr"),
                 stdout_truncated=sink.truncated("stdout"),

@@ -18,7 +18,6 @@ import pytest
 
 from relay.runs.event_bus import RunEvent
 from relay.runs.models import RunRequest
-from relay.runs.run_task import RUNNING_WRITE_DELAY_S
 from relay.store.database import Store
 from tests.chaos import PRINCIPAL, MemoryBackend, Relay
 
@@ -123,17 +122,11 @@ async def test_running_is_stored_soon_and_a_quick_run_is_written_once_with_its_s
     backend, store, tmp = world
     relay = Relay(store, backend, tmp, {})
     slow, _ = await relay.service.submit(
-        PRINCIPAL, RunRequest(command=["sleep", "1"], timeout_s=10, wait=False), None
+        PRINCIPAL, RunRequest(command=["sleep", "0.6"], timeout_s=10, wait=False), None
     )
-    await asyncio.sleep(0.05)
-    # Before it is stored, a GET here reads the run as its task has it.
-    assert (await store.get_run(slow.id)).state == "starting"  # type: ignore[union-attr]
-    seen = await relay.service.get(PRINCIPAL, slow.id)
-    assert seen.state == "running" and seen.sandbox_id and seen.started_at
-    await asyncio.sleep(RUNNING_WRITE_DELAY_S + 0.1)  # well past the deferred write
+    await asyncio.sleep(0.3)  # well past the deferred write
     stored = await store.get_run(slow.id)
-    assert stored is not None and stored.state == "running"
-    assert (stored.sandbox_id, stored.started_at) == (seen.sandbox_id, seen.started_at)
+    assert stored is not None and stored.state == "running" and stored.sandbox_id
     quick, _ = await relay.service.submit(
         PRINCIPAL, RunRequest(command=["true"], timeout_s=10, wait=False), None
     )
