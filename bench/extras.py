@@ -9,6 +9,10 @@ per-process figures by 10% between runs on a shared virtual machine. The relay's
 also taken with logging at ``warning`` (the same app without its three info lines a run):
 the gap is what the log lines cost. A diagnostic for profiling, not a target: benchmark (1)
 measures the target, over HTTP.
+
+A fourth row, ``bound``, is the same app with no log lines and its metrics switched off
+(their two methods made no-ops): not a relay anyone should run (the issue forbids dropping
+either), but the least the relay's run machinery costs as it stands, beside the floor.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import bench.floor as floor_server
 from bench.servers import BENCH_JOBS
 from relay.auth import new_token
 from relay.http.app import create_app
+from relay.http.metrics import Metrics
 from relay.logs import configure
 from relay.settings import Settings
 from relay.store.database import Store
@@ -151,6 +156,7 @@ async def measure(rounds: int, runs: int) -> list[Target]:
         async with AsyncExitStack() as stack:
             app, relay_token = await stack.enter_async_context(_relay(root))
             relay, quiet = Target("relay", app, relay_token), Target("quiet", app, relay_token)
+            bound = Target("bound", app, relay_token)
             token = new_token(root / "floor-tokens.toml", "bench")
             floor_server.TOKENS[hashlib.sha256(token.encode()).hexdigest()] = "bench"
             floor_server.app.state.store = store = await Store.open(
@@ -158,7 +164,7 @@ async def measure(rounds: int, runs: int) -> list[Target]:
             )
             stack.push_async_callback(store.close)
             floor = Target("floor", floor_server.app, token)
-            targets = [floor, relay, quiet]
+            targets = [floor, relay, quiet, bound]
             for target in targets:  # warm up, not counted
                 await _round(target, 200)
                 target.cpu_s = target.runs = 0
@@ -172,9 +178,21 @@ async def measure(rounds: int, runs: int) -> list[Target]:
 
 
 async def _round(target: Target, runs: int) -> None:
-    level = logging.WARNING if target.name == "quiet" else logging.INFO
+    level = logging.WARNING if target.name in ("quiet", "bound") else logging.INFO
     logging.getLogger().setLevel(level)
-    await target.round(runs)
+    if target.name != "bound":
+        await target.round(runs)
+        return
+    counted = Metrics.record_run, Metrics.observe_request
+    Metrics.record_run = Metrics.observe_request = _uncounted  # type: ignore[assignment]
+    try:
+        await target.round(runs)
+    finally:
+        Metrics.record_run, Metrics.observe_request = counted  # type: ignore[method-assign]
+
+
+def _uncounted(*_: object) -> None:
+    """A metric method that counts nothing (the ``bound`` row)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,15 +202,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import uvloop
 
-    floor, relay, quiet = uvloop.run(measure(args.rounds, args.runs))
+    floor, relay, quiet, bound = uvloop.run(measure(args.rounds, args.runs))
     print("| app | runs | CPU per run | ratio to the floor |")
     print("|---|---|---|---|")
-    for target in (floor, relay, quiet):
+    for target in (floor, relay, quiet, bound):
         per_run = target.cpu_s / target.runs * 1000
         ratio = target.cpu_s / target.runs / (floor.cpu_s / floor.runs)
-        label = {"floor": "floor", "relay": "relay", "quiet": "relay, log level warning"}
+        label = {
+            "floor": "floor",
+            "relay": "relay",
+            "quiet": "relay, log level warning",
+            "bound": "relay, no log lines, no metrics (a bound, not a relay)",
+        }
         print(f"| {label[target.name]} | {target.runs} | {per_run:.3f} ms | {ratio:.2f}x |")
-    refused = sum(target.refused for target in (floor, relay, quiet))
+    refused = sum(target.refused for target in (floor, relay, quiet, bound))
     if refused:
         print(f"{refused} runs were not answered 200", file=sys.stderr)
         return 1

@@ -85,13 +85,21 @@ def test_the_extras_diagnostic_compares_the_relay_with_its_floor(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from bench import extras
+    from relay.http.metrics import Metrics
 
     assert extras.main(["--rounds", "1", "--runs", "100"]) == 0
     out = capsys.readouterr().out
     rows = re.findall(
-        r"^\| (floor|relay|relay, log level warning) \| 100 \| [\d.]+ ms \| ([\d.]+)x \|$",
+        r"^\| (floor|relay|relay, [^|]+) \| 100 \| [\d.]+ ms \| ([\d.]+)x \|$",
         out,
         re.M,
     )
-    assert [name for name, _ in rows] == ["floor", "relay", "relay, log level warning"], out
+    assert [name for name, _ in rows] == [
+        "floor",
+        "relay",
+        "relay, log level warning",
+        "relay, no log lines, no metrics (a bound, not a relay)",
+    ], out
     assert float(rows[0][1]) == 1.0 and float(rows[1][1]) > 1.0
+    # The bound's rounds switch the metrics off only while they last.
+    assert "_uncounted" not in (Metrics.record_run.__name__, Metrics.observe_request.__name__)
