@@ -10,9 +10,11 @@ also taken with logging at ``warning`` (the same app without its three info line
 the gap is what the log lines cost. A diagnostic for profiling, not a target: benchmark (1)
 measures the target, over HTTP.
 
-A fourth row, ``bound``, is the same app with no log lines and its metrics switched off
-(their two methods made no-ops): not a relay anyone should run (the issue forbids dropping
-either), but the least the relay's run machinery costs as it stands, beside the floor.
+Two more rows are bounds, not relays anyone should run (the issue forbids dropping what they
+drop): ``bound``, the same app with no log lines and its metrics switched off (their two
+methods made no-ops), and ``bare``, that and no sandbox at all (a run's steps answer success at
+once: no provider, no deadlines, no exec, no terminate). What the relay does beyond the floor
+in ``bare`` is its request side, the run's task and final write, and the events.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ from relay.auth import new_token
 from relay.http.app import create_app
 from relay.http.metrics import Metrics
 from relay.logs import configure
+from relay.runs.run_task import RunTask
 from relay.settings import Settings
 from relay.store.database import Store
+from relay.store.records import RunValues
 
 App = Callable[
     [
@@ -157,6 +161,7 @@ async def measure(rounds: int, runs: int) -> list[Target]:
             app, relay_token = await stack.enter_async_context(_relay(root))
             relay, quiet = Target("relay", app, relay_token), Target("quiet", app, relay_token)
             bound = Target("bound", app, relay_token)
+            bare = Target("bare", app, relay_token)
             token = new_token(root / "floor-tokens.toml", "bench")
             floor_server.TOKENS[hashlib.sha256(token.encode()).hexdigest()] = "bench"
             floor_server.app.state.store = store = await Store.open(
@@ -164,7 +169,7 @@ async def measure(rounds: int, runs: int) -> list[Target]:
             )
             stack.push_async_callback(store.close)
             floor = Target("floor", floor_server.app, token)
-            targets = [floor, relay, quiet, bound]
+            targets = [floor, relay, quiet, bound, bare]
             for target in targets:  # warm up, not counted
                 await _round(target, 200)
                 target.cpu_s = target.runs = 0
@@ -178,21 +183,30 @@ async def measure(rounds: int, runs: int) -> list[Target]:
 
 
 async def _round(target: Target, runs: int) -> None:
-    level = logging.WARNING if target.name in ("quiet", "bound") else logging.INFO
+    level = logging.WARNING if target.name in ("quiet", "bound", "bare") else logging.INFO
     logging.getLogger().setLevel(level)
-    if target.name != "bound":
+    if target.name not in ("bound", "bare"):
         await target.round(runs)
         return
-    counted = Metrics.record_run, Metrics.observe_request
+    counted, steps = (Metrics.record_run, Metrics.observe_request), RunTask.steps
     Metrics.record_run = Metrics.observe_request = _uncounted  # type: ignore[assignment]
+    if target.name == "bare":
+        RunTask.steps = _no_sandbox  # type: ignore[method-assign]
     try:
         await target.round(runs)
     finally:
         Metrics.record_run, Metrics.observe_request = counted  # type: ignore[method-assign]
+        RunTask.steps = steps  # type: ignore[method-assign]
 
 
 def _uncounted(*_: object) -> None:
-    """A metric method that counts nothing (the ``bound`` row)."""
+    """A metric method that counts nothing (the bounds' rows)."""
+
+
+async def _no_sandbox(self: RunTask) -> RunValues:
+    """A run's steps with no sandbox: running at once, then succeeded (the ``bare`` row)."""
+    self.run = self.run.changed(sandbox_id="none", started_at=time.time())
+    return {"state": "succeeded", "exit_code": 0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,10 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import uvloop
 
-    floor, relay, quiet, bound = uvloop.run(measure(args.rounds, args.runs))
+    floor, relay, quiet, bound, bare = uvloop.run(measure(args.rounds, args.runs))
     print("| app | runs | CPU per run | ratio to the floor |")
     print("|---|---|---|---|")
-    for target in (floor, relay, quiet, bound):
+    for target in (floor, relay, quiet, bound, bare):
         per_run = target.cpu_s / target.runs * 1000
         ratio = target.cpu_s / target.runs / (floor.cpu_s / floor.runs)
         label = {
@@ -213,9 +227,10 @@ def main(argv: list[str] | None = None) -> int:
             "relay": "relay",
             "quiet": "relay, log level warning",
             "bound": "relay, no log lines, no metrics (a bound, not a relay)",
+            "bare": "relay, no log lines, no metrics, no sandbox (a bound)",
         }
         print(f"| {label[target.name]} | {target.runs} | {per_run:.3f} ms | {ratio:.2f}x |")
-    refused = sum(target.refused for target in (floor, relay, quiet, bound))
+    refused = sum(target.refused for target in (floor, relay, quiet, bound, bare))
     if refused:
         print(f"{refused} runs were not answered 200", file=sys.stderr)
         return 1

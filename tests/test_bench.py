@@ -86,6 +86,7 @@ def test_the_extras_diagnostic_compares_the_relay_with_its_floor(
 ) -> None:
     from bench import extras
     from relay.http.metrics import Metrics
+    from relay.runs.run_task import RunTask
 
     assert extras.main(["--rounds", "1", "--runs", "100"]) == 0
     out = capsys.readouterr().out
@@ -99,7 +100,9 @@ def test_the_extras_diagnostic_compares_the_relay_with_its_floor(
         "relay",
         "relay, log level warning",
         "relay, no log lines, no metrics (a bound, not a relay)",
+        "relay, no log lines, no metrics, no sandbox (a bound)",
     ], out
     assert float(rows[0][1]) == 1.0 and float(rows[1][1]) > 1.0
     # The bound's rounds switch the metrics off only while they last.
     assert "_uncounted" not in (Metrics.record_run.__name__, Metrics.observe_request.__name__)
+    assert RunTask.steps.__name__ == "steps"
