@@ -106,7 +106,5 @@ class Harness:
     image: str | None = None
     faults: Faults | None = None
     """Fault injection, where the provider runs against a fake (or the memory world)."""
-    programs: bool = True
-    """Whether commands are real programs (python3 and all); memory's are built-ins only."""
     lifetime_slack_s: float = 5.0
     """How far past the asked lifetime the provider's own may be (Daytona counts minutes)."""

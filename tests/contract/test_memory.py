@@ -62,7 +62,7 @@ async def open_harness(tmp_path: Path) -> AsyncIterator[Harness]:
 
     faults = WorldFaults(world, tmp_path)
     try:
-        yield Harness(provider, alive, lifetime_of, tags_of, faults=faults, programs=False)
+        yield Harness(provider, alive, lifetime_of, tags_of, faults=faults)
     finally:
         await provider.aclose()
 
