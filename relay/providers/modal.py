@@ -9,6 +9,7 @@ stream into the :class:`OutputSink`, then ``terminate``. See ``docs/providers/mo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -254,7 +255,11 @@ class ModalProvider(SandboxProvider[ModalSandbox]):
                 try:
                     await client.__aenter__()
                 except BaseException:
-                    await shielded(client.close.aio())  # no half-open client left behind
+                    # No half-open client left behind, nor the create held past its bound by
+                    # a close that never ends; the first error is the one raised.
+                    with contextlib.suppress(Exception):
+                        closing = client.close.aio()
+                        await shielded(asyncio.wait_for(closing, self.terminate_timeout_s))
                     raise
                 self._client = client
             if self._app is None:

@@ -12,8 +12,10 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import anyio
+import modal as modal_sdk
 import psutil
 import pytest
 from grpclib import GRPCError, Status
@@ -26,6 +28,8 @@ from modal_proto.task_command_router_grpc import TaskCommandRouterStub
 from relay.errors import (
     EgressUnsupported,
     ProviderAuth,
+    ProviderError,
+    ProviderTimeout,
     SandboxLost,
     SizeUnsupported,
     ValidationFailed,
@@ -441,3 +445,40 @@ async def test_upload_then_exec_makes_no_extra_directory_call(
     await run(provider, ["cat", "data/in.txt"], files={"data/in.txt": b"x"})
     commands = [ex["argv"][1] for ex in fake.ledger.execs if ex["argv"][0].startswith("/__modal")]
     assert commands == ['{"WriteFile": {"path": "/workspace/data/in.txt"}}']
+
+
+async def test_a_client_that_never_closes_does_not_hold_the_create(
+    fake: FakeModal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client whose first connection fails and whose close then never ends (a network
+    that swallows packets): the create fails with the connection's error, not at its
+    deadline, and never hangs on the close."""
+    release = asyncio.Event()
+
+    class HalfOpen:
+        def __init__(self, *_: object) -> None:
+            self.close = SimpleNamespace(aio=self._close)
+
+        async def __aenter__(self) -> None:
+            raise ConnectionResetError("the hello was cut")
+
+        async def _close(self) -> None:
+            await release.wait()
+
+    monkeypatch.setattr(modal_sdk, "Client", HalfOpen)
+    monkeypatch.setattr(ModalProvider, "terminate_timeout_s", 0.3)
+    provider = ModalProvider(settings_for(fake, create_timeout_s=5.0))
+
+    async def create() -> None:
+        async with provider.sandbox(spec()):
+            pass
+
+    attempt = asyncio.create_task(create())
+    started = time.monotonic()
+    done, _ = await asyncio.wait({attempt}, timeout=3.0)
+    release.set()  # lets the old code's unbounded close end, so the test fails, not hangs
+    with pytest.raises(ProviderError) as raised:
+        await attempt
+    assert done, "the create waited for the half-open client's close"
+    assert time.monotonic() - started < 3.0
+    assert not isinstance(raised.value, ProviderTimeout), raised.value
