@@ -299,7 +299,13 @@ class Runner:
                     )
                     finished = None
                     break
-                self._unwritten[run_id] = run.changed(**values)
+                self._unwritten[run_id] = unwritten = run.changed(**values)
+                event = self._done.get(run_id)
+                if event is not None and event.run is None:
+                    # A caller held on ``wait`` gets the outcome now, not when the store
+                    # is back (or its wait runs out): the run is over either way.
+                    event.run = unwritten
+                    event.set()
                 log.warning(
                     "writing the final state failed; trying again",
                     extra={
