@@ -104,6 +104,9 @@ class Runner:
         self._unwritten: dict[str, RunRecord] = {}
         self._output: dict[str, OutputSink] = {}  # running runs' output so far, for a GET
         self._closing = asyncio.Event()  # set at shutdown: final writes stop retrying
+        # Set once the shutdown has closed what it could: a run still ending then (its
+        # provider not answering the terminate) is no longer waited for.
+        self.stopped = False
 
     # -- what the service asks ---------------------------------------------------------
 
@@ -186,6 +189,12 @@ class Runner:
         await self.closed(set(self._tasks))
         if self._writes:
             await asyncio.wait(set(self._writes), timeout=self.settings.create_timeout_s)
+        # Runs still ending now (a terminate the provider does not answer) would hold their
+        # `wait` callers until the server cancels them (a bare 500): they get the run as it
+        # is, before the listener closes.
+        self.stopped = True
+        for event in self._done.values():
+            event.set()
 
     # -- the run -----------------------------------------------------------------------
 
