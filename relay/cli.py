@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import shlex
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -149,6 +150,14 @@ async def _check_database(url: str) -> None:
         store = await Store.open(url)
     except failures as exc:
         cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+        if isinstance(cause, sqlite3.Error):
+            # SQLite's own words name the cause (a full disk, a folder that is not there)
+            # and never hold a credential.
+            raise ConfigError(
+                f"RELAY_DATABASE_URL: the SQLite database cannot be opened or written "
+                f"({type(cause).__name__}: {cause}); is its folder there and writable, "
+                f"with free space?"
+            ) from None
         raise ConfigError(
             f"RELAY_DATABASE_URL: the database cannot be reached or used "
             f"({type(cause).__name__}); is it running, and are its address and credentials right?"

@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
+import psutil
 import pytest
 
 SERVER_GLOB = "/usr/lib/postgresql/*/bin/initdb"
@@ -287,6 +288,21 @@ class Outage:
     def start(self) -> None:
         self._server.start()
 
+    def freeze(self) -> None:
+        """SIGSTOP the server and its backends: it holds its connections and answers
+        nothing (a network partition); :meth:`thaw` lets it go on."""
+        self._signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, number: int) -> None:
+        pid = int((self._server.data / "postmaster.pid").read_text().splitlines()[0])
+        server = psutil.Process(pid)
+        for each in [server, *server.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                each.send_signal(number)
+
 
 @contextlib.contextmanager
 def own_postgres() -> Iterator[tuple[Outage, str]]:
@@ -308,6 +324,8 @@ def own_postgres() -> Iterator[tuple[Outage, str]]:
         yield Outage(server), f"postgresql+asyncpg://{SUPERUSER}@127.0.0.1:{server.port}/{DATABASE}"
     finally:
         if started:
+            with contextlib.suppress(OSError, ValueError, psutil.Error):
+                Outage(server).thaw()  # a test that froze it and failed
             with contextlib.suppress(RuntimeError, OSError, subprocess.TimeoutExpired):
                 server.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -404,3 +405,23 @@ def test_serve_builds_each_provider_once(tmp_path: Path) -> None:
     finally:
         relay.stop()
     assert relay.log().count("local provider without bubblewrap") == 1, relay.log()
+
+
+def test_serve_on_a_full_disk_says_so(tmp_path: Path) -> None:
+    """A SQLite file on a full disk: one line with SQLite's own reason, not a question
+    about credentials."""
+    from tests.runs.test_final_writes import small_tmpfs
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    relay_cli("tokens", "new", "a", cwd=tmp_path)
+    with small_tmpfs(tmp_path / "disk", "64k") as disk:
+        with contextlib.suppress(OSError), open(disk / "filler", "wb", buffering=0) as filler:
+            while True:
+                filler.write(b"\0" * 4096)
+        env = {"RELAY_JOBS_DIR": str(Path.cwd() / "jobs"), "RELAY_PORT": "9",
+               "RELAY_DATABASE_URL": f"sqlite:///{disk / 'relay.db'}"}  # fmt: skip
+        done = relay_cli("serve", cwd=tmp_path, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "RELAY_DATABASE_URL" in done.stderr and "database or disk is full" in done.stderr
+    assert "credentials" not in done.stderr and "Traceback" not in done.stderr

@@ -94,6 +94,11 @@ async def _store_error(request: Request, exc: Exception) -> Response:
     return error_response(request, StoreUnavailable(retry_after=STORE_RETRY_AFTER_S))
 
 
+def _store_refusal(exc: Exception) -> RelayError | None:
+    """A store failure as an MCP tool answers it: ``store_unavailable``, like ``/v1``."""
+    return StoreUnavailable(retry_after=STORE_RETRY_AFTER_S) if is_store_failure(exc) else None
+
+
 async def _client_gone(request: Request, exc: Exception) -> Response:
     """The body never came whole: the connection was closed (``RELAY_BODY_TIMEOUT_S``,
     relay/http/connections.py, or the caller left). Nobody reads this answer; the access log
@@ -207,7 +212,8 @@ def create_app(
     metrics_token = settings.metrics_token
     metrics = Metrics(metrics_token.get_secret_value() if metrics_token else None)
     logs.redact_settings(settings)  # a key that still reaches a log line reads [redacted]
-    mcp = McpEndpoint(catalog)  # /mcp: a fresh SDK server per app, its sessions per lifespan
+    # /mcp: a fresh SDK server per app, its sessions per lifespan
+    mcp = McpEndpoint(catalog, refusal_of=_store_refusal)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -78,8 +79,14 @@ OWNER_SEPARATOR = "#"
 class McpEndpoint:
     """The MCP server, its session manager, and the authenticating ASGI endpoint."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        refusal_of: Callable[[Exception], RelayError | None] = lambda exc: None,
+    ) -> None:
         self.catalog = catalog
+        # What a failure (the store away) answers on /v1 too; None: an internal error.
+        self.refusal_of = refusal_of
         self.server: Server[Any] = Server(
             "relay",
             version=__version__,
@@ -184,6 +191,12 @@ class McpEndpoint:
         except RelayError as error:
             return error_result(error)
         except Exception as exc:  # an answer never carries the relay's internals
+            refusal = self.refusal_of(exc)
+            if refusal is not None:
+                log.warning(
+                    "mcp tool refused", extra={"error_class": type(exc).__name__, "tool": name}
+                )
+                return error_result(refusal)
             log.error("mcp tool failed", extra={"error_class": type(exc).__name__, "tool": name})
             return error_result(RelayError())
 
@@ -235,7 +248,12 @@ async def _output(ctx: ServerRequestContext[Any], state: AppState, run_id: str) 
                 line = await asyncio.wait_for(queue.get(), CHECK_S)
             except TimeoutError:
                 # The end may never reach a buffer made as the run ended: ask the service.
-                found = await service.find(run_id)
+                try:
+                    found = await service.find(run_id)
+                except Exception:
+                    if service.holds(run_id):
+                        continue  # the store is away: this run's end still comes from here
+                    raise
                 if found is None or RunState(found.state).final:
                     return
                 continue

@@ -199,8 +199,14 @@ async def follow_run(live: LiveRuns, service: RunService, run: RunRecord) -> Asy
                 except TimeoutError:
                     # The end may never reach this buffer (it was made as the run ended):
                     # the store says when the run is over.
-                    if await _ended_long_ago(service, run_id):
-                        break
+                    try:
+                        if await _ended_long_ago(service, run_id):
+                            break
+                    except Exception:
+                        if not service.holds(run_id):
+                            raise
+                        # The store is away: this run's end still comes through this
+                        # replica's buffer (or its outcome kept in memory).
                     silent += CHECK_S
                     if silent >= PING_S:
                         silent = 0.0

@@ -453,7 +453,18 @@ class Pools:
         ending = []
         for pool in self.pools.values():
             for pool_id, ready in list(pool.ready.items()):
-                if await self.rows.end(pool_id, now, pool.usd_per_s, states=(READY,)):
+                try:
+                    ended = await self.rows.end(pool_id, now, pool.usd_per_s, states=(READY,))
+                except Exception as exc:
+                    # The store is away (a database restarting, a full disk): the sandbox
+                    # is ended all the same, none outlives this relay; the reaper ends its
+                    # row once the store is back.
+                    log.warning(
+                        "ending a pooled sandbox's row failed at shutdown; terminating it",
+                        extra={"pool_id": pool_id, "error_class": type(exc).__name__},
+                    )
+                    ended = False
+                if ended:
                     pool.ready.pop(pool_id, None)
                     self._count_idle(ready.created_at, now, pool)
                     ending.append(self._end(pool, pool_id, ready.box))

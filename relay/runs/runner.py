@@ -104,6 +104,9 @@ class Runner:
         self._unwritten: dict[str, RunRecord] = {}
         self._output: dict[str, OutputSink] = {}  # running runs' output so far, for a GET
         self._closing = asyncio.Event()  # set at shutdown: final writes stop retrying
+        # Set once the shutdown has closed what it could: a run still ending then (its
+        # provider not answering the terminate) is no longer waited for.
+        self.stopped = False
 
     # -- what the service asks ---------------------------------------------------------
 
@@ -186,6 +189,12 @@ class Runner:
         await self.closed(set(self._tasks))
         if self._writes:
             await asyncio.wait(set(self._writes), timeout=self.settings.create_timeout_s)
+        # Runs still ending now (a terminate the provider does not answer) would hold their
+        # `wait` callers until the server cancels them (a bare 500): they get the run as it
+        # is, before the listener closes.
+        self.stopped = True
+        for event in self._done.values():
+            event.set()
 
     # -- the run -----------------------------------------------------------------------
 
@@ -299,7 +308,13 @@ class Runner:
                     )
                     finished = None
                     break
-                self._unwritten[run_id] = run.changed(**values)
+                self._unwritten[run_id] = unwritten = run.changed(**values)
+                event = self._done.get(run_id)
+                if event is not None and event.run is None:
+                    # A caller held on ``wait`` gets the outcome now, not when the store
+                    # is back (or its wait runs out): the run is over either way.
+                    event.run = unwritten
+                    event.set()
                 log.warning(
                     "writing the final state failed; trying again",
                     extra={

@@ -246,7 +246,7 @@ class RunService:
             run = await self.find(run_id)
             if run is None:
                 raise NotFound("no such run")
-            if RunState(run.state).final or time.monotonic() >= end:
+            if RunState(run.state).final or time.monotonic() >= end or self.runner.stopped:
                 return run
             await asyncio.sleep(min(0.25, max(0.0, end - time.monotonic())))
 

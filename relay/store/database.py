@@ -65,6 +65,12 @@ T = TypeVar("T")
 WRITE_CHECK_EVERY_S = 3.0
 """How often ``/readyz`` really writes to the store (:meth:`Store.can_write`)."""
 WRITE_CHECK_TIMEOUT_S = 2.0
+POSTGRES_CONNECT_TIMEOUT_S = 5.0
+"""How long a new PostgreSQL connection may take (asyncpg's own default is 60 s)."""
+POSTGRES_STATEMENT_TIMEOUT_S = 10.0
+"""How long one statement may wait for PostgreSQL's answer once serving (migrations at
+start have no bound). A server that stops answering (frozen, a network partition) is then
+a ``503 store_unavailable``, not a request held until the caller gives up."""
 
 _LOCK_SWEEP = 7_241_002
 _LOCK_ADMIT = 7_241_003
@@ -162,9 +168,27 @@ STORE_FAILURES: tuple[type[BaseException], ...] = (
 disk full, locked): the caller should retry later. See :func:`is_store_failure`."""
 
 
+class StoreTimeout(ConnectionError):
+    """PostgreSQL did not answer in time (connecting, or a statement)."""
+
+
 def is_store_failure(exc: BaseException) -> bool:
     """Whether ``exc`` means the store is unavailable (not a constraint the data broke)."""
     return isinstance(exc, STORE_FAILURES) and not isinstance(exc, IntegrityError)
+
+
+def _postgres_engine(url: sa.URL, statement_timeout_s: float | None) -> AsyncEngine:
+    """The asyncpg engine: connecting bounded, and each statement by ``statement_timeout_s``
+    (None: unbounded), waiting for a pooled connection no longer than either."""
+    connect_args: dict[str, float] = {"timeout": POSTGRES_CONNECT_TIMEOUT_S}
+    if statement_timeout_s is not None:
+        connect_args["command_timeout"] = statement_timeout_s
+    return create_async_engine(
+        url,
+        pool_pre_ping=True,
+        pool_timeout=statement_timeout_s or 30.0,
+        connect_args=connect_args,
+    )
 
 
 def encode_cursor(created_at: float, run_id: str) -> str:
@@ -215,10 +239,15 @@ class Store:
                 store._aside = sqlite_engine(parsed, poolclass=sa.pool.NullPool)
                 store.sqlite_path = parsed.database
         else:
-            store = cls(engine=create_async_engine(parsed, pool_pre_ping=True))
+            # Migrating first: unbounded (a backfill of a large table takes its time).
+            bound = None if migrate else POSTGRES_STATEMENT_TIMEOUT_S
+            store = cls(engine=_postgres_engine(parsed, bound))
         try:
             if migrate:
                 await store.migrate()
+                if store.engine is not None:  # serving from now on: statements are bounded
+                    await store.engine.dispose()
+                    store.engine = _postgres_engine(parsed, POSTGRES_STATEMENT_TIMEOUT_S)
         except BaseException:
             await store.close()
             raise
@@ -229,8 +258,11 @@ class Store:
         if self.commits is not None:
             return await self.commits.write(work)
         assert self.engine is not None
-        async with self.engine.begin() as conn:
-            return await conn.run_sync(work)
+        try:
+            async with self.engine.begin() as conn:
+                return await conn.run_sync(work)
+        except TimeoutError as exc:  # asyncpg's own timeouts come unwrapped
+            raise StoreTimeout("the database did not answer in time") from exc
 
     async def read(self, work: Callable[[Connection], T]) -> T:
         """Run a ``work`` that only reads (on SQLite it needs no write lock)."""
@@ -304,7 +336,8 @@ class Store:
             await self.engine.dispose()
 
     async def ping(self) -> None:
-        await self.read(lambda conn: conn.execute(sa.text("SELECT 1")))
+        async with asyncio.timeout(WRITE_CHECK_TIMEOUT_S):  # /readyz answers promptly
+            await self.read(lambda conn: conn.execute(sa.text("SELECT 1")))
 
     async def can_write(self, replica_id: str) -> bool:
         """Whether the store takes a write now (the replica's heartbeat, a one-row

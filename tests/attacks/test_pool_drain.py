@@ -1,10 +1,12 @@
 """A relay that shuts down while a pooled sandbox's create has just returned (its row not
-yet marked ready) terminates that sandbox too: none outlives the relay."""
+yet marked ready), or while its store is away, terminates that sandbox too: none outlives
+the relay."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from relay.providers.base import Provider
 from relay.providers.memory import MemoryProvider, MemoryWorld
@@ -35,5 +37,28 @@ async def test_a_sandbox_created_as_the_relay_drains_is_terminated(tmp_path: Pat
         await until(lambda: len(world.created()) == 1)  # created; its row not marked yet
     finally:
         await service.shutdown()
+        await store.close()
+    assert world.alive() == set()
+
+
+class StoreAway(PoolRows):
+    """PostgreSQL stopped just before the SIGTERM: a pooled row cannot be ended."""
+
+    async def end(self, *args: Any, **kwargs: Any) -> bool:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+async def test_a_store_away_at_shutdown_still_terminates_the_pool(tmp_path: Path) -> None:
+    settings = memory_settings(tmp_path, warm=2)
+    world = MemoryWorld()
+    store = await Store.open(settings.database_url)
+    providers: dict[str, Provider] = {"memory": MemoryProvider(settings, world)}
+    service = RunService(settings, store, Catalog.load(settings.jobs_dir), providers)
+    service.start()
+    try:
+        await until(lambda: service.pools.ready == 2)
+        service.pools.rows = StoreAway(store)
+        await service.shutdown()  # does not raise: the rest of the shutdown runs
+    finally:
         await store.close()
     assert world.alive() == set()

@@ -252,6 +252,43 @@ async def test_a_stream_whose_end_never_reaches_its_buffer_closes_after_a_grace(
         await store.close()
 
 
+async def test_a_held_runs_stream_outlasts_a_store_outage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store is away while a run this replica holds streams (PostgreSQL stopped): the
+    stream keeps following (pings, then the end) instead of breaking off mid-body."""
+    monkeypatch.setattr(run_stream, "CHECK_S", 0.2)
+    monkeypatch.setattr(run_stream, "END_GRACE_S", 0.5)
+    store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
+    away = True
+    get_run = store.get_run
+
+    async def refusing(run_id: str) -> RunRecord | None:
+        if away:
+            raise ConnectionRefusedError(111, "Connection refused")
+        return await get_run(run_id)
+
+    try:
+        service = RunService(make_settings(tmp_path), store, Catalog.load(REPO / "jobs"), {})
+        row = run_row("run_outage", job=None)
+        await store.admit_run(row)
+        service.runner.hold("run_outage")  # running here
+        live_runs = LiveRuns(EventBus())
+        monkeypatch.setattr(store, "get_run", refusing)
+        reader, lines = following(live_runs, service, row)
+        await asyncio.sleep(0.7)  # several checks, each refused
+        assert not reader.done()
+        # The run ended meanwhile; the store is back.
+        await store.update_run("run_outage", state="succeeded", ended_at=time.time() - 1)
+        away = False
+        await asyncio.wait_for(reader, 3)
+        assert lines[-1]["event"] == "run" and lines[-1]["run"]["state"] == "succeeded"
+        live_runs.close()
+    finally:
+        service.runner.release("run_outage")
+        await store.close()
+
+
 def test_a_token_holds_at_most_its_streams(tmp_path: Path) -> None:
     relay = RelayProcess(tmp_path, max_streams_per_token=2, local_isolation="none")
     relay.add_token("ops", command=True)

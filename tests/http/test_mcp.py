@@ -4,9 +4,11 @@ timeouts and cancellation with the sandbox verified gone, auth, and fuzzed argum
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,6 +25,8 @@ from mcp.types import CallToolResult, TextContent
 
 from relay.http.mcp_tools import job_schema
 from relay.runs.catalog import Catalog
+from tests.conftest import new_database
+from tests.postgres import own_postgres
 from tests.relay_server import SECRET_CANARY, RelayProcess
 
 MAX_WAIT_S = 2
@@ -416,3 +420,30 @@ async def test_the_secret_canary_is_in_no_mcp_message(relay: RelayProcess) -> No
     assert tools.tools
     assert len(SEEN) > 10_000  # every test's traffic went through it
     assert SECRET_CANARY not in SEEN.decode(errors="replace")
+
+
+@pytest.mark.postgres
+async def test_a_store_outage_mid_call_answers_the_outcome_then_store_unavailable(
+    tmp_path: Path,
+) -> None:
+    """PostgreSQL stops while a tool call's run is in flight: the call still gets the run's
+    outcome (kept in memory), and a call while it is away is `store_unavailable`, not an
+    internal error."""
+    with own_postgres() as (outage, server_url):
+        url = await new_database(server_url)
+        server = RelayProcess(tmp_path, database_url=url, local_isolation="bwrap", drain_s=1)
+        token = server.add_token("ops", command=True)
+        server.start()
+        try:
+            async with connect(server, token) as client:
+                command = {"command": ["sh", "-c", "sleep 1.5; echo kept"]}
+                call = asyncio.create_task(client.call_tool("run_command", command))
+                await anyio.sleep(0.7)  # running
+                outage.stop()
+                result = await asyncio.wait_for(call, 10)
+                refused = await client.call_tool("run_command", {"command": ["true"]})
+        finally:
+            server.stop()
+    assert not result.is_error and text(result) == "kept\n"
+    assert refused.is_error and text(refused).startswith("store_unavailable: ")
+    assert "mcp tool failed" not in server.log()

@@ -98,7 +98,8 @@ async def test_a_failed_final_write_answers_the_waiter_and_lands_once_the_store_
     monkeypatch.setattr(relay.store, "finish_run", store_down)
     request = RunRequest(command=["sleep", "0.01"], timeout_s=0.2, wait=False)
     run, _ = await relay.service.submit(PRINCIPAL, request, None)
-    seen = await relay.service.wait(run.id, 1.0)  # answers, does not hang
+    # A caller held on `wait` gets the outcome at once, not when its wait runs out.
+    seen = await asyncio.wait_for(relay.service.wait(run.id, 30), 2)
     assert seen.state == "succeeded"  # the outcome, kept in memory meanwhile
     assert relay.service.holds(run.id)  # so the reaper leaves it alone
     relay.reaper.grace_s = 0
@@ -169,4 +170,36 @@ async def test_a_cancel_during_the_final_write_leaves_the_outcome_to_land(
     assert (final.state, final.stdout, final.error_code) == ("succeeded", "done\n", None)
     assert task.done() and not task.cancelled()
     assert not relay.service.holds(run.id)
+    assert not any(box.alive for box in backend.world.boxes.values())
+
+
+async def test_a_run_still_ending_after_the_shutdown_answers_its_waiter(
+    world: tuple[MemoryBackend, Store, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The provider does not answer the terminate of a run the shutdown canceled: its held
+    `wait` caller gets the run as it is once the shutdown is done, not when the server
+    cancels the request (a bare 500)."""
+    backend, store, tmp = world
+    relay = Relay(store, backend, tmp, {})  # drain_s=0, create_timeout_s=0.1
+    released = asyncio.Event()
+    destroy = relay.provider.inner.destroy
+
+    async def unanswered(sandbox_id: str) -> None:
+        await released.wait()
+        await destroy(sandbox_id)
+
+    monkeypatch.setattr(relay.provider.inner, "destroy", unanswered)
+    run, _ = await relay.service.submit(PRINCIPAL, long_run(), None)
+    await asyncio.sleep(0.2)  # running
+    waiter = asyncio.create_task(relay.service.wait(run.id, 30))
+    await asyncio.wait_for(relay.service.shutdown(), 5)
+    seen = await asyncio.wait_for(waiter, 1)
+    assert seen.id == run.id and seen.state == "running"
+    released.set()  # the provider answers after all: the run is written final
+    for _ in range(50):
+        final = await store.get_run(run.id)
+        if final is not None and final.state != "running":
+            break
+        await asyncio.sleep(0.1)
+    assert final is not None and (final.state, final.error_code) == ("canceled", "shutting_down")
     assert not any(box.alive for box in backend.world.boxes.values())

@@ -15,11 +15,13 @@ import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 
 from relay.errors import ConfigError
+from relay.store import database
 from relay.store.connection import database_url
-from relay.store.database import SCHEMA_VERSION, DuplicateKey, Store
+from relay.store.database import SCHEMA_VERSION, DuplicateKey, Store, is_store_failure
 from relay.store.limits import Admission, LimitReached
 from relay.store.records import RunRecord
 from relay.store.schema import ACTIVE, meta, metadata, runs, token_days
+from tests.postgres import own_postgres
 
 
 @pytest.fixture
@@ -409,3 +411,32 @@ async def test_a_run_reads_back_as_the_record_it_was_admitted_as(store: Store) -
     assert read.changed(state="lost") == dataclasses.replace(read, state="lost")
     with pytest.raises(TypeError):  # a misspelt column is refused as the record is made
         read.changed(sandbox_idd="sb")  # type: ignore[call-arg]
+
+
+@pytest.mark.postgres
+async def test_a_postgresql_that_stops_answering_is_a_store_failure_soon(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server frozen (a partition: connections open, no answer): a read is a store
+    failure (503 store_unavailable) within the statement bound, not a wait without end,
+    and the store serves again once the server answers."""
+    monkeypatch.setattr(database, "POSTGRES_STATEMENT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(database, "POSTGRES_CONNECT_TIMEOUT_S", 1.0)
+    with own_postgres() as (outage, url):
+        store = await Store.open(url)
+        try:
+            await store.heartbeat("replica")  # a pooled connection, open
+            outage.freeze()
+            try:
+                started = time.monotonic()
+                with pytest.raises(Exception) as refused:
+                    await asyncio.wait_for(store.get_run("run_x"), 8)
+                assert is_store_failure(refused.value), repr(refused.value)
+                with pytest.raises((TimeoutError, database.StoreTimeout)):
+                    await store.ping()  # what /readyz asks: bounded too
+                assert time.monotonic() - started < 6
+            finally:
+                outage.thaw()
+            assert await store.get_run("run_x") is None
+        finally:
+            await store.close()
