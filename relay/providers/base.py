@@ -372,6 +372,10 @@ class SandboxProvider(ABC, Generic[S]):
     """Suggested delay of a rate-limited answer whose SDK hides the provider's own."""
     terminate_timeout_s: ClassVar[float] = 20.0
     sweep_timeout_s: ClassVar[float] = 10.0
+    list_timeout_s: float = 60.0
+    """Bound on one :meth:`list_owned`: a provider that accepts the call and never answers
+    must not hold the reaper's sweep (every provider's, every later one) for ever; some
+    SDKs (Daytona's list, Modal's gRPC) have no timeout of their own."""
 
     create_timeout_s: float = 60.0
     extends_lifetime: ClassVar[bool] = False
@@ -527,9 +531,13 @@ class SandboxProvider(ABC, Generic[S]):
         raise error from cause
 
     async def list_owned(self) -> list[SandboxRef]:
-        """Live sandboxes tagged with this relay's cluster name."""
-        with self.mapping("listing sandboxes", in_sandbox=False):
-            return await self.list_tagged()
+        """Live sandboxes tagged with this relay's cluster name, within ``list_timeout_s``
+        (else :class:`ProviderTimeout`)."""
+        try:
+            with Deadline(self.list_timeout_s), self.mapping("listing sandboxes", in_sandbox=False):
+                return await self.list_tagged()
+        except TimeoutError as exc:  # the deadline's: the SDK's own are mapped inside
+            raise ProviderTimeout(f"{self.label} did not list its sandboxes in time") from exc
 
     # -- errors -----------------------------------------------------------------------------
 

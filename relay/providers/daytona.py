@@ -113,6 +113,9 @@ _GONE_STATES = frozenset(
     {"destroyed", "destroying", "stopped", "stopping", "error", "build_failed", "archived"}
 )
 """States of a sandbox that can no longer run the command (it was killed)."""
+_ENDING_STATES = frozenset({"destroyed", "destroying"})
+"""States of a sandbox already deleted: Daytona still shows it a while (get, list) and
+refuses another delete meanwhile; neither the reaper nor a terminate has anything to do."""
 
 
 def _state(box: AsyncSandbox) -> str:
@@ -305,12 +308,15 @@ class DaytonaProvider(SandboxProvider["DaytonaSandbox"]):
         return DaytonaSandbox(self, box)
 
     async def destroy(self, sandbox_id: str) -> None:
-        """Delete the sandbox; one already gone (404) maps to success."""
-        box = self._boxes.get(sandbox_id)
+        """Delete the sandbox; one already gone (404) or being deleted is success."""
+        # Popped first: a delete that fails is retried by the reaper through a fresh get,
+        # and a sandbox lost mid-run (404) leaves no entry behind.
+        box = self._boxes.pop(sandbox_id, None)
         if box is None:
             box = await self._client.get(sandbox_id)
+            if _state(box) in _ENDING_STATES:
+                return
         await box.delete(timeout=self.terminate_timeout_s)
-        self._boxes.pop(sandbox_id, None)
 
     async def gone(self, sandbox_id: str) -> bool:
         try:
@@ -326,7 +332,7 @@ class DaytonaProvider(SandboxProvider["DaytonaSandbox"]):
         query = ListSandboxesQuery(labels={TAG_CLUSTER: self._cluster}, limit=100)
         async for box in self._client.list(query):
             labels = box.labels or {}
-            if labels.get(TAG_CLUSTER) != self._cluster or _state(box) == "destroyed":
+            if labels.get(TAG_CLUSTER) != self._cluster or _state(box) in _ENDING_STATES:
                 continue  # the filter is the server's; check it here too
             owned.append(SandboxRef(box.id, labels.get(TAG_RUN), _created_at(box.created_at)))
         return owned

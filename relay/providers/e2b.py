@@ -6,6 +6,8 @@ Mapping (see docs/providers/e2b.md):
   template, so only the default size is accepted;
 * ``spec.lifetime_s`` -> the sandbox ``timeout`` (E2B kills it then, relay or not);
 * ``spec.tags`` -> sandbox ``metadata`` (``list_owned`` filters on the cluster tag);
+* each create carries its own ``Idempotency-Key``: the SDK retries a create answered
+  429/502/503/504, and a retry then returns the sandbox a lost answer made;
 * egress ``()`` -> ``allow_internet_access=False``; a host list -> ``network.allowOut``
   with ``denyOut 0.0.0.0/0``; ``("*",)`` -> open.
 
@@ -192,6 +194,9 @@ class E2BProvider(SandboxProvider["E2BSandbox"]):
                 # sandbox is killed, never paused (a paused sandbox lives on).
                 lifecycle={"on_timeout": "kill"},
                 metadata=spec.tags,
+                # The SDK retries a create answered 429/502/503/504; a key of this create
+                # makes a retry return the sandbox a lost answer made, not a second one.
+                idempotency_key=f"relay-{secrets.token_hex(16)}",
                 envs=dict(spec.env) or None,
                 allow_internet_access=internet,
                 network=network,  # type: ignore[arg-type]

@@ -108,6 +108,8 @@ class MemoryFaults:
     """This many terminates answer 503 (each failure counts one down)."""
     vanish_after_s: float | None = None
     """Each sandbox that starts a command is killed this long after."""
+    upload_hang: bool = False
+    """Uploads never answer (a provider that stopped answering after the create)."""
 
 
 @dataclass
@@ -235,8 +237,11 @@ class MemoryWorld:
         self._answer(api_key)
         return [box for box in self.boxes.values() if box.alive and box.cluster == cluster]
 
-    def write(self, api_key: str, box_id: str, files: Mapping[str, bytes]) -> None:
+    async def write(self, api_key: str, box_id: str, files: Mapping[str, bytes]) -> None:
         self._answer(api_key)
+        if self.faults.upload_hang:
+            await self._release.wait()
+            raise MemoryAPIError(503, "upload abandoned")
         self._box(box_id).files.update(files)
 
     def start(self, api_key: str, box_id: str, program: Program) -> Command:
@@ -353,7 +358,7 @@ class MemorySandbox(ProviderSandbox):
 
     async def write_files(self, files: Mapping[str, bytes]) -> None:
         absolute = {_absolute(DEFAULT_WORKDIR, path): data for path, data in files.items()}
-        self.provider.world.write(self.provider._api_key, self.id, absolute)
+        await self.provider.world.write(self.provider._api_key, self.id, absolute)
 
     async def run(
         self,

@@ -31,8 +31,9 @@ import os
 import posixpath
 import re
 import secrets
+import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import BinaryIO, ClassVar, cast
 
 import anyio
@@ -90,7 +91,11 @@ from relay.settings import ProviderSettings, Settings
 log = logging.getLogger("relay.providers.sprites")
 
 TAG_LIFETIME = "relay-lifetime"
-"""Label holding the lifetime (seconds) the relay gives the sprite; the reaper enforces it."""
+"""Label holding the lifetime (seconds) the relay gives the sprite, for an operator to check."""
+TAG_CREATED = "relay-created"
+"""Label holding the sprite's creation time (Unix seconds): the API's ``created_at`` is
+optional to the SDK (absent or unparsable, it reads None), and a sprite of no known run
+and no known age is one the reaper must leave alone, here for ever (no provider lifetime)."""
 MAX_CPUS = 8
 MAX_MEMORY_MB = 16_384
 """The largest size the relay asks for (an assumption: the SDK documents no limits)."""
@@ -153,13 +158,21 @@ def sprite_name(spec: SandboxSpec) -> str:
 
 
 def labels_for(spec: SandboxSpec) -> list[str]:
-    tags = {**spec.tags, TAG_LIFETIME: str(spec.lifetime_s)}
+    tags = {**spec.tags, TAG_LIFETIME: str(spec.lifetime_s), TAG_CREATED: str(int(time.time()))}
     return [f"{key}={value}" for key, value in tags.items()]
 
 
 def tags_of(labels: Sequence[str]) -> dict[str, str]:
     """``key=value`` labels back into tags (other labels are ignored)."""
     return dict(label.split("=", 1) for label in labels if "=" in label)
+
+
+def created_at_of(tags: Mapping[str, str]) -> datetime | None:
+    """The creation time the relay labelled a sprite with (none on one made elsewhere)."""
+    try:
+        return datetime.fromtimestamp(int(tags[TAG_CREATED]), UTC)
+    except (KeyError, ValueError, OverflowError, OSError):
+        return None
 
 
 def network_policy_for(hosts: tuple[str, ...]) -> NetworkPolicy | None:
@@ -379,7 +392,7 @@ class SpritesProvider(SandboxProvider[SpritesSandbox]):
                 tags = tags_of(info.labels)
                 if tags.get(TAG_CLUSTER) != self._cluster:
                     continue  # the prefix is shared with clusters named <cluster>-…
-                created: datetime | None = info.created_at
+                created: datetime | None = info.created_at or created_at_of(tags)
                 owned.append(SandboxRef(info.name, tags.get(TAG_RUN), created_at=created))
             if not page.has_more or not page.next_continuation_token:
                 return owned

@@ -130,14 +130,16 @@ class RunTask:
         """Upload the job's files and run its command for what is left of its timeout;
         the state it ended in (``timed_out`` when the deadline passed)."""
         plan, watch = self.plan, self.watch
-        if plan.files:
-            await sandbox.upload(plan.files)
-        watch.exec_started = time.monotonic()
-        remaining = max(0.0, plan.timeout_s - (time.time() - started_at))
-        deadline = asyncio.timeout(remaining)
+        # One deadline for the upload and the command: a provider that stops answering
+        # an upload must not hold the run (and its sandbox) past the job's timeout.
+        deadline = asyncio.timeout(max(0.0, plan.timeout_s - (time.time() - started_at)))
         result = None
         try:
             async with deadline:
+                if plan.files:
+                    await sandbox.upload(plan.files)
+                watch.exec_started = time.monotonic()
+                remaining = max(0.0, plan.timeout_s - (time.time() - started_at))
                 result = await sandbox.exec(
                     plan.argv,
                     stdin=plan.stdin,
@@ -149,7 +151,8 @@ class RunTask:
         except TimeoutError:
             if not deadline.expired():
                 raise
-        watch.timings["exec_ms"] = _ms_since(watch.exec_started)
+        if watch.exec_started is not None:
+            watch.timings["exec_ms"] = _ms_since(watch.exec_started)
         if result is None:
             return {"state": RunState.timed_out.value}
         if result.memory_limit_mb is not None:

@@ -298,6 +298,17 @@ async def test_list_owned_reads_every_page(provider: E2BProvider, fake: FakeE2B)
     assert sorted(ref.sandbox_id for ref in refs) == sorted([a.id, b.id, c.id])
 
 
+async def test_a_create_whose_answer_was_lost_makes_one_sandbox(
+    provider: E2BProvider, fake: FakeE2B
+) -> None:
+    """The SDK retries a create that answered 502; without an idempotency key the retry
+    makes a second sandbox, and the first runs on unseen until the reaper finds it."""
+    fake.faults.create_answers_lost = 1
+    async with provider.sandbox(spec("run_retried")) as box:
+        assert fake.ledger.alive() == {box.id}
+    assert [entry["sandbox_id"] for entry in fake.ledger.created] == [box.id]
+
+
 async def test_terminate_is_idempotent(provider: E2BProvider) -> None:
     await provider.terminate("no-such-sandbox")
     async with provider.sandbox(spec()) as box:

@@ -97,7 +97,9 @@ def test_names_and_labels_find_the_run_again() -> None:
     name = sprite_name(job)
     assert name.startswith("test-run-abc-01234") and len(name) <= 63
     tags = tags_of(labels_for(job))
+    created = int(tags.pop("relay-created"))
     assert tags == {TAG_CLUSTER: "test", TAG_RUN: job.run_id, "relay-lifetime": "30"}
+    assert abs(created - time.time()) < 5
 
 
 def test_a_missing_token_is_a_config_error() -> None:
@@ -198,6 +200,19 @@ async def test_list_owned_keeps_to_its_cluster(fake: FakeSprites) -> None:
     finally:
         await mine.aclose()
         await other.aclose()
+
+
+async def test_a_sprite_listed_without_created_at_still_has_an_age(
+    fake: FakeSprites, provider: SpritesProvider
+) -> None:
+    """Without an age, the reaper leaves a sprite of no known run alone, and nothing else
+    ever deletes a sprite: the relay's own label stands in for the optional created_at."""
+    fake.faults.created_at_missing = True
+    before = time.time()
+    async with provider.sandbox(spec("run_ageless")) as box:
+        [ref] = [ref for ref in await provider.list_owned() if ref.sandbox_id == box.id]
+    assert ref.created_at is not None
+    assert before - 1 <= ref.created_at.timestamp() <= time.time()
 
 
 # --- live --------------------------------------------------------------------------------

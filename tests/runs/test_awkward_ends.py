@@ -203,3 +203,24 @@ async def test_a_run_still_ending_after_the_shutdown_answers_its_waiter(
         await asyncio.sleep(0.1)
     assert final is not None and (final.state, final.error_code) == ("canceled", "shutting_down")
     assert not any(box.alive for box in backend.world.boxes.values())
+async def test_an_upload_that_never_answers_ends_at_the_jobs_timeout(
+    world: tuple[MemoryBackend, Store, Path],
+) -> None:
+    """Uploading the job's files counts against its timeout: a provider that stops
+    answering after the create must not hold the run (and its sandbox) for ever, unseen by
+    the reaper, which leaves a run this process holds alone."""
+    backend, store, tmp = world
+    relay = Relay(store, backend, tmp, {})
+    backend.world.faults.upload_hang = True
+    request = RunRequest(command=["true"], files={"a.txt": "a"}, timeout_s=1, wait=False)
+    run, _ = await relay.service.submit(PRINCIPAL, request, None)
+    started = time.monotonic()
+    try:
+        await relay.service.wait(run.id, 5)
+        ended = await store.get_run(run.id)
+        assert ended is not None and ended.state == "timed_out"
+        assert time.monotonic() - started < 3
+        assert all(not box.alive for box in backend.world.boxes.values())
+    finally:
+        backend.world.reset()  # releases a hung upload, so a failure still tears down
+        await relay.service.shutdown()

@@ -2,7 +2,8 @@
 
 Shapes follow daytona 0.226.1's generated clients (shared/reference/daytona.md): camelCase
 JSON, create answers ``200`` with a full Sandbox DTO already ``started`` (so the SDK does
-not poll), delete answers ``200`` with a DTO, errors are
+not poll), delete answers ``200`` with a DTO ``destroying`` (still listed for a moment; a
+second delete meanwhile is ``409``), errors are
 ``{"statusCode", "message", "code", "source"}``. The toolbox lives at
 ``<url>/toolbox/<sandboxId>/...``: sessions, session commands, their log WebSocket (stdout
 and stderr framed by ``\\x01\\x01\\x01`` / ``\\x02\\x02\\x02``) and bulk upload.
@@ -140,6 +141,10 @@ def build_app(world: World, base_url: str) -> Starlette:
         if world.faults.terminate_failures > 0:
             world.faults.terminate_failures -= 1
             return error(500, "injected delete failure")
+        found = world.get(request.path_params["sandbox"])
+        if found is not None and found.state == "destroying":
+            # A state change already under way: Daytona refuses another one meanwhile.
+            return error(409, "sandbox state change in progress", "CONFLICT")
         sandbox = world.delete(request.path_params["sandbox"])
         if sandbox is None:
             return error(404, "sandbox not found", "NOT_FOUND")

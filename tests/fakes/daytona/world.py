@@ -111,6 +111,9 @@ class Ledger:
         self.created: list[dict[str, Any]] = []
         self.create_attempts = 0
         self.terminated: list[tuple[str, float]] = []
+        self.destroying: dict[str, FakeSandbox] = {}
+        """Deleted sandboxes the API still shows, ``destroying``, for a while (processes
+        dead, nothing billed: not :meth:`alive`)."""
         self.expired: list[tuple[str, float]] = []
         self.stopped: list[tuple[str, float]] = []
         self.commands: list[dict[str, Any]] = []
@@ -143,6 +146,9 @@ class World:
         self.faults = Faults()
         self.minute_s = 60.0
         self.page_size = 100
+        self.destroying_s = 0.5
+        """How long a deleted sandbox stays visible (get, list) as ``destroying``: a delete
+        answers at once with that state and the sandbox goes later, as Daytona's does."""
         self.hang = asyncio.Event()
         self.base_dir = Path(tempfile.mkdtemp(prefix="fake-daytona-"))
 
@@ -208,8 +214,9 @@ class World:
         with self.ledger.lock:
             sandbox = self.ledger.sandboxes.get(sandbox_id)
             if sandbox is None:
-                sandbox = next(
-                    (s for s in self.ledger.sandboxes.values() if s.name == sandbox_id), None
+                everything = [*self.ledger.sandboxes.values(), *self.ledger.destroying.values()]
+                sandbox = self.ledger.destroying.get(sandbox_id) or next(
+                    (s for s in everything if s.name == sandbox_id), None
                 )
         if sandbox is not None:
             sandbox.last_activity = time.monotonic()
@@ -217,14 +224,27 @@ class World:
 
     def listed(self) -> list[FakeSandbox]:
         with self.ledger.lock:
-            return sorted(self.ledger.sandboxes.values(), key=lambda s: s.created_at)
+            everything = [*self.ledger.sandboxes.values(), *self.ledger.destroying.values()]
+        return sorted(everything, key=lambda s: s.created_at)
 
     def delete(self, sandbox_id: str) -> FakeSandbox | None:
         sandbox = self._remove(sandbox_id)
         if sandbox is not None:
             with self.ledger.lock:
                 self.ledger.terminated.append((sandbox.sandbox_id, time.time()))
+            if self.destroying_s > 0:
+                sandbox.state = "destroying"
+                with self.ledger.lock:
+                    self.ledger.destroying[sandbox.sandbox_id] = sandbox
+                loop = asyncio.get_running_loop()
+                loop.call_later(self.destroying_s, self._forget, sandbox.sandbox_id)
         return sandbox
+
+    def _forget(self, sandbox_id: str) -> None:
+        with self.ledger.lock:
+            sandbox = self.ledger.destroying.pop(sandbox_id, None)
+        if sandbox is not None:
+            sandbox.state = "destroyed"
 
     def stop(self, sandbox_id: str) -> None:
         """Auto-stop: the processes die; an ephemeral sandbox is deleted with them."""

@@ -1,7 +1,8 @@
 """The fake E2B control plane: create, list, set timeout, kill (the calls the relay makes).
 
 Shapes follow e2b 2.63.0's generated client (see shared/reference/e2b.md): error bodies
-are JSON ``{"code", "message"}``; 429/5xx answers carry ``Retry-After: 0`` so the SDK's
+are JSON ``{"code", "message"}``; a create replaying an ``Idempotency-Key`` answers the
+sandbox the key's first create made; 429/5xx answers carry ``Retry-After: 0`` so the SDK's
 own retries stay fast in tests.
 """
 
@@ -67,9 +68,18 @@ def routes(world: World) -> list[Route]:
         body = await request.json()
         if str(body.get("templateID", "")).startswith("missing"):
             return error(404, f"template '{body['templateID']}' not found")
-        sandbox = world.create(body)
+        key = request.headers.get("idempotency-key")
+        known = world.idempotency.get(key) if key else None
+        with world.ledger.lock:
+            replayed = world.ledger.sandboxes.get(known) if known else None
+        sandbox = replayed or world.create(body)
+        if key:
+            world.idempotency[key] = sandbox.sandbox_id
         if faults.create_allocates_then_fails:
             return error(500, "injected failure after allocation")
+        if replayed is None and faults.create_answers_lost > 0:
+            faults.create_answers_lost -= 1
+            return error(502, "injected: the answer was lost", **{"Retry-After": "0"})
         return JSONResponse(
             {
                 "templateID": sandbox.template,

@@ -41,8 +41,12 @@ class Faults:
     drop_connection: bool = False
     terminate_failures: int = 0
     vanish_after_s: float | None = None
+    create_answers_lost: int = 0
+    """The next N creates allocate the sandbox, then answer 502 (a gateway that lost the
+    answer): the SDK retries a 502, and only an ``Idempotency-Key`` makes that safe."""
 
     def reset(self) -> None:
+        self.create_answers_lost = 0
         self.create_status = None
         self.create_hang = False
         self.create_allocates_then_fails = False
@@ -134,6 +138,8 @@ class World:
         self.ledger = Ledger()
         self.faults = Faults()
         self.page_size = 100  # list answers at most this many sandboxes a page
+        self.idempotency: dict[str, str] = {}
+        """``Idempotency-Key`` → the sandbox its first create made (a replay answers it)."""
         self.base_dir = Path(tempfile.mkdtemp(prefix="fake-e2b-"))
 
     def create(self, body: dict[str, Any]) -> FakeSandbox:

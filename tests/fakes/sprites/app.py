@@ -49,6 +49,12 @@ def build_app(world: World) -> Starlette:
         sprite = world.sprites.get(connection.path_params["name"])
         return error(404, "not_found") if sprite is None else sprite
 
+    def info_of(sprite: FakeSprite) -> dict[str, Any]:
+        info = sprite.info()
+        if faults.created_at_missing:
+            del info["created_at"], info["updated_at"]
+        return info
+
     async def create(request: Request) -> Response:
         if (denied := authorize(request)) is not None:
             return denied
@@ -66,7 +72,7 @@ def build_app(world: World) -> Starlette:
         if faults.create_hang:
             await world.hang.wait()
             return error(503, "shutting_down")
-        return JSONResponse(sprite.info(), 201)
+        return JSONResponse(info_of(sprite), 201)
 
     async def list_sprites(request: Request) -> Response:
         if (denied := authorize(request)) is not None:
@@ -81,7 +87,7 @@ def build_app(world: World) -> Starlette:
         more = start + size < len(names)
         return JSONResponse(
             {
-                "sprites": [world.sprites[name].info() for name in page],
+                "sprites": [info_of(world.sprites[name]) for name in page],
                 "has_more": more,
                 "next_continuation_token": str(start + size) if more else None,
             }
@@ -89,7 +95,7 @@ def build_app(world: World) -> Starlette:
 
     async def get_sprite(request: Request) -> Response:
         sprite = sprite_of(request)
-        return sprite if isinstance(sprite, Response) else JSONResponse(sprite.info())
+        return sprite if isinstance(sprite, Response) else JSONResponse(info_of(sprite))
 
     async def delete_sprite(request: Request) -> Response:
         if (denied := authorize(request)) is not None:

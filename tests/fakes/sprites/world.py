@@ -49,6 +49,8 @@ class Faults:
     """Sprites created now are deleted by the fake this long after creation."""
     list_status: int | None = None
     """Listing sprites answers this status."""
+    created_at_missing: bool = False
+    """Sprite infos carry no ``created_at`` (optional to the SDK, which reads None then)."""
 
     def reset(self) -> None:
         fresh = Faults()
