@@ -18,6 +18,8 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, Protocol
 
+from relay.providers.base import shielded
+
 _READ_LIMIT = 1 << 16
 _REAP_TIMEOUT_S = 5.0  # a SIGKILLed child is gone in milliseconds; bounded all the same
 
@@ -155,7 +157,11 @@ async def spawn(
         popen.wait()  # killed: reaped at once
         raise
     try:
-        await child.connect()
+        # Never cut halfway (a run's deadline or a cancel can land here): uvloop closes the
+        # fd of a pipe whose connect it abandons but not the pipe's file object, so closing
+        # the pipe then closed that number again (EBADF, a 502 for the run; or by then
+        # another file's descriptor).
+        await shielded(child.connect())
     except BaseException:
         _kill(popen.pid)
         child.close()
