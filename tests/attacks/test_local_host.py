@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from relay.providers.local import cgroups
-from relay.providers.local.invocation import bwrap_works
+from relay.providers.local.invocation import bwrap_blocks_userns, bwrap_works
 from tests.relay_server import RelayProcess
 
 pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
@@ -114,6 +114,20 @@ def test_the_sandbox_sees_no_host_path(relay: RelayProcess) -> None:
     assert run["state"] == "succeeded", run
     assert "bwrap --args" in run["stdout"]
     assert str(relay.root) not in run["stdout"]  # the sandbox root and the relay's folder
+
+
+@pytest.mark.skipif(
+    shutil.which("bwrap") is None or not bwrap_blocks_userns(shutil.which("bwrap") or "bwrap"),
+    reason="this bubblewrap has no --disable-userns",
+)
+def test_a_job_cannot_make_namespaces_of_its_own(relay: RelayProcess) -> None:
+    """A user namespace of its own made the job root there, with every capability over
+    the network and mount namespaces it then made: nftables and mounts, kernel code that
+    unprivileged escapes go through."""
+    tries = "unshare -Ur true && echo user; unshare -Urn true && echo net; echo end"
+    answer = relay.post(relay.tokens["commands"], {"command": ["sh", "-c", tries]})
+    run = answer.json()
+    assert run["state"] == "succeeded" and run["stdout"] == "end\n", run
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a relay running as root maps to root")

@@ -125,6 +125,18 @@ def bwrap_problem() -> str | None:
     return f"bubblewrap fails here ({error}); {bwrap_fix(error)}"
 
 
+def bwrap_blocks_userns(bwrap: str) -> bool:
+    """True when this bubblewrap (0.8+) and kernel can keep a job from making user
+    namespaces of its own (``--disable-userns``)."""
+    options = ["--unshare-all", "--unshare-user", "--disable-userns", *system_binds()]
+    probe = [bwrap, *options, "--", "/usr/bin/true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, timeout=10, check=False, env=HOST_ENV)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
 def base_rlimits(cpu_s: int, memory_mb: int) -> dict[str, tuple[int, int]]:
     """The rlimits of a sandbox's processes, by ``prlimit`` option name."""
     address_space = max(memory_mb, 256) * MIB * 2
