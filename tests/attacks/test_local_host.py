@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from relay.providers.local import cgroups
-from relay.providers.local.invocation import bwrap_blocks_userns, bwrap_works
+from relay.providers.local.invocation import OPEN_FILES, bwrap_blocks_userns, bwrap_works
 from tests.relay_server import RelayProcess
 
 pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
@@ -221,6 +221,28 @@ def test_a_fork_bomb_is_bounded_and_others_still_run(relay: RelayProcess) -> Non
     assert other.json()["state"] == "succeeded", other.text
     assert "stopped" in results["bomb"]["stdout"], results["bomb"]
     assert int(results["bomb"]["stdout"].split()[-1]) < PIDS
+
+
+def test_a_job_cannot_fill_the_hosts_file_table(relay: RelayProcess) -> None:
+    """Each process inherited the relay's open-file limit (raised for its connections):
+    with its processes a job could hold millions of files, past the host's fs.file-max."""
+    run = _python(
+        relay,
+        """
+        import os, resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        opened = []
+        try:
+            while len(opened) < 100_000:
+                opened.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
+        print(hard, len(opened))
+        """,
+    )
+    hard, opened = map(int, run["stdout"].split())
+    assert hard <= OPEN_FILES and opened < OPEN_FILES, run
 
 
 @needs_cgroups
