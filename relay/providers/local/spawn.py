@@ -18,8 +18,6 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, Protocol
 
-from relay.providers.base import shielded
-
 _READ_LIMIT = 1 << 16
 _REAP_TIMEOUT_S = 5.0  # a SIGKILLed child is gone in milliseconds; bounded all the same
 
@@ -185,11 +183,10 @@ async def spawn(
         popen.wait()  # killed: reaped at once
         raise
     try:
-        # Never cut halfway (a run's deadline or a cancel can land here): uvloop closes the
-        # fd of a pipe whose connect it abandons but not the pipe's file object, so closing
-        # the pipe then closed that number again (EBADF, a 502 for the run; or by then
-        # another file's descriptor).
-        await shielded(child.connect())
+        # A run's deadline or a cancel can land here: uvloop closes the fd of a connect it
+        # abandons, which is why it gets a dup of its own (_LibuvOwned); closing the pipe
+        # then closed that number again (EBADF: a 502 for the run).
+        await child.connect()
     except BaseException:
         _kill(popen.pid)
         child.close()
