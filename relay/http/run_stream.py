@@ -41,18 +41,49 @@ END_GRACE_S = 5.0
 Line = dict[str, Any]
 
 
+FOLDED_PIECES = 256
+"""Output pieces of one stream kept as bare text before they become one replayed line."""
+
+
 @dataclass
 class _Buffer:
-    """One running run's events so far, and the queues of callers following it."""
+    """One running run's events so far, and the queues of callers following it.
+
+    Output is replayed in lines of up to :data:`FOLDED_PIECES` pieces: a line each (a dict
+    and its text, some 300 bytes) for a job printing a byte at a time held some 300 times
+    its output in the relay's memory, for every run that printed, followed or not."""
 
     events: list[Line] = field(default_factory=list)
     followers: list[asyncio.Queue[Line | None]] = field(default_factory=list)
     decoders: dict[str, codecs.IncrementalDecoder] = field(default_factory=dict)
+    pieces: list[str] = field(default_factory=list)
+    """The latest output texts, all of ``pieces_stream``, not yet folded into ``events``."""
+    pieces_stream: str = ""
 
     def add(self, line: Line) -> None:
-        self.events.append(line)
         for queue in self.followers:
             queue.put_nowait(line)
+        if line["event"] != "output":
+            self._fold()
+            self.events.append(line)
+            return
+        if line["stream"] != self.pieces_stream:
+            self._fold()
+            self.pieces_stream = line["stream"]
+        self.pieces.append(line["text"])
+        if len(self.pieces) >= FOLDED_PIECES:
+            self._fold()
+
+    def _fold(self) -> None:
+        if self.pieces:
+            text = "".join(self.pieces)
+            self.events.append({"event": "output", "stream": self.pieces_stream, "text": text})
+            self.pieces.clear()
+
+    def replay(self) -> list[Line]:
+        """The run's events so far, its output folded."""
+        self._fold()
+        return self.events
 
     def text(self, stream: str, data: bytes, final: bool = False) -> str:
         decoder = self.decoders.setdefault(stream, codecs.getincrementaldecoder("utf-8")("replace"))
@@ -145,7 +176,7 @@ class LiveRuns:
                 return None
             buffer = self._open(run_id)  # or no event yet: it is about to start
         queue: asyncio.Queue[Line | None] = asyncio.Queue()
-        for line in buffer.events:
+        for line in buffer.replay():
             queue.put_nowait(line)
         buffer.followers.append(queue)
         return queue
