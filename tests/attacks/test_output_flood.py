@@ -29,7 +29,7 @@ def test_output_a_byte_at_a_time_is_kept_at_about_its_size() -> None:
     assert held < 30 * PIECES, f"{held} bytes held for {PIECES} bytes of output"
     queue = live.follow("run_flood", running_here=True)
     assert queue is not None
-    lines = [queue.get_nowait() for _ in range(queue.qsize())]
+    lines = [line for _ in range(queue.qsize()) if (line := queue.get_nowait()) is not None]
     assert lines[0] == {"event": "state", "state": "running"}
     texts = [(line["stream"], line["text"]) for line in lines[1:]]
     stdout = "".join(text for stream, text in texts if stream == "stdout")
