@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import collections
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -41,18 +42,82 @@ END_GRACE_S = 5.0
 Line = dict[str, Any]
 
 
+FOLDED_PIECES = 256
+"""Output pieces of one stream kept as bare text before they become one replayed line."""
+
+
+class FollowerLines(asyncio.Queue[Line | None]):
+    """One caller's lines not yet sent. Output pieces of one stream that wait together
+    leave as one line (up to :data:`FOLDED_PIECES` pieces): a caller who stopped reading
+    held a line (~300 bytes) per piece a job printed, which could be a byte each."""
+
+    def _init(self, maxsize: int) -> None:
+        self._queue: collections.deque[Line | list[str] | None] = collections.deque()
+        self._streams: collections.deque[str] = collections.deque()
+        """The stream of each waiting list of pieces, in order."""
+
+    def _put(self, item: Line | None) -> None:
+        waiting = self._queue
+        if item is not None and item["event"] == "output":
+            last = waiting[-1] if waiting else None
+            if (
+                isinstance(last, list)
+                and self._streams[-1] == item["stream"]
+                and len(last) < FOLDED_PIECES
+            ):
+                last.append(item["text"])
+            else:
+                waiting.append([item["text"]])
+                self._streams.append(item["stream"])
+            return
+        waiting.append(item)
+
+    def _get(self) -> Line | None:
+        item = self._queue.popleft()
+        if isinstance(item, list):
+            return {"event": "output", "stream": self._streams.popleft(), "text": "".join(item)}
+        return item
+
+
 @dataclass
 class _Buffer:
-    """One running run's events so far, and the queues of callers following it."""
+    """One running run's events so far, and the queues of callers following it.
+
+    Output is replayed in lines of up to :data:`FOLDED_PIECES` pieces: a line each (a dict
+    and its text, some 300 bytes) for a job printing a byte at a time held some 300 times
+    its output in the relay's memory, for every run that printed, followed or not."""
 
     events: list[Line] = field(default_factory=list)
-    followers: list[asyncio.Queue[Line | None]] = field(default_factory=list)
+    followers: list[FollowerLines] = field(default_factory=list)
     decoders: dict[str, codecs.IncrementalDecoder] = field(default_factory=dict)
+    pieces: list[str] = field(default_factory=list)
+    """The latest output texts, all of ``pieces_stream``, not yet folded into ``events``."""
+    pieces_stream: str = ""
 
     def add(self, line: Line) -> None:
-        self.events.append(line)
         for queue in self.followers:
             queue.put_nowait(line)
+        if line["event"] != "output":
+            self._fold()
+            self.events.append(line)
+            return
+        if line["stream"] != self.pieces_stream:
+            self._fold()
+            self.pieces_stream = line["stream"]
+        self.pieces.append(line["text"])
+        if len(self.pieces) >= FOLDED_PIECES:
+            self._fold()
+
+    def _fold(self) -> None:
+        if self.pieces:
+            text = "".join(self.pieces)
+            self.events.append({"event": "output", "stream": self.pieces_stream, "text": text})
+            self.pieces.clear()
+
+    def replay(self) -> list[Line]:
+        """The run's events so far, its output folded."""
+        self._fold()
+        return self.events
 
     def text(self, stream: str, data: bytes, final: bool = False) -> str:
         decoder = self.decoders.setdefault(stream, codecs.getincrementaldecoder("utf-8")("replace"))
@@ -136,7 +201,7 @@ class LiveRuns:
         for queue in buffer.followers:
             queue.put_nowait(None)
 
-    def follow(self, run_id: str, *, running_here: bool) -> asyncio.Queue[Line | None] | None:
+    def follow(self, run_id: str, *, running_here: bool) -> FollowerLines | None:
         """A queue holding the run's events so far, then each new one, then None at the
         end; None when this replica is not running the run."""
         buffer = self._runs.get(run_id)
@@ -144,13 +209,13 @@ class LiveRuns:
             if not running_here and run_id not in self._states:
                 return None
             buffer = self._open(run_id)  # or no event yet: it is about to start
-        queue: asyncio.Queue[Line | None] = asyncio.Queue()
-        for line in buffer.events:
+        queue = FollowerLines()
+        for line in buffer.replay():
             queue.put_nowait(line)
         buffer.followers.append(queue)
         return queue
 
-    def unfollow(self, run_id: str, queue: asyncio.Queue[Line | None]) -> None:
+    def unfollow(self, run_id: str, queue: FollowerLines) -> None:
         buffer = self._runs.get(run_id)
         if buffer is not None and queue in buffer.followers:
             buffer.followers.remove(queue)

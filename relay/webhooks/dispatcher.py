@@ -238,11 +238,17 @@ class WebhookDispatcher:
             "Relay-Delivery-Attempt": str(delivery.attempts),
         }
         extensions = {"sni_hostname": target.tls_hostname} if target.tls_hostname else {}
+        request = self._client.build_request(
+            "POST", target.url, content=body, headers=headers, extensions=extensions
+        )
         try:
-            answer = await self._client.post(
-                target.url, content=body, headers=headers, extensions=extensions
-            )
-        except httpx.TimeoutException:
+            # The whole attempt, not each read: a receiver sending its headers a byte at a
+            # time never tripped httpx's read timeout. Only the status is read: the body is
+            # the receiver's (one that never ended held the attempt, and grew the relay).
+            async with asyncio.timeout(self.settings.webhook_timeout_s):
+                answer = await self._client.send(request, stream=True)
+                await answer.aclose()
+        except (httpx.TimeoutException, TimeoutError):
             return {"error": "timeout"}
         except httpx.HTTPError as exc:
             return {"error": f"connection: {type(exc).__name__}"}

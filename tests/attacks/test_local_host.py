@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from relay.providers.local import cgroups
-from relay.providers.local.invocation import bwrap_works
+from relay.providers.local.invocation import OPEN_FILES, bwrap_blocks_userns, bwrap_works
 from tests.relay_server import RelayProcess
 
 pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
@@ -116,6 +116,20 @@ def test_the_sandbox_sees_no_host_path(relay: RelayProcess) -> None:
     assert str(relay.root) not in run["stdout"]  # the sandbox root and the relay's folder
 
 
+@pytest.mark.skipif(
+    shutil.which("bwrap") is None or not bwrap_blocks_userns(shutil.which("bwrap") or "bwrap"),
+    reason="this bubblewrap has no --disable-userns",
+)
+def test_a_job_cannot_make_namespaces_of_its_own(relay: RelayProcess) -> None:
+    """A user namespace of its own made the job root there, with every capability over
+    the network and mount namespaces it then made: nftables and mounts, kernel code that
+    unprivileged escapes go through."""
+    tries = "unshare -Ur true && echo user; unshare -Urn true && echo net; echo end"
+    answer = relay.post(relay.tokens["commands"], {"command": ["sh", "-c", tries]})
+    run = answer.json()
+    assert run["state"] == "succeeded" and run["stdout"] == "end\n", run
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a relay running as root maps to root")
 def test_a_sandbox_of_a_root_relay_is_not_root_on_the_host(relay: RelayProcess) -> None:
     """bubblewrap maps the sandbox's user to the user that starts it: a relay running as
@@ -207,6 +221,28 @@ def test_a_fork_bomb_is_bounded_and_others_still_run(relay: RelayProcess) -> Non
     assert other.json()["state"] == "succeeded", other.text
     assert "stopped" in results["bomb"]["stdout"], results["bomb"]
     assert int(results["bomb"]["stdout"].split()[-1]) < PIDS
+
+
+def test_a_job_cannot_fill_the_hosts_file_table(relay: RelayProcess) -> None:
+    """Each process inherited the relay's open-file limit (raised for its connections):
+    with its processes a job could hold millions of files, past the host's fs.file-max."""
+    run = _python(
+        relay,
+        """
+        import os, resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        opened = []
+        try:
+            while len(opened) < 100_000:
+                opened.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
+        print(hard, len(opened))
+        """,
+    )
+    hard, opened = map(int, run["stdout"].split())
+    assert hard <= OPEN_FILES and opened < OPEN_FILES, run
 
 
 @needs_cgroups

@@ -25,7 +25,12 @@ from tests.conftest import make_settings
 from tests.relay_server import RelayProcess
 
 needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
-LIMIT_ROWS = {"cpu": "Max cpu time", "fsize": "Max file size", "as": "Max address space"}
+LIMIT_ROWS = {
+    "cpu": "Max cpu time",
+    "fsize": "Max file size",
+    "as": "Max address space",
+    "nofile": "Max open files",
+}
 
 
 def _limits_seen(text: str) -> dict[str, tuple[int, int]]:

@@ -125,6 +125,26 @@ def bwrap_problem() -> str | None:
     return f"bubblewrap fails here ({error}); {bwrap_fix(error)}"
 
 
+def bwrap_blocks_userns(bwrap: str) -> bool:
+    """True when this bubblewrap (0.8+) and kernel can keep a job from making user
+    namespaces of its own (``--disable-userns``)."""
+    options = ["--unshare-all", "--unshare-user", "--disable-userns", *system_binds()]
+    probe = [bwrap, *options, "--", "/usr/bin/true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, timeout=10, check=False, env=HOST_ENV)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+OPEN_FILES = 1024
+"""Each sandbox process's open files (soft and hard). The relay raises its own limit for
+its connections, and a sandbox inherited it: with ``RELAY_LOCAL_PIDS_MAX`` processes a job
+could hold millions of open files, which the memory limit does not stop, and fill the
+host's file table (``fs.file-max``: "Too many open files in system" for every process
+without CAP_SYS_ADMIN, a relay deployed as its own user included)."""
+
+
 def base_rlimits(cpu_s: int, memory_mb: int) -> dict[str, tuple[int, int]]:
     """The rlimits of a sandbox's processes, by ``prlimit`` option name."""
     address_space = max(memory_mb, 256) * MIB * 2
@@ -132,6 +152,7 @@ def base_rlimits(cpu_s: int, memory_mb: int) -> dict[str, tuple[int, int]]:
         "cpu": (cpu_s, cpu_s + 1),
         "fsize": (1 << 30, 1 << 30),
         "as": (address_space, address_space),
+        "nofile": (OPEN_FILES, OPEN_FILES),
     }
 
 
@@ -139,6 +160,7 @@ _RLIMITS = {
     "cpu": resource.RLIMIT_CPU,
     "fsize": resource.RLIMIT_FSIZE,
     "as": resource.RLIMIT_AS,
+    "nofile": resource.RLIMIT_NOFILE,
     "nproc": resource.RLIMIT_NPROC,
 }
 

@@ -36,6 +36,7 @@ from relay.providers.local.invocation import (
     HOST_ENV,
     MIB,
     base_rlimits,
+    bwrap_blocks_userns,
     bwrap_problem,
     bwrap_works,
     host_wrapper,
@@ -93,6 +94,14 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
             if problem is not None:
                 raise ConfigError(f"RELAY_LOCAL_ISOLATION=bwrap: {problem}")
         self.bwrap = shutil.which("bwrap", path=HOST_ENV["PATH"]) or "bwrap"
+        # A user namespace of its own gives a job every capability over the namespaces it
+        # then makes (nftables, mounts...): kernel surface no job needs.
+        self.disable_userns = self.isolation == "bwrap" and bwrap_blocks_userns(self.bwrap)
+        if self.isolation == "bwrap" and not self.disable_userns:
+            log.warning(
+                "local provider: this bubblewrap cannot stop jobs from making user "
+                "namespaces (--disable-userns needs bubblewrap 0.8 or later)"
+            )
         self.network = private_network.available(settings.local_network)
         self.egress_allow = list(settings.local_egress_allow)
         self.prlimit = shutil.which("prlimit", path=HOST_ENV["PATH"])

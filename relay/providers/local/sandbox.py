@@ -69,6 +69,8 @@ class ProviderView(SandboxOwner, Protocol):
     @property
     def bwrap(self) -> str: ...
     @property
+    def disable_userns(self) -> bool: ...
+    @property
     def prlimit(self) -> str | None: ...
     @property
     def timeout(self) -> str: ...
@@ -121,6 +123,8 @@ class LocalSandbox(ProviderSandbox):
         disk = str(self.disk_mb * MIB)
         args = ["--die-with-parent", "--unshare-all", "--new-session"]
         args += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
+        if self.provider.disable_userns:
+            args.append("--disable-userns")
         args += system_binds()
         for mount in (*WRITABLE, "/dev/shm"):  # noqa: S108 (inside the sandbox)
             args += ["--size", disk, "--tmpfs", mount]

@@ -50,6 +50,29 @@ def _pidfds_work() -> bool:
 PIDFDS = _pidfds_work()
 
 
+class _LibuvOwned:
+    """A dup of a pipe's fd, handed to uvloop: libuv closes the fd itself when the transport
+    closes, and uvloop then calls ``close()`` on the object it was handed, which therefore
+    does nothing. Handed the pipe's own file object, uvloop closed every pipe twice (the
+    second an EBADF, or, had a thread opened a file meanwhile, that file: a database's)."""
+
+    def __init__(self, pipe: IO[bytes]) -> None:
+        self.fd = os.dup(pipe.fileno())
+        pipe.close()  # the original, closed once, here
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        """libuv has closed the fd already."""
+
+
+def _closes_fds_itself(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the loop's transports close their fd themselves (uvloop's libuv), rather
+    than through the file object they were handed (asyncio's own loops)."""
+    return type(loop).__module__.partition(".")[0] == "uvloop"
+
+
 class PopenChild:
     """A :class:`subprocess.Popen` child whose pipes and exit the event loop watches."""
 
@@ -79,7 +102,8 @@ class PopenChild:
         if self.popen.stdin is not None:
             loop = self._loop
             writer, protocol = await loop.connect_write_pipe(
-                lambda: asyncio.streams.FlowControlMixin(loop=loop), self.popen.stdin
+                lambda: asyncio.streams.FlowControlMixin(loop=loop),
+                self._handed_over(self.popen.stdin),
             )
             self._transports.append(writer)
             self._handed.add(id(self.popen.stdin))
@@ -94,10 +118,14 @@ class PopenChild:
         def protocol() -> asyncio.StreamReaderProtocol:
             return asyncio.StreamReaderProtocol(reader, loop=loop)
 
-        transport, _ = await loop.connect_read_pipe(protocol, pipe)
+        transport, _ = await loop.connect_read_pipe(protocol, self._handed_over(pipe))
         self._transports.append(transport)
         self._handed.add(id(pipe))
         return reader
+
+    def _handed_over(self, pipe: IO[bytes]) -> IO[bytes] | _LibuvOwned:
+        """What to give the loop for ``pipe``: the pipe, or for uvloop a dup it owns."""
+        return _LibuvOwned(pipe) if _closes_fds_itself(self._loop) else pipe
 
     def _reap(self) -> None:
         self._loop.remove_reader(self._pidfd)
@@ -155,6 +183,9 @@ async def spawn(
         popen.wait()  # killed: reaped at once
         raise
     try:
+        # A run's deadline or a cancel can land here: uvloop closes the fd of a connect it
+        # abandons, which is why it gets a dup of its own (_LibuvOwned); closing the pipe
+        # then closed that number again (EBADF: a 502 for the run).
         await child.connect()
     except BaseException:
         _kill(popen.pid)
