@@ -10,9 +10,11 @@ import argparse
 import asyncio
 import contextlib
 import difflib
+import errno
 import importlib.util
 import json
 import os
+import re
 import secrets
 import shlex
 import sys
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from sqlalchemy.exc import DBAPIError
 
 from relay import __version__
@@ -73,6 +76,13 @@ def _settings() -> Settings:
         first = exc.errors()[0]
         field = "RELAY_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
         raise ConfigError(f"{field}: {first['msg']}") from exc
+    except SettingsError as exc:
+        # A JSON setting (RELAY_COST_RATES, RELAY_POOL_WARM) that does not parse: pydantic
+        # raises before validation, naming the field only in its message.
+        _warn_unknown_variables([])
+        named = re.search(r'field "(\w+)"', str(exc))
+        field = "RELAY_" + named.group(1).upper() if named else "a RELAY_ setting"
+        raise ConfigError(f"{field}: not valid JSON (see .env.example for its form)") from None
     _warn_unknown_variables(settings.providers)
     return settings
 
@@ -120,6 +130,37 @@ def _print_howto(settings: Settings, token: str | None) -> None:
         f"The console: {url}/console (log in with an admin token: relay tokens new NAME --admin)\n",
         flush=True,
     )
+
+
+def _check_address(host: str, port: int) -> None:
+    """Bind the address once before anything starts, so that a port in use (or a host that
+    is not this machine's) is one line naming the setting, not uvicorn's log after a whole
+    startup and its exit code 3."""
+    import socket
+
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"RELAY_HOST: {host!r} is not an address here ({exc.strerror})") from None
+    family, kind, protocol, _, address = found[0]
+    with socket.socket(family, kind, protocol) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"RELAY_PORT: {host}:{port} is in use by another process; stop it or "
+                    "pick another port (RELAY_PORT or --port)"
+                ) from None
+            if exc.errno == errno.EACCES:
+                raise ConfigError(
+                    f"RELAY_PORT: this user may not listen on port {port} (ports below 1024 "
+                    "need root); pick a port from 1024 up"
+                ) from None
+            raise ConfigError(
+                f"RELAY_HOST: cannot listen on {host}:{port} ({exc.strerror})"
+            ) from None
 
 
 def _check_startup(settings: Settings) -> dict[str, Provider]:
@@ -206,6 +247,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         chosen = {"host": args.host, "port": args.port}
         settings = settings.model_copy(update={k: v for k, v in chosen.items() if v is not None})
     configure(settings.log_level, "console" if args.dev else settings.log_format)
+    _check_address(settings.host, settings.port)
     token = None
     if args.dev:
         token = _dev_setup(settings)

@@ -7,6 +7,7 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import pytest
 
 from relay.auth import TokenStore
 from relay.client import parse_params
-from tests.relay_server import RelayProcess
+from tests.relay_server import RelayProcess, free_port
 
 
 def relay_cli(
@@ -369,29 +370,40 @@ def test_tokens_revoke_rotate_and_secret(relay: RelayProcess) -> None:
 def test_startup_problems_are_one_line_naming_the_setting(tmp_path: Path) -> None:
     relay_cli("tokens", "new", "a", cwd=tmp_path)
     (tmp_path / ".env").write_text("RELAY_LOG_LEVLE=debug\n")
-    base = {"RELAY_JOBS_DIR": str(Path.cwd() / "jobs"), "RELAY_PORT": "9", "RELAY_PROVIDRS": "x"}
+    base = {"RELAY_JOBS_DIR": str(Path.cwd() / "jobs"), "RELAY_PROVIDRS": "x"}
+    base["RELAY_PORT"] = str(free_port())
     # An enabled provider's own variables are settings too (its module's model): a typo in
     # one warns; a disabled provider's are let be.
     base |= {"RELAY_E2B_TEMPLATE": "base", "RELAY_E2B_API_KY": "x"}
-    for setting, named in (
-        ({"RELAY_PROVIDERS": "e2b"}, "RELAY_E2B_API_KEY"),
-        ({"RELAY_TOKENS_FILE": str(tmp_path)}, "RELAY_TOKENS_FILE"),
-        # A database that refuses connections (nothing listens on port 1): no traceback.
-        ({"RELAY_DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/db"}, "RELAY_DATABASE_URL"),
-        ({"RELAY_DATABASE_URL": f"sqlite:///{tmp_path}/no/such/dir/x.db"}, "RELAY_DATABASE_URL"),
-    ):
-        done = relay_cli("serve", cwd=tmp_path, env={**base, **setting})
-        errors = [line for line in done.stderr.splitlines() if not line.startswith("warning:")]
-        assert done.returncode == 2 and len(errors) == 1, done.stderr
-        assert errors[0].startswith("error: ") and named in errors[0]
-        assert "Traceback" not in done.stderr + done.stdout
-        assert "hunter2" not in done.stderr + done.stdout
-        assert "RELAY_PROVIDRS (in the environment)" in done.stderr
-        assert "did you mean RELAY_PROVIDERS?" in done.stderr
-        assert "RELAY_LOG_LEVLE (in the .env) is not a relay setting" in done.stderr
-        assert "RELAY_E2B_TEMPLATE" not in done.stderr
-        e2b_enabled = setting.get("RELAY_PROVIDERS") == "e2b"
-        assert ("did you mean RELAY_E2B_API_KEY?" in done.stderr) == e2b_enabled
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # a port another process holds
+        cases = (
+            ({"RELAY_PROVIDERS": "e2b"}, "RELAY_E2B_API_KEY"),
+            ({"RELAY_TOKENS_FILE": str(tmp_path)}, "RELAY_TOKENS_FILE"),
+            # A database that refuses connections (nothing listens on port 1): no traceback.
+            ({"RELAY_DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/db"}, "RELAY_DATABASE_URL"),
+            ({"RELAY_DATABASE_URL": f"sqlite:///{tmp_path}/no/such/x.db"}, "RELAY_DATABASE_URL"),
+            # A JSON setting that does not parse, a sandbox root that cannot be made, a cloud
+            # provider without its key, a port another process holds, a host not here.
+            ({"RELAY_POOL_WARM": "{echo: 2}"}, "RELAY_POOL_WARM"),
+            ({"RELAY_COST_RATES": "e2b"}, "RELAY_COST_RATES"),
+            ({"RELAY_LOCAL_ROOT": str(tmp_path / "tokens.toml" / "boxes")}, "RELAY_LOCAL_ROOT"),
+            ({"RELAY_PROVIDERS": "local,modal"}, "RELAY_MODAL_TOKEN_ID"),
+            ({"RELAY_PORT": str(taken.getsockname()[1])}, "RELAY_PORT"),
+            ({"RELAY_HOST": "192.0.2.1"}, "RELAY_HOST"),  # TEST-NET-1: no interface has it
+        )
+        for setting, named in cases:
+            done = relay_cli("serve", cwd=tmp_path, env={**base, **setting})
+            errors = [line for line in done.stderr.splitlines() if not line.startswith("warning:")]
+            assert done.returncode == 2 and len(errors) == 1, done.stderr
+            assert errors[0].startswith("error: ") and named in errors[0]
+            assert "Traceback" not in done.stderr + done.stdout
+            assert "hunter2" not in done.stderr + done.stdout
+            assert "RELAY_PROVIDRS (in the environment)" in done.stderr
+            assert "did you mean RELAY_PROVIDERS?" in done.stderr
+            assert "RELAY_LOG_LEVLE (in the .env) is not a relay setting" in done.stderr
+            assert "RELAY_E2B_TEMPLATE" not in done.stderr
+            e2b_enabled = setting.get("RELAY_PROVIDERS") == "e2b"
+            assert ("did you mean RELAY_E2B_API_KEY?" in done.stderr) == e2b_enabled
 
 
 def test_serve_builds_each_provider_once(tmp_path: Path) -> None:

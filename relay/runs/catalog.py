@@ -360,7 +360,7 @@ class Catalog:
     @classmethod
     def load(cls, root: Path) -> Catalog:
         if not root.is_dir():
-            raise ConfigError(f"{root}: the jobs folder does not exist")
+            raise ConfigError(f"{root}: the jobs folder does not exist (RELAY_JOBS_DIR)")
         jobs = {}
         for directory in sorted(root.iterdir()):
             if (directory / "job.toml").is_file():
