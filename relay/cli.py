@@ -654,9 +654,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is a printed traceback
     except ConfigError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `relay runs show ID | head`
+        return relay_client.stdout_closed()
     return code

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -603,7 +604,24 @@ def request_body(args: argparse.Namespace, command: list[str] | None) -> dict[st
     return body
 
 
+def stdout_closed() -> int:
+    """What a command does when whoever read its output went away (``| head``): no
+    traceback, nothing more written, and the exit code of a program ended by SIGPIPE."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
+
+
 def main(argv: list[str] | None = None, *, prog: str = "client.py") -> int:
+    try:
+        code = _main(argv, prog)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is a printed traceback
+    except BrokenPipeError:
+        return stdout_closed()
+    return code
+
+
+def _main(argv: list[str] | None, prog: str) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] | None = None
     if "--" in argv:

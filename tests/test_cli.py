@@ -278,6 +278,28 @@ def test_no_wait_then_attach_and_the_runs_commands(relay: RelayProcess) -> None:
     assert missing.returncode == 2 and "relay runs list" in missing.stderr
 
 
+def test_a_reader_that_went_away_is_no_traceback(relay: RelayProcess) -> None:
+    """`relay runs show ID | head -1`: the pipe is closed before all is written. Every
+    command stops quietly with SIGPIPE's exit code, as other tools do."""
+    run_id = relay.post(relay.tokens["cli"], {"job": "echo", "params": {"message": "x"}}).json()
+    for args in (
+        ("runs", "show", run_id["id"]),
+        ("runs", "list"),
+        ("run", "echo", "-p", "message=x"),
+    ):
+        reader, writer = os.pipe()
+        os.close(reader)  # so the first write fails with EPIPE
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "relay", *args],
+                cwd=relay.root, env={"PATH": os.environ["PATH"], **caller(relay)},
+                stdout=writer, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+            )  # fmt: skip
+        finally:
+            os.close(writer)
+        assert (done.returncode, done.stderr) == (141, ""), (args, done.stderr)
+
+
 def test_the_token_may_come_from_dot_env(relay: RelayProcess, tmp_path: Path) -> None:
     (tmp_path / ".env").write_text(f"RELAY_URL={relay.url}\nRELAY_TOKEN='{relay.tokens['cli']}'\n")
     done = relay_cli("run", "echo", "-p", "message=dotenv", cwd=tmp_path)
