@@ -17,6 +17,7 @@ import os
 import re
 import secrets
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -115,8 +116,21 @@ def _dev_isolation(settings: Settings) -> Settings:
     return settings.model_copy(update={"local_isolation": "none"})
 
 
+def _command_name() -> str:
+    """How to run this same ``relay`` again from here: ``relay`` when PATH finds it (or when
+    started as ``python -m relay``), else its path, ``.venv/bin/relay`` after ``make serve``."""
+    script = Path(sys.argv[0])
+    found = shutil.which("relay")
+    if script.name != "relay" or (found and Path(found).resolve() == script.resolve()):
+        return "relay"
+    with contextlib.suppress(ValueError):
+        return str(script.absolute().relative_to(Path.cwd()))
+    return str(script.absolute())
+
+
 def _print_howto(settings: Settings, token: str | None) -> None:
     url = f"http://{settings.host}:{settings.port}"
+    relay = shlex.quote(_command_name())
     shown = token or "<your token>"
     header = f"{settings.auth_header}: Bearer {shown}"
     if settings.auth_header.lower() != "authorization":
@@ -125,9 +139,10 @@ def _print_howto(settings: Settings, token: str | None) -> None:
     print("\nThe relay is starting. Try it:\n")
     print(f"  curl -sS {url}/v1/runs -H {shlex.quote(header)} \\")
     print(f"       -H 'Content-Type: application/json' -d {shlex.quote(body)}\n")
-    print(f"  RELAY_URL={url} RELAY_TOKEN={shown} relay run echo -p message=hi\n")
+    print(f"  RELAY_URL={url} RELAY_TOKEN={shown} {relay} run echo -p message=hi\n")
     print(
-        f"The console: {url}/console (log in with an admin token: relay tokens new NAME --admin)\n",
+        f"The console: {url}/console (log in with an admin token: {relay} tokens new NAME "
+        "--admin)\n",
         flush=True,
     )
 

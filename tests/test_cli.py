@@ -132,12 +132,14 @@ def test_serve_dev_prints_a_curl_that_works(tmp_path: Path) -> None:
     from tests.relay_server import REPO, free_port
 
     port = free_port()
-    env = {"PATH": os.environ["PATH"], "RELAY_PORT": str(port), "RELAY_JOBS_DIR": str(REPO / "jobs"),
-           "RELAY_LOCAL_ROOT": str(tmp_path / "sbx")}  # fmt: skip
+    # As `make serve` runs it: .venv/bin/relay from the checkout, the venv not on PATH.
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "RELAY_PORT": str(port),
+           "RELAY_JOBS_DIR": str(REPO / "jobs"), "RELAY_LOCAL_ROOT": str(tmp_path / "sbx")}  # fmt: skip
     out = tmp_path / "out.txt"
     with out.open("w") as handle:
         process = subprocess.Popen(
-            [sys.executable, "-m", "relay", "serve", "--dev"], cwd=tmp_path, env=env,
+            [".venv/bin/relay", "serve", "--dev"], cwd=tmp_path, env=env,
             stdout=handle, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
@@ -166,6 +168,12 @@ def test_serve_dev_prints_a_curl_that_works(tmp_path: Path) -> None:
         console = re.search(r"The console: (http://\S+/console) ", printed)
         assert console is not None, printed
         assert httpx.get(console.group(1)).status_code == 200
+        # The `relay run` line runs as printed, in the same shell, with nothing activated.
+        run_line = next(x for x in printed.splitlines() if " run echo " in x).strip()
+        ran = subprocess.run(["bash", "-c", run_line], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=60, check=False)  # fmt: skip
+        assert (ran.returncode, ran.stdout) == (0, "hi\n"), (run_line, ran.stderr)
+        assert ".venv/bin/relay tokens new NAME --admin" in printed
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(30)
