@@ -65,12 +65,23 @@ class RelayClientError(Exception):
         self.retry_after = retry_after
 
 
+AUTH_HINTS = {
+    401: "check RELAY_TOKEN (and RELAY_AUTH_HEADER when another header carries it)",
+    403: "this token may not do that: a job it does not list, a provider it may not use, a "
+    "field the job does not allow, or a raw command without the command scope "
+    "(relay tokens new NAME --command)",
+    407: "a proxy on the way wants credentials of its own",
+}
+
+
 def _http_error(error: urllib.error.HTTPError) -> RelayClientError:
     """What an error answer may show: the relay's own code and message, nothing else."""
     if error.code in (401, 403, 407):
-        # Never echo what came back with an auth failure (a proxy's page may quote a key).
+        # Never echo what came back with an auth failure (a proxy's page may quote a key):
+        # what to check is said from the status alone.
         return RelayClientError(
-            f"the relay (or a proxy before it) refused the request: HTTP {error.code}",
+            f"the relay (or a proxy before it) refused the request: HTTP {error.code}; "
+            + AUTH_HINTS[error.code],
             error.code,
         )
     try:

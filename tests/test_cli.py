@@ -360,6 +360,12 @@ def test_errors_are_one_line_that_say_what_to_do(relay: RelayProcess) -> None:
     assert "param 'count'" in bad.stderr and "count:=3" in bad.stderr
     unknown = relay_cli("run", "nope", cwd=relay.root, env=env)
     assert unknown.returncode == 2 and "echo" in unknown.stderr and "restart" in unknown.stderr
+    # A refusal's body is never printed (a proxy's may quote a key): the status says what to check.
+    scope = relay_cli("exec", "--", "true", cwd=relay.root, env=env)
+    assert scope.returncode == 2 and scope.stderr.count("\n") == 1
+    assert "HTTP 403" in scope.stderr and "relay tokens new NAME --command" in scope.stderr
+    wrong = relay_cli("run", "echo", cwd=relay.root, env={**env, "RELAY_TOKEN": "rly_wrong"})
+    assert "HTTP 401" in wrong.stderr and "check RELAY_TOKEN" in wrong.stderr
     for args in (["run", "--bogus"], ["runs", "lst"], ["tokens", "revoke"], ["nope"]):
         wrong = relay_cli(*args, cwd=relay.root, env=env)
         assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1, (args, wrong.stderr)
