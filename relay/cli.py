@@ -638,7 +638,9 @@ def parser() -> argparse.ArgumentParser:
     probe = sub.add_parser(
         "probe", help="create a sandbox, run `echo ok`, terminate it; print the timings"
     )
-    probe.add_argument("provider", help="a provider name: local, e2b, modal, vercel")
+    probe.add_argument(
+        "provider", help="a provider name: local, e2b, modal, vercel, daytona, sprites"
+    )
     probe.set_defaults(func=cmd_probe)
     reap = sub.add_parser("reap", help="one reaper sweep: terminate what outlived its run")
     reap.add_argument("--dry-run", action="store_true")
