@@ -76,7 +76,7 @@ def _settings() -> Settings:
         _warn_unknown_variables([])
         first = exc.errors()[0]
         field = "RELAY_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
-        raise ConfigError(f"{field}: {first['msg']}") from exc
+        raise ConfigError(f"{field}: {first['msg'].removeprefix('Value error, ')}") from exc
     except SettingsError as exc:
         # A JSON setting (RELAY_COST_RATES, RELAY_POOL_WARM) that does not parse: pydantic
         # raises before validation, naming the field only in its message.

@@ -422,6 +422,9 @@ def test_startup_problems_are_one_line_naming_the_setting(tmp_path: Path) -> Non
             # provider without its key, a port another process holds, a host not here.
             ({"RELAY_POOL_WARM": "{echo: 2}"}, "RELAY_POOL_WARM"),
             ({"RELAY_COST_RATES": "e2b"}, "RELAY_COST_RATES"),
+            # A misspelt job or rate would silently change nothing.
+            ({"RELAY_POOL_WARM": '{"ehco": 1}'}, "RELAY_POOL_WARM: no job named 'ehco'"),
+            ({"RELAY_COST_RATES": '{"e2b": {"vcpu": 1}}'}, "'vcpu' is not a rate"),
             ({"RELAY_LOCAL_ROOT": str(tmp_path / "tokens.toml" / "boxes")}, "RELAY_LOCAL_ROOT"),
             ({"RELAY_PROVIDERS": "local,modal"}, "RELAY_MODAL_TOKEN_ID"),
             ({"RELAY_PORT": str(taken.getsockname()[1])}, "RELAY_PORT"),
