@@ -568,6 +568,13 @@ Errors are one line, `error: ...`, saying what to do; exit code 2.
 """
 
 
+def _port(text: str) -> int:
+    """``--port``, held to what ``RELAY_PORT`` accepts (a socket wraps 70000 to 4464)."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
+    return int(text)
+
+
 def parser() -> argparse.ArgumentParser:
     root = relay_client.OneLineParser(
         prog="relay", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -581,7 +588,7 @@ def parser() -> argparse.ArgumentParser:
         help="make a dev token if there is none and print how to call the relay",
     )
     serve.add_argument("--host", help="address to listen on (default: RELAY_HOST)")
-    serve.add_argument("--port", type=int, help="port to listen on (default: RELAY_PORT)")
+    serve.add_argument("--port", type=_port, help="port to listen on (default: RELAY_PORT)")
     serve.set_defaults(func=cmd_serve)
     tokens = sub.add_parser("tokens", help="manage tokens")
     tsub = tokens.add_subparsers(dest="action", required=True)

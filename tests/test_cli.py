@@ -366,7 +366,8 @@ def test_errors_are_one_line_that_say_what_to_do(relay: RelayProcess) -> None:
     assert "HTTP 403" in scope.stderr and "relay tokens new NAME --command" in scope.stderr
     wrong = relay_cli("run", "echo", cwd=relay.root, env={**env, "RELAY_TOKEN": "rly_wrong"})
     assert "HTTP 401" in wrong.stderr and "check RELAY_TOKEN" in wrong.stderr
-    for args in (["run", "--bogus"], ["runs", "lst"], ["tokens", "revoke"], ["nope"]):
+    for args in (["run", "--bogus"], ["runs", "lst"], ["tokens", "revoke"], ["nope"],
+                 ["serve", "--port", "70000"], ["serve", "--port", "-1"]):  # fmt: skip
         wrong = relay_cli(*args, cwd=relay.root, env=env)
         assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1, (args, wrong.stderr)
         assert wrong.stderr.startswith("error: ") and "--help" in wrong.stderr
