@@ -37,6 +37,7 @@ from relay.settings import Settings
 if TYPE_CHECKING:
     from relay.providers.base import Provider
     from relay.providers.probe import ProbeResult
+    from relay.store.database import Store
 
 DEV_TOKEN_FILE = Path(".relay-dev-token")
 
@@ -198,18 +199,24 @@ def _check_startup(settings: Settings) -> dict[str, Provider]:
 async def _check_database(url: str) -> None:
     """Open the store once (and bring its schema up to date), or one line saying why not:
     the service manager's restart policy tries again (a database still starting)."""
+    store = await _open_store(url)
+    await store.close()
+
+
+async def _open_store(url: str) -> Store:
+    """The store, or one line naming ``RELAY_DATABASE_URL`` (never the URL: it may hold a
+    password), for every command that uses it."""
     from relay.store.database import STORE_FAILURES, Store
 
     failures: tuple[type[BaseException], ...] = (*STORE_FAILURES, OSError)
     try:
-        store = await Store.open(url)
+        return await Store.open(url)
     except failures as exc:
         cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
         raise ConfigError(
             f"RELAY_DATABASE_URL: the database cannot be reached or used "
             f"({type(cause).__name__}); is it running, and are its address and credentials right?"
         ) from None
-    await store.close()
 
 
 async def _close(providers: dict[str, Provider]) -> None:
@@ -300,6 +307,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_tokens(args: argparse.Namespace) -> int:
     settings = _settings()
+    try:
+        return _tokens(args, settings)
+    except OSError as exc:  # its folder missing or not writable, or a folder in its place
+        raise ConfigError(
+            f"RELAY_TOKENS_FILE: cannot write {settings.tokens_file} ({exc.strerror}); it must "
+            "name a file in a folder this user can write"
+        ) from None
+
+
+def _tokens(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "new":
         limits = {
             "max_timeout_s": args.max_timeout_s,
@@ -362,10 +379,9 @@ def cmd_tokens(args: argparse.Namespace) -> int:
 
 
 async def _usage_today(settings: Settings, names: list[str]) -> dict[str, tuple[int, float]]:
-    from relay.store.database import Store
     from relay.store.limits import day_start
 
-    store = await Store.open(settings.database_url)
+    store = await _open_store(settings.database_url)
     try:
         since = day_start(time.time())
         found = {}
@@ -446,9 +462,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
 async def _reap(settings: Settings, dry_run: bool) -> int:
     from relay.providers.registry import load_providers
     from relay.runs.reaper import Reaper
-    from relay.store.database import Store
 
-    store = await Store.open(settings.database_url)
+    store = await _open_store(settings.database_url)
     providers = load_providers(settings)
     # One sweep from cron: the store was just reached, so the replicas' beats are judged.
     # This process holds no run, so every active run it finds is another replica's.
@@ -480,9 +495,8 @@ async def _reap(settings: Settings, dry_run: bool) -> int:
 
 async def _prune(settings: Settings, older_than_days: float, dry_run: bool) -> int:
     from relay.store import retention
-    from relay.store.database import Store
 
-    store = await Store.open(settings.database_url)
+    store = await _open_store(settings.database_url)
     try:
         before = retention.cutoff(older_than_days)
         pruned = await retention.prune(store, before, dry_run=dry_run)

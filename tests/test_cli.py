@@ -446,6 +446,24 @@ def test_startup_problems_are_one_line_naming_the_setting(tmp_path: Path) -> Non
             assert ("did you mean RELAY_E2B_API_KEY?" in done.stderr) == e2b_enabled
 
 
+def test_the_other_commands_name_the_setting_too(tmp_path: Path) -> None:
+    """`relay tokens`, `reap` and `prune` reach the token file and the store as `serve` does:
+    one line naming the setting, no traceback."""
+    relay_cli("tokens", "new", "a", cwd=tmp_path)
+    no_store = {"RELAY_DATABASE_URL": f"sqlite:///{tmp_path}/no/such/x.db"}
+    for args, env, named in (
+        (("tokens", "list"), no_store, "RELAY_DATABASE_URL"),
+        (("reap", "--dry-run"), no_store, "RELAY_DATABASE_URL"),
+        (("prune", "--dry-run"), no_store, "RELAY_DATABASE_URL"),
+        (("tokens", "new", "b"), {"RELAY_TOKENS_FILE": str(tmp_path / "no" / "t.toml")},
+         "RELAY_TOKENS_FILE"),
+        (("tokens", "new", "b"), {"RELAY_TOKENS_FILE": str(tmp_path)}, "RELAY_TOKENS_FILE"),
+    ):  # fmt: skip
+        done = relay_cli(*args, cwd=tmp_path, env=env)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, (args, done.stderr)
+        assert done.stderr.startswith(f"error: {named}"), (args, done.stderr)
+
+
 def test_serve_builds_each_provider_once(tmp_path: Path) -> None:
     """The providers `relay serve` checks before serving are the ones it serves with."""
     relay = RelayProcess(tmp_path, local_isolation="none")
