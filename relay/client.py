@@ -512,6 +512,9 @@ def client_from_environment(args: argparse.Namespace | None = None) -> Client:
             "when a proxy adds the token"
         )
     url = getattr(args, "url", None) or setting("RELAY_URL", "http://127.0.0.1:8080")
+    if urllib.parse.urlsplit(str(url)).scheme not in ("http", "https"):
+        # urllib would say "unknown url type" or look a host up for ftp://
+        raise ValueError("RELAY_URL (or --url) must start with https:// or http://")
     header = getattr(args, "auth_header", None) or setting("RELAY_AUTH_HEADER", "Authorization")
     return Client(str(url), token, auth_header=str(header))
 
