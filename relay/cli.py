@@ -78,6 +78,8 @@ def _settings() -> Settings:
         first = exc.errors()[0]
         field = "RELAY_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
         raise ConfigError(f"{field}: {first['msg'].removeprefix('Value error, ')}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f".env: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     except SettingsError as exc:
         # A JSON setting (RELAY_COST_RATES, RELAY_POOL_WARM) that does not parse: pydantic
         # raises before validation, naming the field only in its message.

@@ -462,6 +462,9 @@ def test_the_other_commands_name_the_setting_too(tmp_path: Path) -> None:
         done = relay_cli(*args, cwd=tmp_path, env=env)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, (args, done.stderr)
         assert done.stderr.startswith(f"error: {named}"), (args, done.stderr)
+    (tmp_path / ".env").write_bytes("RELAY_CLUSTER=caf\u00e9\n".encode("latin-1"))
+    done = relay_cli("jobs", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith("error: .env: not UTF-8"), done.stderr
 
 
 def test_serve_builds_each_provider_once(tmp_path: Path) -> None:
