@@ -132,17 +132,20 @@ def _command_name() -> str:
 
 
 def _print_howto(settings: Settings, token: str | None) -> None:
-    url = f"http://{settings.host}:{settings.port}"
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host  # IPv6
+    url = f"http://{host}:{settings.port}"
     relay = shlex.quote(_command_name())
     shown = token or "<your token>"
     header = f"{settings.auth_header}: Bearer {shown}"
+    caller = f"RELAY_URL={url} RELAY_TOKEN={shown}"
     if settings.auth_header.lower() != "authorization":
         header = f"{settings.auth_header}: {shown}"
+        caller += f" RELAY_AUTH_HEADER={shlex.quote(settings.auth_header)}"
     body = '{"job": "echo", "params": {"message": "hello from the relay"}}'
     print("\nThe relay is starting. Try it:\n")
     print(f"  curl -sS {url}/v1/runs -H {shlex.quote(header)} \\")
     print(f"       -H 'Content-Type: application/json' -d {shlex.quote(body)}\n")
-    print(f"  RELAY_URL={url} RELAY_TOKEN={shown} {relay} run echo -p message=hi\n")
+    print(f"  {caller} {relay} run echo -p message=hi\n")
     print(
         f"The console: {url}/console (log in with an admin token: {relay} tokens new NAME "
         "--admin)\n",

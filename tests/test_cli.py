@@ -179,6 +179,20 @@ def test_serve_dev_prints_a_curl_that_works(tmp_path: Path) -> None:
         process.wait(30)
 
 
+def test_the_printed_run_line_carries_the_auth_header(capsys: pytest.CaptureFixture[str]) -> None:
+    """With RELAY_AUTH_HEADER=X-Api-Key, `relay run` pasted into another shell must send the
+    token in that header too, and an IPv6 address is bracketed in the URL."""
+    from relay.cli import _print_howto
+    from relay.settings import Settings
+
+    settings = Settings(_env_file=None, auth_header="X-Api-Key", host="::1", port=8081)  # type: ignore[call-arg]
+    _print_howto(settings, "rly_x")
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if " run echo " in x)
+    assert "RELAY_URL=http://[::1]:8081 RELAY_TOKEN=rly_x RELAY_AUTH_HEADER=X-Api-Key " in line
+    assert "-H 'X-Api-Key: rly_x'" in printed
+
+
 def test_dev_mode_without_bubblewrap_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
