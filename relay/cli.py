@@ -612,14 +612,14 @@ def parser() -> argparse.ArgumentParser:
     tokens = sub.add_parser("tokens", help="manage tokens")
     tsub = tokens.add_subparsers(dest="action", required=True)
     new = tsub.add_parser("new", help="create a token (printed once)")
-    new.add_argument("name")
+    new.add_argument("name", help="lower-case letters, digits, '.', '_', '-'")
     new.add_argument("--job", action="append", help="a job it may run (repeat); default all")
     new.add_argument("--command", action="store_true", help="may send a raw argv")
     new.add_argument("--provider", action="append", help="a provider it may use (repeat)")
-    new.add_argument("--max-timeout-s", type=float)
-    new.add_argument("--max-concurrent", type=int)
-    new.add_argument("--runs-per-day", type=int)
-    new.add_argument("--usd-per-day", type=float)
+    new.add_argument("--max-timeout-s", type=float, help="cap on each of its runs' timeout")
+    new.add_argument("--max-concurrent", type=int, help="its runs in flight at once, cluster-wide")
+    new.add_argument("--runs-per-day", type=int, help="runs it may start per UTC day")
+    new.add_argument("--usd-per-day", type=float, help="what its runs may cost per UTC day")
     new.add_argument(
         "--webhook-secret", action="store_true", help="give it a secret to sign its callbacks"
     )
@@ -634,7 +634,7 @@ def parser() -> argparse.ArgumentParser:
         ("rotate", "give a token a new value (printed once), same scopes"),
         ("secret", "print a token's own webhook secret (to verify its callbacks)"),
     ):
-        tsub.add_parser(action, help=text).add_argument("name")
+        tsub.add_parser(action, help=text).add_argument("name", help="the token's name")
     tokens.set_defaults(func=cmd_tokens)
     jobs = sub.add_parser("jobs", help="list and validate the job catalog")
     jobs.set_defaults(func=cmd_jobs)
@@ -653,11 +653,11 @@ def parser() -> argparse.ArgumentParser:
     listed.add_argument("--job", help="only runs of this job")
     listed.add_argument("--limit", type=int, default=20, help="how many (1-200)")
     listed.add_argument("--json", action="store_true", help="the whole page as JSON")
-    rsub.add_parser("show", help="one run, as JSON").add_argument("run_id")
+    rsub.add_parser("show", help="one run, as JSON").add_argument("run_id", help="run_…")
     logs = rsub.add_parser("logs", help="a run's output")
-    logs.add_argument("run_id")
+    logs.add_argument("run_id", help="run_…")
     logs.add_argument("-f", "--follow", action="store_true", help="follow it as it happens")
-    rsub.add_parser("cancel", help="cancel a run").add_argument("run_id")
+    rsub.add_parser("cancel", help="cancel a run").add_argument("run_id", help="run_…")
     for each in (listed, *[rsub.choices[name] for name in ("show", "logs", "cancel")]):
         each.add_argument("--no-auth-header", action="store_true", help=argparse.SUPPRESS)
     runs.set_defaults(func=cmd_runs)
@@ -669,7 +669,7 @@ def parser() -> argparse.ArgumentParser:
     )
     probe.set_defaults(func=cmd_probe)
     reap = sub.add_parser("reap", help="one reaper sweep: terminate what outlived its run")
-    reap.add_argument("--dry-run", action="store_true")
+    reap.add_argument("--dry-run", action="store_true", help="only say what it would do")
     reap.set_defaults(func=cmd_reap)
     prune = sub.add_parser(
         "prune", help="delete final runs older than RELAY_RETENTION_DAYS (and their deliveries)"

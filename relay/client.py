@@ -595,7 +595,12 @@ def arguments(prog: str = "client.py") -> argparse.ArgumentParser:
     parser.add_argument("--no-wait", action="store_true", help="print the accepted run, exit 0")
     parser.add_argument("--attach", "--run", dest="attach", metavar="RUN_ID",
                         help="follow a run submitted before")  # fmt: skip
-    parser.add_argument("--max-wait-s", type=float, default=3600.0)
+    parser.add_argument(
+        "--max-wait-s",
+        type=float,
+        default=3600.0,
+        help="how long to follow a run before giving up (default 3600; the run goes on)",
+    )
     parser.add_argument(
         "--attempts", type=int, default=4, help="tries of a submit the network or relay failed"
     )

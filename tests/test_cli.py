@@ -395,6 +395,26 @@ def test_version_and_plain_help(tmp_path: Path) -> None:
     assert "``" not in shown and "::" not in shown and "relay run echo" in shown
 
 
+def test_every_option_says_what_it_does() -> None:
+    """`--help` is the README's short form: no argument of any command is a bare name."""
+    import argparse
+
+    from relay.cli import parser
+    from relay.client import arguments
+
+    def walk(command: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.Action]]:
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    yield from walk(child)
+            elif action.help != argparse.SUPPRESS:
+                yield command.prog, action
+
+    bare = [(prog, action.dest) for prog, action in [*walk(parser()), *walk(arguments())]
+            if not action.help]  # fmt: skip
+    assert not bare, bare
+
+
 def test_tokens_revoke_rotate_and_secret(relay: RelayProcess) -> None:
     relay.add_token("short-lived")
     relay.add_token("hooked", webhook_secret="s" * 64)
