@@ -563,7 +563,13 @@ async def _probe(name: str, settings: Settings) -> ProbeResult:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    result = asyncio.run(_probe(args.provider, _settings()))
+    from relay.providers.registry import PROVIDERS
+
+    settings = _settings()
+    if args.provider not in PROVIDERS:  # the argument, not RELAY_PROVIDERS, is wrong
+        known = ", ".join(name for name in PROVIDERS if name != "memory")
+        raise ConfigError(f"no provider named {args.provider!r}; probe one of: {known}")
+    result = asyncio.run(_probe(args.provider, settings))
     print(result.line(), flush=True)
     if not result.ok:
         print(f"error: {result.error}", file=sys.stderr)

@@ -380,6 +380,9 @@ def test_errors_are_one_line_that_say_what_to_do(relay: RelayProcess) -> None:
     assert "HTTP 403" in scope.stderr and "relay tokens new NAME --command" in scope.stderr
     wrong = relay_cli("run", "echo", cwd=relay.root, env={**env, "RELAY_TOKEN": "rly_wrong"})
     assert "HTTP 401" in wrong.stderr and "check RELAY_TOKEN" in wrong.stderr
+    probe = relay_cli("probe", "e2bb", cwd=relay.root, env=env)
+    assert probe.returncode == 2 and probe.stderr.count("\n") == 1
+    assert "no provider named 'e2bb'" in probe.stderr and "RELAY_PROVIDERS" not in probe.stderr
     for args in (["run", "--bogus"], ["runs", "lst"], ["tokens", "revoke"], ["nope"],
                  ["serve", "--port", "70000"], ["serve", "--port", "-1"]):  # fmt: skip
         wrong = relay_cli(*args, cwd=relay.root, env=env)
