@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import difflib
 import errno
-import importlib.util
 import json
 import os
 import re
@@ -191,12 +190,6 @@ def _check_startup(settings: Settings) -> dict[str, Provider]:
     them)."""
     from relay.providers.registry import load_providers
 
-    postgres = settings.database_url.startswith(("postgres", "postgresql"))
-    if postgres and importlib.util.find_spec("asyncpg") is None:
-        raise ConfigError(
-            "RELAY_DATABASE_URL names PostgreSQL but asyncpg is not installed: "
-            "pip install asyncpg (or use sqlite:///relay.db)"
-        )
     asyncio.run(_check_database(settings.database_url))
     return load_providers(settings)
 
@@ -216,6 +209,11 @@ async def _open_store(url: str) -> Store:
     failures: tuple[type[BaseException], ...] = (*STORE_FAILURES, OSError)
     try:
         return await Store.open(url)
+    except ImportError:  # the PostgreSQL driver (the only one not always installed)
+        raise ConfigError(
+            "RELAY_DATABASE_URL names PostgreSQL but asyncpg is not installed: "
+            "pip install 'sandbox-relay[postgres]' (or use sqlite:///relay.db)"
+        ) from None
     except failures as exc:
         cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
         raise ConfigError(

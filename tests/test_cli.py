@@ -499,6 +499,16 @@ def test_the_other_commands_name_the_setting_too(tmp_path: Path) -> None:
         done = relay_cli(*args, cwd=tmp_path, env=env)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, (args, done.stderr)
         assert done.stderr.startswith(f"error: {named}"), (args, done.stderr)
+    # PostgreSQL named where its driver is not installed (shadowed here by one that fails).
+    (tmp_path / "shadow").mkdir()
+    (tmp_path / "shadow" / "asyncpg.py").write_text("raise ImportError('not installed')\n")
+    no_driver = {"RELAY_DATABASE_URL": "postgresql://u@127.0.0.1:1/db",
+                 "PYTHONPATH": str(tmp_path / "shadow"), "RELAY_PORT": str(free_port())}  # fmt: skip
+    for command in ("tokens", "reap", "prune", "serve"):
+        done = relay_cli(command, *(["list"] if command == "tokens" else []), cwd=tmp_path,
+                         env=no_driver)  # fmt: skip
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, (command, done.stderr)
+        assert "asyncpg is not installed" in done.stderr, (command, done.stderr)
     (tmp_path / ".env").write_bytes("RELAY_CLUSTER=caf\u00e9\n".encode("latin-1"))
     done = relay_cli("jobs", cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.startswith("error: .env: not UTF-8"), done.stderr
