@@ -149,7 +149,8 @@ class TokenStore:
             data = tomllib.loads(self.path.read_text("utf-8"))
         except FileNotFoundError as exc:
             raise ConfigError(
-                f"{self.path}: no token file; create a token with `relay tokens new NAME`"
+                f"{self.path}: no token file (RELAY_TOKENS_FILE); create a token with "
+                "`relay tokens new NAME`"
             ) from exc
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(

@@ -10,18 +10,21 @@ import argparse
 import asyncio
 import contextlib
 import difflib
-import importlib.util
+import errno
 import json
 import os
+import re
 import secrets
 import shlex
 import sqlite3
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from sqlalchemy.exc import DBAPIError
 
 from relay import __version__
@@ -34,6 +37,7 @@ from relay.settings import Settings
 if TYPE_CHECKING:
     from relay.providers.base import Provider
     from relay.providers.probe import ProbeResult
+    from relay.store.database import Store
 
 DEV_TOKEN_FILE = Path(".relay-dev-token")
 
@@ -73,7 +77,16 @@ def _settings() -> Settings:
         _warn_unknown_variables([])
         first = exc.errors()[0]
         field = "RELAY_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
-        raise ConfigError(f"{field}: {first['msg']}") from exc
+        raise ConfigError(f"{field}: {first['msg'].removeprefix('Value error, ')}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f".env: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except SettingsError as exc:
+        # A JSON setting (RELAY_COST_RATES, RELAY_POOL_WARM) that does not parse: pydantic
+        # raises before validation, naming the field only in its message.
+        _warn_unknown_variables([])
+        named = re.search(r'field "(\w+)"', str(exc))
+        field = "RELAY_" + named.group(1).upper() if named else "a RELAY_ setting"
+        raise ConfigError(f"{field}: not valid JSON (see .env.example for its form)") from None
     _warn_unknown_variables(settings.providers)
     return settings
 
@@ -106,21 +119,69 @@ def _dev_isolation(settings: Settings) -> Settings:
     return settings.model_copy(update={"local_isolation": "none"})
 
 
+def _command_name() -> str:
+    """How to run this same ``relay`` again from here: ``relay`` when PATH finds it (or when
+    started as ``python -m relay``), else its path, ``.venv/bin/relay`` after ``make serve``."""
+    script = Path(sys.argv[0])
+    found = shutil.which("relay")
+    if script.name != "relay" or (found and Path(found).resolve() == script.resolve()):
+        return "relay"
+    with contextlib.suppress(ValueError):
+        return str(script.absolute().relative_to(Path.cwd()))
+    return str(script.absolute())
+
+
 def _print_howto(settings: Settings, token: str | None) -> None:
-    url = f"http://{settings.host}:{settings.port}"
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host  # IPv6
+    url = f"http://{host}:{settings.port}"
+    relay = shlex.quote(_command_name())
     shown = token or "<your token>"
     header = f"{settings.auth_header}: Bearer {shown}"
+    caller = f"RELAY_URL={url} RELAY_TOKEN={shown}"
     if settings.auth_header.lower() != "authorization":
         header = f"{settings.auth_header}: {shown}"
+        caller += f" RELAY_AUTH_HEADER={shlex.quote(settings.auth_header)}"
     body = '{"job": "echo", "params": {"message": "hello from the relay"}}'
     print("\nThe relay is starting. Try it:\n")
     print(f"  curl -sS {url}/v1/runs -H {shlex.quote(header)} \\")
     print(f"       -H 'Content-Type: application/json' -d {shlex.quote(body)}\n")
-    print(f"  RELAY_URL={url} RELAY_TOKEN={shown} relay run echo -p message=hi\n")
+    print(f"  {caller} {relay} run echo -p message=hi\n")
     print(
-        f"The console: {url}/console (log in with an admin token: relay tokens new NAME --admin)\n",
+        f"The console: {url}/console (log in with an admin token: {relay} tokens new NAME "
+        "--admin)\n",
         flush=True,
     )
+
+
+def _check_address(host: str, port: int) -> None:
+    """Bind the address once before anything starts, so that a port in use (or a host that
+    is not this machine's) is one line naming the setting, not uvicorn's log after a whole
+    startup and its exit code 3."""
+    import socket
+
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"RELAY_HOST: {host!r} is not an address here ({exc.strerror})") from None
+    family, kind, protocol, _, address = found[0]
+    with socket.socket(family, kind, protocol) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"RELAY_PORT: {host}:{port} is in use by another process; stop it or "
+                    "pick another port (RELAY_PORT or --port)"
+                ) from None
+            if exc.errno == errno.EACCES:
+                raise ConfigError(
+                    f"RELAY_PORT: this user may not listen on port {port} (ports below 1024 "
+                    "need root); pick a port from 1024 up"
+                ) from None
+            raise ConfigError(
+                f"RELAY_HOST: cannot listen on {host}:{port} ({exc.strerror})"
+            ) from None
 
 
 def _check_startup(settings: Settings) -> dict[str, Provider]:
@@ -130,12 +191,6 @@ def _check_startup(settings: Settings) -> dict[str, Provider]:
     them)."""
     from relay.providers.registry import load_providers
 
-    postgres = settings.database_url.startswith(("postgres", "postgresql"))
-    if postgres and importlib.util.find_spec("asyncpg") is None:
-        raise ConfigError(
-            "RELAY_DATABASE_URL names PostgreSQL but asyncpg is not installed: "
-            "pip install asyncpg (or use sqlite:///relay.db)"
-        )
     asyncio.run(_check_database(settings.database_url))
     return load_providers(settings)
 
@@ -143,11 +198,23 @@ def _check_startup(settings: Settings) -> dict[str, Provider]:
 async def _check_database(url: str) -> None:
     """Open the store once (and bring its schema up to date), or one line saying why not:
     the service manager's restart policy tries again (a database still starting)."""
+    store = await _open_store(url)
+    await store.close()
+
+
+async def _open_store(url: str) -> Store:
+    """The store, or one line naming ``RELAY_DATABASE_URL`` (never the URL: it may hold a
+    password), for every command that uses it."""
     from relay.store.database import STORE_FAILURES, Store
 
     failures: tuple[type[BaseException], ...] = (*STORE_FAILURES, OSError)
     try:
-        store = await Store.open(url)
+        return await Store.open(url)
+    except ImportError:  # the PostgreSQL driver (the only one not always installed)
+        raise ConfigError(
+            "RELAY_DATABASE_URL names PostgreSQL but asyncpg is not installed: "
+            "pip install 'sandbox-relay[postgres]' (or use sqlite:///relay.db)"
+        ) from None
     except failures as exc:
         cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
         if isinstance(cause, sqlite3.Error):
@@ -162,7 +229,6 @@ async def _check_database(url: str) -> None:
             f"RELAY_DATABASE_URL: the database cannot be reached or used "
             f"({type(cause).__name__}); is it running, and are its address and credentials right?"
         ) from None
-    await store.close()
 
 
 async def _close(providers: dict[str, Provider]) -> None:
@@ -215,6 +281,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         chosen = {"host": args.host, "port": args.port}
         settings = settings.model_copy(update={k: v for k, v in chosen.items() if v is not None})
     configure(settings.log_level, "console" if args.dev else settings.log_format)
+    _check_address(settings.host, settings.port)
     token = None
     if args.dev:
         token = _dev_setup(settings)
@@ -252,6 +319,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_tokens(args: argparse.Namespace) -> int:
     settings = _settings()
+    try:
+        return _tokens(args, settings)
+    except OSError as exc:  # its folder missing or not writable, or a folder in its place
+        raise ConfigError(
+            f"RELAY_TOKENS_FILE: cannot write {settings.tokens_file} ({exc.strerror}); it must "
+            "name a file in a folder this user can write"
+        ) from None
+
+
+def _tokens(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "new":
         limits = {
             "max_timeout_s": args.max_timeout_s,
@@ -314,10 +391,9 @@ def cmd_tokens(args: argparse.Namespace) -> int:
 
 
 async def _usage_today(settings: Settings, names: list[str]) -> dict[str, tuple[int, float]]:
-    from relay.store.database import Store
     from relay.store.limits import day_start
 
-    store = await Store.open(settings.database_url)
+    store = await _open_store(settings.database_url)
     try:
         since = day_start(time.time())
         found = {}
@@ -398,9 +474,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
 async def _reap(settings: Settings, dry_run: bool) -> int:
     from relay.providers.registry import load_providers
     from relay.runs.reaper import Reaper
-    from relay.store.database import Store
 
-    store = await Store.open(settings.database_url)
+    store = await _open_store(settings.database_url)
     providers = load_providers(settings)
     # One sweep from cron: the store was just reached, so the replicas' beats are judged.
     # This process holds no run, so every active run it finds is another replica's.
@@ -432,9 +507,8 @@ async def _reap(settings: Settings, dry_run: bool) -> int:
 
 async def _prune(settings: Settings, older_than_days: float, dry_run: bool) -> int:
     from relay.store import retention
-    from relay.store.database import Store
 
-    store = await Store.open(settings.database_url)
+    store = await _open_store(settings.database_url)
     try:
         before = retention.cutoff(older_than_days)
         pruned = await retention.prune(store, before, dry_run=dry_run)
@@ -496,7 +570,13 @@ async def _probe(name: str, settings: Settings) -> ProbeResult:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    result = asyncio.run(_probe(args.provider, _settings()))
+    from relay.providers.registry import PROVIDERS
+
+    settings = _settings()
+    if args.provider not in PROVIDERS:  # the argument, not RELAY_PROVIDERS, is wrong
+        known = ", ".join(name for name in PROVIDERS if name != "memory")
+        raise ConfigError(f"no provider named {args.provider!r}; probe one of: {known}")
+    result = asyncio.run(_probe(args.provider, settings))
     print(result.line(), flush=True)
     if not result.ok:
         print(f"error: {result.error}", file=sys.stderr)
@@ -520,6 +600,13 @@ Errors are one line, `error: ...`, saying what to do; exit code 2.
 """
 
 
+def _port(text: str) -> int:
+    """``--port``, held to what ``RELAY_PORT`` accepts (a socket wraps 70000 to 4464)."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
+    return int(text)
+
+
 def parser() -> argparse.ArgumentParser:
     root = relay_client.OneLineParser(
         prog="relay", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -533,19 +620,19 @@ def parser() -> argparse.ArgumentParser:
         help="make a dev token if there is none and print how to call the relay",
     )
     serve.add_argument("--host", help="address to listen on (default: RELAY_HOST)")
-    serve.add_argument("--port", type=int, help="port to listen on (default: RELAY_PORT)")
+    serve.add_argument("--port", type=_port, help="port to listen on (default: RELAY_PORT)")
     serve.set_defaults(func=cmd_serve)
     tokens = sub.add_parser("tokens", help="manage tokens")
     tsub = tokens.add_subparsers(dest="action", required=True)
     new = tsub.add_parser("new", help="create a token (printed once)")
-    new.add_argument("name")
+    new.add_argument("name", help="lower-case letters, digits, '.', '_', '-'")
     new.add_argument("--job", action="append", help="a job it may run (repeat); default all")
     new.add_argument("--command", action="store_true", help="may send a raw argv")
     new.add_argument("--provider", action="append", help="a provider it may use (repeat)")
-    new.add_argument("--max-timeout-s", type=float)
-    new.add_argument("--max-concurrent", type=int)
-    new.add_argument("--runs-per-day", type=int)
-    new.add_argument("--usd-per-day", type=float)
+    new.add_argument("--max-timeout-s", type=float, help="cap on each of its runs' timeout")
+    new.add_argument("--max-concurrent", type=int, help="its runs in flight at once, cluster-wide")
+    new.add_argument("--runs-per-day", type=int, help="runs it may start per UTC day")
+    new.add_argument("--usd-per-day", type=float, help="what its runs may cost per UTC day")
     new.add_argument(
         "--webhook-secret", action="store_true", help="give it a secret to sign its callbacks"
     )
@@ -560,7 +647,7 @@ def parser() -> argparse.ArgumentParser:
         ("rotate", "give a token a new value (printed once), same scopes"),
         ("secret", "print a token's own webhook secret (to verify its callbacks)"),
     ):
-        tsub.add_parser(action, help=text).add_argument("name")
+        tsub.add_parser(action, help=text).add_argument("name", help="the token's name")
     tokens.set_defaults(func=cmd_tokens)
     jobs = sub.add_parser("jobs", help="list and validate the job catalog")
     jobs.set_defaults(func=cmd_jobs)
@@ -579,21 +666,23 @@ def parser() -> argparse.ArgumentParser:
     listed.add_argument("--job", help="only runs of this job")
     listed.add_argument("--limit", type=int, default=20, help="how many (1-200)")
     listed.add_argument("--json", action="store_true", help="the whole page as JSON")
-    rsub.add_parser("show", help="one run, as JSON").add_argument("run_id")
+    rsub.add_parser("show", help="one run, as JSON").add_argument("run_id", help="run_…")
     logs = rsub.add_parser("logs", help="a run's output")
-    logs.add_argument("run_id")
+    logs.add_argument("run_id", help="run_…")
     logs.add_argument("-f", "--follow", action="store_true", help="follow it as it happens")
-    rsub.add_parser("cancel", help="cancel a run").add_argument("run_id")
+    rsub.add_parser("cancel", help="cancel a run").add_argument("run_id", help="run_…")
     for each in (listed, *[rsub.choices[name] for name in ("show", "logs", "cancel")]):
         each.add_argument("--no-auth-header", action="store_true", help=argparse.SUPPRESS)
     runs.set_defaults(func=cmd_runs)
     probe = sub.add_parser(
         "probe", help="create a sandbox, run `echo ok`, terminate it; print the timings"
     )
-    probe.add_argument("provider", help="a provider name: local, e2b, modal, vercel")
+    probe.add_argument(
+        "provider", help="a provider name: local, e2b, modal, vercel, daytona, sprites"
+    )
     probe.set_defaults(func=cmd_probe)
     reap = sub.add_parser("reap", help="one reaper sweep: terminate what outlived its run")
-    reap.add_argument("--dry-run", action="store_true")
+    reap.add_argument("--dry-run", action="store_true", help="only say what it would do")
     reap.set_defaults(func=cmd_reap)
     prune = sub.add_parser(
         "prune", help="delete final runs older than RELAY_RETENTION_DAYS (and their deliveries)"
@@ -621,9 +710,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is a printed traceback
     except ConfigError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `relay runs show ID | head`
+        return relay_client.stdout_closed()
     return code

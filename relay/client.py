@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -64,12 +65,23 @@ class RelayClientError(Exception):
         self.retry_after = retry_after
 
 
+AUTH_HINTS = {
+    401: "check RELAY_TOKEN (and RELAY_AUTH_HEADER when another header carries it)",
+    403: "this token may not do that: a job it does not list, a provider it may not use, a "
+    "field the job does not allow, or a raw command without the command scope "
+    "(relay tokens new NAME --command)",
+    407: "a proxy on the way wants credentials of its own",
+}
+
+
 def _http_error(error: urllib.error.HTTPError) -> RelayClientError:
     """What an error answer may show: the relay's own code and message, nothing else."""
     if error.code in (401, 403, 407):
-        # Never echo what came back with an auth failure (a proxy's page may quote a key).
+        # Never echo what came back with an auth failure (a proxy's page may quote a key):
+        # what to check is said from the status alone.
         return RelayClientError(
-            f"the relay (or a proxy before it) refused the request: HTTP {error.code}",
+            f"the relay (or a proxy before it) refused the request: HTTP {error.code}; "
+            + AUTH_HINTS[error.code],
             error.code,
         )
     try:
@@ -500,6 +512,9 @@ def client_from_environment(args: argparse.Namespace | None = None) -> Client:
             "when a proxy adds the token"
         )
     url = getattr(args, "url", None) or setting("RELAY_URL", "http://127.0.0.1:8080")
+    if urllib.parse.urlsplit(str(url)).scheme not in ("http", "https"):
+        # urllib would say "unknown url type" or look a host up for ftp://
+        raise ValueError("RELAY_URL (or --url) must start with https:// or http://")
     header = getattr(args, "auth_header", None) or setting("RELAY_AUTH_HEADER", "Authorization")
     return Client(str(url), token, auth_header=str(header))
 
@@ -580,7 +595,12 @@ def arguments(prog: str = "client.py") -> argparse.ArgumentParser:
     parser.add_argument("--no-wait", action="store_true", help="print the accepted run, exit 0")
     parser.add_argument("--attach", "--run", dest="attach", metavar="RUN_ID",
                         help="follow a run submitted before")  # fmt: skip
-    parser.add_argument("--max-wait-s", type=float, default=3600.0)
+    parser.add_argument(
+        "--max-wait-s",
+        type=float,
+        default=3600.0,
+        help="how long to follow a run before giving up (default 3600; the run goes on)",
+    )
     parser.add_argument(
         "--attempts", type=int, default=4, help="tries of a submit the network or relay failed"
     )
@@ -603,7 +623,24 @@ def request_body(args: argparse.Namespace, command: list[str] | None) -> dict[st
     return body
 
 
+def stdout_closed() -> int:
+    """What a command does when whoever read its output went away (``| head``): no
+    traceback, nothing more written, and the exit code of a program ended by SIGPIPE."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
+
+
 def main(argv: list[str] | None = None, *, prog: str = "client.py") -> int:
+    try:
+        code = _main(argv, prog)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is a printed traceback
+    except BrokenPipeError:
+        return stdout_closed()
+    return code
+
+
+def _main(argv: list[str] | None, prog: str) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] | None = None
     if "--" in argv:

@@ -114,7 +114,7 @@ class Settings(BaseSettings):
     prune_interval_s: float = Field(3600.0, gt=0)
 
     # Warm pools (relay/runs/pools.py)
-    pool_warm: dict[str, int] = {}
+    pool_warm: dict[str, Annotated[int, Field(ge=0)]] = {}
     """Per job, the operator's ``warm`` in place of the job.toml's, ``{"report": 2}``."""
     pool_max: int = Field(8, ge=0)
     """Pooled sandboxes (creating or ready) across all jobs and replicas, at most."""
@@ -180,6 +180,18 @@ class Settings(BaseSettings):
     def _split_networks(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("cost_rates")
+    @classmethod
+    def _known_rates(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        # A misspelt rate would leave the list price in force without a word.
+        for provider, rates in value.items():
+            for name, rate in rates.items():
+                if name not in ("vcpu_s", "gib_s"):
+                    raise ValueError(f"{provider}: {name!r} is not a rate (vcpu_s, gib_s)")
+                if rate < 0:
+                    raise ValueError(f"{provider}: {name} must be 0 or more")
         return value
 
     @field_validator("providers")

@@ -8,6 +8,7 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ import pytest
 
 from relay.auth import TokenStore
 from relay.client import parse_params
-from tests.relay_server import RelayProcess
+from tests.relay_server import RelayProcess, free_port
 
 
 def relay_cli(
@@ -132,12 +133,14 @@ def test_serve_dev_prints_a_curl_that_works(tmp_path: Path) -> None:
     from tests.relay_server import REPO, free_port
 
     port = free_port()
-    env = {"PATH": os.environ["PATH"], "RELAY_PORT": str(port), "RELAY_JOBS_DIR": str(REPO / "jobs"),
-           "RELAY_LOCAL_ROOT": str(tmp_path / "sbx")}  # fmt: skip
+    # As `make serve` runs it: .venv/bin/relay from the checkout, the venv not on PATH.
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "RELAY_PORT": str(port),
+           "RELAY_JOBS_DIR": str(REPO / "jobs"), "RELAY_LOCAL_ROOT": str(tmp_path / "sbx")}  # fmt: skip
     out = tmp_path / "out.txt"
     with out.open("w") as handle:
         process = subprocess.Popen(
-            [sys.executable, "-m", "relay", "serve", "--dev"], cwd=tmp_path, env=env,
+            [".venv/bin/relay", "serve", "--dev"], cwd=tmp_path, env=env,
             stdout=handle, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
@@ -166,9 +169,29 @@ def test_serve_dev_prints_a_curl_that_works(tmp_path: Path) -> None:
         console = re.search(r"The console: (http://\S+/console) ", printed)
         assert console is not None, printed
         assert httpx.get(console.group(1)).status_code == 200
+        # The `relay run` line runs as printed, in the same shell, with nothing activated.
+        run_line = next(x for x in printed.splitlines() if " run echo " in x).strip()
+        ran = subprocess.run(["bash", "-c", run_line], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=60, check=False)  # fmt: skip
+        assert (ran.returncode, ran.stdout) == (0, "hi\n"), (run_line, ran.stderr)
+        assert ".venv/bin/relay tokens new NAME --admin" in printed
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(30)
+
+
+def test_the_printed_run_line_carries_the_auth_header(capsys: pytest.CaptureFixture[str]) -> None:
+    """With RELAY_AUTH_HEADER=X-Api-Key, `relay run` pasted into another shell must send the
+    token in that header too, and an IPv6 address is bracketed in the URL."""
+    from relay.cli import _print_howto
+    from relay.settings import Settings
+
+    settings = Settings(_env_file=None, auth_header="X-Api-Key", host="::1", port=8081)  # type: ignore[call-arg]
+    _print_howto(settings, "rly_x")
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if " run echo " in x)
+    assert "RELAY_URL=http://[::1]:8081 RELAY_TOKEN=rly_x RELAY_AUTH_HEADER=X-Api-Key " in line
+    assert "-H 'X-Api-Key: rly_x'" in printed
 
 
 def test_dev_mode_without_bubblewrap_says_so(
@@ -278,6 +301,28 @@ def test_no_wait_then_attach_and_the_runs_commands(relay: RelayProcess) -> None:
     assert missing.returncode == 2 and "relay runs list" in missing.stderr
 
 
+def test_a_reader_that_went_away_is_no_traceback(relay: RelayProcess) -> None:
+    """`relay runs show ID | head -1`: the pipe is closed before all is written. Every
+    command stops quietly with SIGPIPE's exit code, as other tools do."""
+    run_id = relay.post(relay.tokens["cli"], {"job": "echo", "params": {"message": "x"}}).json()
+    for args in (
+        ("runs", "show", run_id["id"]),
+        ("runs", "list"),
+        ("run", "echo", "-p", "message=x"),
+    ):
+        reader, writer = os.pipe()
+        os.close(reader)  # so the first write fails with EPIPE
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "relay", *args],
+                cwd=relay.root, env={"PATH": os.environ["PATH"], **caller(relay)},
+                stdout=writer, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+            )  # fmt: skip
+        finally:
+            os.close(writer)
+        assert (done.returncode, done.stderr) == (141, ""), (args, done.stderr)
+
+
 def test_the_token_may_come_from_dot_env(relay: RelayProcess, tmp_path: Path) -> None:
     (tmp_path / ".env").write_text(f"RELAY_URL={relay.url}\nRELAY_TOKEN='{relay.tokens['cli']}'\n")
     done = relay_cli("run", "echo", "-p", "message=dotenv", cwd=tmp_path)
@@ -330,7 +375,17 @@ def test_errors_are_one_line_that_say_what_to_do(relay: RelayProcess) -> None:
     assert "param 'count'" in bad.stderr and "count:=3" in bad.stderr
     unknown = relay_cli("run", "nope", cwd=relay.root, env=env)
     assert unknown.returncode == 2 and "echo" in unknown.stderr and "restart" in unknown.stderr
-    for args in (["run", "--bogus"], ["runs", "lst"], ["tokens", "revoke"], ["nope"]):
+    # A refusal's body is never printed (a proxy's may quote a key): the status says what to check.
+    scope = relay_cli("exec", "--", "true", cwd=relay.root, env=env)
+    assert scope.returncode == 2 and scope.stderr.count("\n") == 1
+    assert "HTTP 403" in scope.stderr and "relay tokens new NAME --command" in scope.stderr
+    wrong = relay_cli("run", "echo", cwd=relay.root, env={**env, "RELAY_TOKEN": "rly_wrong"})
+    assert "HTTP 401" in wrong.stderr and "check RELAY_TOKEN" in wrong.stderr
+    probe = relay_cli("probe", "e2bb", cwd=relay.root, env=env)
+    assert probe.returncode == 2 and probe.stderr.count("\n") == 1
+    assert "no provider named 'e2bb'" in probe.stderr and "RELAY_PROVIDERS" not in probe.stderr
+    for args in (["run", "--bogus"], ["runs", "lst"], ["tokens", "revoke"], ["nope"],
+                 ["serve", "--port", "70000"], ["serve", "--port", "-1"]):  # fmt: skip
         wrong = relay_cli(*args, cwd=relay.root, env=env)
         assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1, (args, wrong.stderr)
         assert wrong.stderr.startswith("error: ") and "--help" in wrong.stderr
@@ -342,6 +397,26 @@ def test_version_and_plain_help(tmp_path: Path) -> None:
     assert relay_cli("--version", cwd=tmp_path).stdout == f"relay {__version__}\n"
     shown = relay_cli("--help", cwd=tmp_path).stdout
     assert "``" not in shown and "::" not in shown and "relay run echo" in shown
+
+
+def test_every_option_says_what_it_does() -> None:
+    """`--help` is the README's short form: no argument of any command is a bare name."""
+    import argparse
+
+    from relay.cli import parser
+    from relay.client import arguments
+
+    def walk(command: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.Action]]:
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    yield from walk(child)
+            elif action.help != argparse.SUPPRESS:
+                yield command.prog, action
+
+    bare = [(prog, action.dest) for prog, action in [*walk(parser()), *walk(arguments())]
+            if not action.help]  # fmt: skip
+    assert not bare, bare
 
 
 def test_tokens_revoke_rotate_and_secret(relay: RelayProcess) -> None:
@@ -370,29 +445,74 @@ def test_tokens_revoke_rotate_and_secret(relay: RelayProcess) -> None:
 def test_startup_problems_are_one_line_naming_the_setting(tmp_path: Path) -> None:
     relay_cli("tokens", "new", "a", cwd=tmp_path)
     (tmp_path / ".env").write_text("RELAY_LOG_LEVLE=debug\n")
-    base = {"RELAY_JOBS_DIR": str(Path.cwd() / "jobs"), "RELAY_PORT": "9", "RELAY_PROVIDRS": "x"}
+    base = {"RELAY_JOBS_DIR": str(Path.cwd() / "jobs"), "RELAY_PROVIDRS": "x"}
+    base["RELAY_PORT"] = str(free_port())
     # An enabled provider's own variables are settings too (its module's model): a typo in
     # one warns; a disabled provider's are let be.
     base |= {"RELAY_E2B_TEMPLATE": "base", "RELAY_E2B_API_KY": "x"}
-    for setting, named in (
-        ({"RELAY_PROVIDERS": "e2b"}, "RELAY_E2B_API_KEY"),
-        ({"RELAY_TOKENS_FILE": str(tmp_path)}, "RELAY_TOKENS_FILE"),
-        # A database that refuses connections (nothing listens on port 1): no traceback.
-        ({"RELAY_DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/db"}, "RELAY_DATABASE_URL"),
-        ({"RELAY_DATABASE_URL": f"sqlite:///{tmp_path}/no/such/dir/x.db"}, "RELAY_DATABASE_URL"),
-    ):
-        done = relay_cli("serve", cwd=tmp_path, env={**base, **setting})
-        errors = [line for line in done.stderr.splitlines() if not line.startswith("warning:")]
-        assert done.returncode == 2 and len(errors) == 1, done.stderr
-        assert errors[0].startswith("error: ") and named in errors[0]
-        assert "Traceback" not in done.stderr + done.stdout
-        assert "hunter2" not in done.stderr + done.stdout
-        assert "RELAY_PROVIDRS (in the environment)" in done.stderr
-        assert "did you mean RELAY_PROVIDERS?" in done.stderr
-        assert "RELAY_LOG_LEVLE (in the .env) is not a relay setting" in done.stderr
-        assert "RELAY_E2B_TEMPLATE" not in done.stderr
-        e2b_enabled = setting.get("RELAY_PROVIDERS") == "e2b"
-        assert ("did you mean RELAY_E2B_API_KEY?" in done.stderr) == e2b_enabled
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # a port another process holds
+        cases = (
+            ({"RELAY_PROVIDERS": "e2b"}, "RELAY_E2B_API_KEY"),
+            ({"RELAY_TOKENS_FILE": str(tmp_path)}, "RELAY_TOKENS_FILE"),
+            # A database that refuses connections (nothing listens on port 1): no traceback.
+            ({"RELAY_DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/db"}, "RELAY_DATABASE_URL"),
+            ({"RELAY_DATABASE_URL": f"sqlite:///{tmp_path}/no/such/x.db"}, "RELAY_DATABASE_URL"),
+            # A JSON setting that does not parse, a sandbox root that cannot be made, a cloud
+            # provider without its key, a port another process holds, a host not here.
+            ({"RELAY_POOL_WARM": "{echo: 2}"}, "RELAY_POOL_WARM"),
+            ({"RELAY_COST_RATES": "e2b"}, "RELAY_COST_RATES"),
+            # A misspelt job or rate would silently change nothing.
+            ({"RELAY_POOL_WARM": '{"ehco": 1}'}, "RELAY_POOL_WARM: no job named 'ehco'"),
+            ({"RELAY_COST_RATES": '{"e2b": {"vcpu": 1}}'}, "'vcpu' is not a rate"),
+            ({"RELAY_LOCAL_ROOT": str(tmp_path / "tokens.toml" / "boxes")}, "RELAY_LOCAL_ROOT"),
+            ({"RELAY_PROVIDERS": "local,modal"}, "RELAY_MODAL_TOKEN_ID"),
+            ({"RELAY_PORT": str(taken.getsockname()[1])}, "RELAY_PORT"),
+            ({"RELAY_HOST": "192.0.2.1"}, "RELAY_HOST"),  # TEST-NET-1: no interface has it
+        )
+        for setting, named in cases:
+            done = relay_cli("serve", cwd=tmp_path, env={**base, **setting})
+            errors = [line for line in done.stderr.splitlines() if not line.startswith("warning:")]
+            assert done.returncode == 2 and len(errors) == 1, done.stderr
+            assert errors[0].startswith("error: ") and named in errors[0]
+            assert "Traceback" not in done.stderr + done.stdout
+            assert "hunter2" not in done.stderr + done.stdout
+            assert "RELAY_PROVIDRS (in the environment)" in done.stderr
+            assert "did you mean RELAY_PROVIDERS?" in done.stderr
+            assert "RELAY_LOG_LEVLE (in the .env) is not a relay setting" in done.stderr
+            assert "RELAY_E2B_TEMPLATE" not in done.stderr
+            e2b_enabled = setting.get("RELAY_PROVIDERS") == "e2b"
+            assert ("did you mean RELAY_E2B_API_KEY?" in done.stderr) == e2b_enabled
+
+
+def test_the_other_commands_name_the_setting_too(tmp_path: Path) -> None:
+    """`relay tokens`, `reap` and `prune` reach the token file and the store as `serve` does:
+    one line naming the setting, no traceback."""
+    relay_cli("tokens", "new", "a", cwd=tmp_path)
+    no_store = {"RELAY_DATABASE_URL": f"sqlite:///{tmp_path}/no/such/x.db"}
+    for args, env, named in (
+        (("tokens", "list"), no_store, "RELAY_DATABASE_URL"),
+        (("reap", "--dry-run"), no_store, "RELAY_DATABASE_URL"),
+        (("prune", "--dry-run"), no_store, "RELAY_DATABASE_URL"),
+        (("tokens", "new", "b"), {"RELAY_TOKENS_FILE": str(tmp_path / "no" / "t.toml")},
+         "RELAY_TOKENS_FILE"),
+        (("tokens", "new", "b"), {"RELAY_TOKENS_FILE": str(tmp_path)}, "RELAY_TOKENS_FILE"),
+    ):  # fmt: skip
+        done = relay_cli(*args, cwd=tmp_path, env=env)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, (args, done.stderr)
+        assert done.stderr.startswith(f"error: {named}"), (args, done.stderr)
+    # PostgreSQL named where its driver is not installed (shadowed here by one that fails).
+    (tmp_path / "shadow").mkdir()
+    (tmp_path / "shadow" / "asyncpg.py").write_text("raise ImportError('not installed')\n")
+    no_driver = {"RELAY_DATABASE_URL": "postgresql://u@127.0.0.1:1/db",
+                 "PYTHONPATH": str(tmp_path / "shadow"), "RELAY_PORT": str(free_port())}  # fmt: skip
+    for command in ("tokens", "reap", "prune", "serve"):
+        done = relay_cli(command, *(["list"] if command == "tokens" else []), cwd=tmp_path,
+                         env=no_driver)  # fmt: skip
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, (command, done.stderr)
+        assert "asyncpg is not installed" in done.stderr, (command, done.stderr)
+    (tmp_path / ".env").write_bytes("RELAY_CLUSTER=caf\u00e9\n".encode("latin-1"))
+    done = relay_cli("jobs", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith("error: .env: not UTF-8"), done.stderr
 
 
 def test_serve_builds_each_provider_once(tmp_path: Path) -> None:

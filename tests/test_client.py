@@ -124,6 +124,10 @@ def test_exit_codes_follow_the_run(relay: RelayProcess, client_file: Path) -> No
     refused = run_client(client_file, "echo", "-p", "message=x", url=relay.url, token="rly_bad")
     assert refused.returncode == 2 and refused.stderr.startswith("error: ")
     assert "HTTP 401" in refused.stderr and "unknown" not in refused.stderr
+    for url in ("127.0.0.1:8080", "ftp://relay.example"):  # no scheme, or not HTTP
+        bad_url = run_client(client_file, "echo", url=url, token=token)
+        assert bad_url.returncode == 2
+        assert bad_url.stderr == "error: RELAY_URL (or --url) must start with https:// or http://\n"
     no_token = run_client(client_file, "echo", url=relay.url)
     assert no_token.returncode == 2 and "RELAY_TOKEN" in no_token.stderr
     down = run_client(client_file, "echo", "--attempts", "1", url="http://127.0.0.1:9", token=token)

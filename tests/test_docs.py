@@ -91,6 +91,21 @@ def test_openapi_covers_every_route_and_error_code() -> None:
             assert cls.code in described, cls.code
 
 
+def test_the_readme_error_table_names_every_error_code() -> None:
+    """A caller looks a code up in the README's table: each one the relay answers is there,
+    on the row of its status."""
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("### Error codes\n\n")[1].split("\n\n")[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        status, codes = line.split("|")[1:3]
+        for code in re.findall(r"`(\w+)`", codes):
+            rows[code] = status.strip()
+    for cls in ERROR_CLASSES:
+        assert cls.code in rows, f"{cls.code} ({cls.status}) missing from README's error codes"
+        assert str(cls.status) in rows[cls.code], (cls.code, cls.status, rows[cls.code])
+
+
 PLACEHOLDER = re.compile(r"<[a-z][a-z0-9-]*>")
 """How the README marks what a reader fills in (``<your-token>``, ``<run-id>``): such a
 line is not run."""

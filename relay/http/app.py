@@ -25,7 +25,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from relay import logs
 from relay.auth import TokenStore
-from relay.errors import BodyTooLarge, MethodNotAllowed, NotFound, RelayError, StoreUnavailable
+from relay.errors import (
+    BodyTooLarge,
+    ConfigError,
+    MethodNotAllowed,
+    NotFound,
+    RelayError,
+    StoreUnavailable,
+)
 from relay.http.access_log import report
 from relay.http.app_state import AppState
 from relay.http.console_page import console_routes
@@ -205,6 +212,11 @@ def create_app(
     the lifespan closes them."""
     tokens = TokenStore(settings.tokens_file)
     catalog = Catalog.load(settings.jobs_dir)
+    unknown = sorted(set(settings.pool_warm) - set(catalog.jobs))
+    if unknown:  # a misspelt job would have no pool, and no one told
+        raise ConfigError(
+            f"RELAY_POOL_WARM: no job named {unknown[0]!r}; jobs here: {', '.join(catalog.jobs)}"
+        )
     if "local" in settings.providers:
         from relay.providers.local.root import check_root, sandbox_root
 

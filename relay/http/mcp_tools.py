@@ -237,7 +237,10 @@ def run_request(
         return RunRequest.model_validate_json(json.dumps(body, allow_nan=False)), key
     except ValidationError as exc:
         fields_failed = [
-            {"field": ".".join(str(part) for part in err["loc"]) or "body", "message": err["msg"]}
+            {
+                "field": ".".join(str(part) for part in err["loc"]) or "body",
+                "message": err["msg"].removeprefix("Value error, "),  # our own validators' text
+            }
             for err in exc.errors(include_input=False, include_url=False)
         ]
         first = fields_failed[0]

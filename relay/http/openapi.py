@@ -66,6 +66,15 @@ _RUN_LINKS = {
 }
 """A run answer leads to the run's own URL (clients and fuzzers follow these)."""
 _RETRY = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
+_STORE_DOWN = {
+    "503": _json(
+        "ErrorBody",
+        "error codes: store_unavailable (the relay's database is down, restarting or full; "
+        "retry after Retry-After)",
+        _RETRY,
+    )
+}
+"""Every operation that reads or writes the store may answer this (relay/http/app.py)."""
 _RATE_LIMIT = {
     name: {"schema": {"type": "string"}, "description": text}
     for name, text in (
@@ -239,6 +248,7 @@ def _list_runs(common: dict[str, Any]) -> dict[str, Any]:
                 "GET /v1/runs/{run_id}), their sizes in stdout_bytes/stderr_bytes",
             ),
             **_errors(400, 403),
+            **_STORE_DOWN,
             **common,
         },
     }
@@ -251,7 +261,7 @@ def _get_run(common: dict[str, Any]) -> dict[str, Any]:
         "operationId": "getRun",
         "security": _AUTH,
         "parameters": [_RUN_ID],
-        "responses": {"200": _json("Run", "the run"), **_errors(404), **common},
+        "responses": {"200": _json("Run", "the run"), **_errors(404), **_STORE_DOWN, **common},
     }
 
 
@@ -265,6 +275,7 @@ def _cancel_run(common: dict[str, Any]) -> dict[str, Any]:
         "responses": {
             "200": _json("Run", "the canceled run"),
             **_errors(404, 409),
+            **_STORE_DOWN,
             **common,
         },
     }
@@ -296,6 +307,7 @@ def _run_events(common: dict[str, Any]) -> dict[str, Any]:
                 _RETRY,
             ),
             **_errors(404),
+            **_STORE_DOWN,
             **common,
         },
     }
@@ -304,13 +316,16 @@ def _run_events(common: dict[str, Any]) -> dict[str, Any]:
 def _reference_paths(common: dict[str, Any]) -> dict[str, Any]:
     """What a token may use: jobs, its usage, providers."""
 
-    def read(summary: str, operation: str, model: str, description: str) -> dict[str, Any]:
+    def read(
+        summary: str, operation: str, model: str, description: str, store: bool = False
+    ) -> dict[str, Any]:
+        stored = _STORE_DOWN if store else {}
         return {
             "get": {
                 "summary": summary,
                 "operationId": operation,
                 "security": _AUTH,
-                "responses": {"200": _json(model, description), **common},
+                "responses": {"200": _json(model, description), **stored, **common},
             }
         }
 
@@ -321,6 +336,7 @@ def _reference_paths(common: dict[str, Any]) -> dict[str, Any]:
             "getUsage",
             "UsageReport",
             "usage and limits",
+            store=True,
         ),
         "/v1/providers": read("Enabled providers", "listProviders", "ProviderList", "providers"),
         "/v1/spend": {
@@ -340,6 +356,7 @@ def _reference_paths(common: dict[str, Any]) -> dict[str, Any]:
                 "responses": {
                     "200": _json("SpendReport", "spend per day"),
                     **_errors(400),
+                    **_STORE_DOWN,
                     **common,
                 },
             }
@@ -352,6 +369,7 @@ def _reference_paths(common: dict[str, Any]) -> dict[str, Any]:
                 "responses": {
                     "200": _json("OperatorHealth", "what the console's health page shows"),
                     **_errors(403),
+                    **_STORE_DOWN,
                     **common,
                 },
             }

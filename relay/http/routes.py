@@ -110,7 +110,10 @@ async def _read_request(request: Request) -> RunRequest:
         # brackets cannot nest too deep.
         _check_shape(body)
         fields = [
-            {"field": ".".join(str(part) for part in err["loc"]) or "body", "message": err["msg"]}
+            {
+                "field": ".".join(str(part) for part in err["loc"]) or "body",
+                "message": err["msg"].removeprefix("Value error, "),  # our own validators' text
+            }
             for err in exc.errors(include_input=False, include_url=False)
         ]
         first = fields[0]

@@ -28,6 +28,7 @@ from pydantic import SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from relay.errors import (
+    ConfigError,
     ProviderAuth,
     ProviderError,
     ProviderRateLimited,
@@ -193,6 +194,12 @@ class ModalProvider(SandboxProvider[ModalSandbox]):
 
     def __init__(self, settings: Settings) -> None:
         self._config = settings.section(ModalSettings)
+        if self._config.token_id is None or self._config.token_secret is None:
+            # Modal's own credentials (~/.modal.toml, MODAL_TOKEN_*) are never read: without
+            # these every create would fail, so the relay does not start.
+            raise ConfigError(
+                "the modal provider needs RELAY_MODAL_TOKEN_ID and RELAY_MODAL_TOKEN_SECRET"
+            )
         self._cluster = settings.cluster
         self.create_timeout_s = settings.create_timeout_s
         self._client: Any = None

@@ -279,6 +279,10 @@ def load_job(directory: Path) -> JobSpec:
         data = tomllib.loads(path.read_text("utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise _fail(path, f"not valid TOML ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise _fail(path, f"not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from exc
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc.strerror})") from exc
     name = directory.name
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", name):
         raise _fail(path, "the folder name is the job name: lower-case letters, digits, '-', '_'")
@@ -360,7 +364,7 @@ class Catalog:
     @classmethod
     def load(cls, root: Path) -> Catalog:
         if not root.is_dir():
-            raise ConfigError(f"{root}: the jobs folder does not exist")
+            raise ConfigError(f"{root}: the jobs folder does not exist (RELAY_JOBS_DIR)")
         jobs = {}
         for directory in sorted(root.iterdir()):
             if (directory / "job.toml").is_file():

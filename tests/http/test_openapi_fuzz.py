@@ -111,3 +111,53 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(
     assert len(statuses) >= 200
     assert not [status for status in statuses if status >= 500]
     assert httpx.get(relay.url + "/readyz", timeout=5).status_code == 200
+
+
+def test_with_the_store_down_every_answer_is_documented(tmp_path: Path) -> None:
+    """Fuzzing never stops the database; a fault experiment does. With PostgreSQL stopped
+    under a running relay, each operation of a run token answers a status its document
+    lists (503 ``store_unavailable``), with a body of the documented schema."""
+    import asyncio
+
+    from tests.conftest import new_database
+    from tests.postgres import own_postgres
+
+    with own_postgres() as (outage, server_url):
+        url = asyncio.run(new_database(server_url))
+        relay = RelayProcess(tmp_path, database_url=url, local_isolation="bwrap")
+        relay.add_token("ops", command=True)
+        relay.add_token("operator", admin=True)
+        relay.start()
+        try:
+            run = relay.post(relay.tokens["ops"], {"command": ["true"]}).json()
+            outage.stop()
+            doc = document()
+            run_path = f"/v1/runs/{run['id']}"
+            answered = {}
+            for method, template, path, token in (
+                ("post", "/v1/runs", "/v1/runs", "ops"),
+                ("get", "/v1/runs", "/v1/runs", "ops"),
+                ("get", "/v1/runs/{run_id}", run_path, "ops"),
+                ("delete", "/v1/runs/{run_id}", run_path, "ops"),
+                ("get", "/v1/runs/{run_id}/events", run_path + "/events", "ops"),
+                ("get", "/v1/jobs", "/v1/jobs", "ops"),
+                ("get", "/v1/usage", "/v1/usage", "ops"),
+                ("get", "/v1/providers", "/v1/providers", "ops"),
+                ("get", "/v1/spend", "/v1/spend", "operator"),
+                ("get", "/v1/health", "/v1/health", "operator"),
+            ):
+                body = {"command": ["true"]} if method == "post" else None
+                answer = httpx.request(
+                    method, relay.url + path, json=body, timeout=30,
+                    headers={"Authorization": f"Bearer {relay.tokens[token]}"},
+                )  # fmt: skip
+                answered[f"{method.upper()} {template}"] = answer.status_code
+                listed = doc["paths"][template][method]["responses"]
+                assert str(answer.status_code) in listed, (method, template, answer.text)
+                if answer.status_code == 503:
+                    assert answer.json()["error"]["code"] == "store_unavailable"
+                    assert "store_unavailable" in listed["503"]["description"]
+            assert answered["GET /v1/runs/{run_id}"] == 503, answered
+        finally:
+            relay.stop()
+            outage.start()

@@ -60,3 +60,18 @@ def test_a_second_provider_in_the_same_process_reuses_the_leaf(tmp_path: Path) -
     cgroups.tree_v2(tmp_path / "s", mount, "0::/system.slice/relay.service\n", pid=7)
     tree = cgroups.tree_v2(tmp_path / "s", mount, "0::/system.slice/relay.service/relay\n", pid=7)
     assert tree.parents["memory"].parent == mount / "system.slice/relay.service/sandboxes"
+
+
+def test_v2_makes_its_folder_of_groups_again_when_it_went(tmp_path: Path) -> None:
+    """Another process on the same sandbox root (`relay probe local`) removes the folder as
+    it closes, when it finds it empty; the next sandbox makes it again, controllers on."""
+    import shutil
+
+    mount = _fake_v2(tmp_path)
+    tree = cgroups.tree_v2(tmp_path / "s", mount, "0::/system.slice/relay.service\n", pid=7)
+    parent = tree.parents["memory"]
+    shutil.rmtree(parent)
+    limits = cgroups.GroupLimits(memory_bytes=80 << 20, pids=32, cpus=1.0)
+    tree.create("lcl-b", limits)
+    assert (parent / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    assert (parent / "lcl-b" / "pids.max").read_text() == "32"

@@ -271,3 +271,35 @@ def test_a_local_probe_leaves_no_folder_where_the_store_path_names_none(tmp_path
     [line] = done.stdout.splitlines()
     assert LINE.match(line) and " ok " in line and "pool_" not in line, line
     assert sorted(path.name for path in tmp_path.iterdir()) == []
+
+
+def test_a_probe_or_a_reap_beside_a_serving_relay_leaves_its_cgroups_alone(
+    tmp_path: Path,
+) -> None:
+    """`relay probe local` and `relay reap` (from cron) on the host of a serving relay, with
+    the same settings: the relay's runs still get their cgroup afterwards (each closing
+    process removed the shared folder of groups when it found it empty)."""
+    from tests.relay_server import RelayProcess
+
+    relay = RelayProcess(tmp_path / "relay", local_isolation="bwrap")
+    relay.add_token("ops", jobs=["echo"])
+    relay.start()
+    try:
+        limits = relay.get(relay.tokens["ops"], "/v1/providers").json()["providers"][0]["limits"]
+        if limits.get("cgroup") is None:
+            pytest.skip("no cgroups on this host")
+        body = {"job": "echo", "params": {"message": "x"}}
+        assert relay.post(relay.tokens["ops"], body).json()["state"] == "succeeded"
+        beside = {k: v for k, v in relay.env.items() if k != "PATH"}
+        for command in (["probe", "local"], ["reap"]):
+            done = subprocess.run(
+                [sys.executable, "-m", "relay", *command], cwd=relay.root,
+                env={"PATH": os.environ["PATH"], **beside},
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            answer = relay.post(relay.tokens["ops"], body)
+            assert answer.status_code == 200, (command, answer.text)
+            assert answer.json()["state"] == "succeeded"
+    finally:
+        relay.stop()

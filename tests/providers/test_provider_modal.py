@@ -26,6 +26,7 @@ from modal_proto.api_grpc import ModalClientStub
 from modal_proto.task_command_router_grpc import TaskCommandRouterStub
 
 from relay.errors import (
+    ConfigError,
     EgressUnsupported,
     ProviderAuth,
     ProviderError,
@@ -259,11 +260,11 @@ async def test_other_clusters_are_not_listed(fake: FakeModal) -> None:
 # The faults every provider shares are in tests/contract/fault_suite.py; these are Modal's.
 
 
-async def test_missing_credentials_is_provider_auth(fake: FakeModal) -> None:
-    provider = ModalProvider(settings_for(fake, modal_token_id=None))
-    with pytest.raises(ProviderAuth):
-        async with provider.sandbox(spec()):
-            pass
+def test_missing_credentials_stop_the_start(fake: FakeModal) -> None:
+    """As for every cloud provider, an unset key is a startup error, not a 502 per run."""
+    for missing in ("modal_token_id", "modal_token_secret"):
+        with pytest.raises(ConfigError, match="RELAY_MODAL_TOKEN_ID and RELAY_MODAL_TOKEN_SECRET"):
+            ModalProvider(settings_for(fake, **{missing: None}))
 
 
 async def test_one_terminate_failure_is_retried_by_the_client(

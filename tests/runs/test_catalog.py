@@ -82,6 +82,13 @@ def test_a_bad_manifest_names_file_and_field(tmp_path: Path, text: str, field: s
     assert field in caught.value.message
 
 
+def test_a_manifest_that_is_not_utf8_names_its_file(tmp_path: Path) -> None:
+    manifest = write_job(tmp_path, "latin", 'command = ["echo"]\n') / "job.toml"
+    manifest.write_bytes('description = "caf\u00e9"\ncommand = ["echo"]\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match=f"{manifest}: not UTF-8 text"):
+        Catalog.load(tmp_path)
+
+
 def test_render_keeps_params_whole(tmp_path: Path) -> None:
     job = load_job(
         write_job(

@@ -136,6 +136,10 @@ class SandboxGroup:
             _rmdir(folder)
 
 
+ENABLE_V2 = "+cpu +memory +pids"
+"""What a v2 folder of the relay's hands down to its children (``cgroup.subtree_control``)."""
+
+
 class CgroupTree:
     """Where a relay's sandbox groups live, for one sandbox root."""
 
@@ -161,6 +165,21 @@ class CgroupTree:
         return found
 
     def create(self, sandbox_id: str, limits: GroupLimits) -> SandboxGroup:
+        try:
+            return self._create(sandbox_id, limits)
+        except FileNotFoundError:
+            # The folder of groups is gone: another process on this sandbox root (`relay
+            # probe local`, `relay reap`) removes it as it closes when it finds it empty.
+            self._make_parents()
+            return self._create(sandbox_id, limits)
+
+    def _make_parents(self) -> None:
+        for parent in self.parents.values():
+            parent.mkdir(parents=True, exist_ok=True)
+            if self.version == "v2":  # as tree_v2 made it: its children get the controllers
+                _write(parent / "cgroup.subtree_control", ENABLE_V2)
+
+    def _create(self, sandbox_id: str, limits: GroupLimits) -> SandboxGroup:
         group = self.group(sandbox_id)
         try:
             for folder in group.folders.values():
@@ -233,12 +252,11 @@ def tree_v2(root: Path, mount: Path, proc_cgroup: str, pid: int | None = None) -
     leaf = own / "relay"
     leaf.mkdir(exist_ok=True)
     _write(leaf / "cgroup.procs", str(pid if pid is not None else os.getpid()))
-    enable = " ".join(f"+{name}" for name in sorted(wanted))
-    _write(own / "cgroup.subtree_control", enable)
+    _write(own / "cgroup.subtree_control", ENABLE_V2)
     parent = own / "sandboxes"
     for folder in (parent, parent / root_key(root)):
         folder.mkdir(exist_ok=True)
-        _write(folder / "cgroup.subtree_control", enable)
+        _write(folder / "cgroup.subtree_control", ENABLE_V2)
     return CgroupTree({"memory": parent / root_key(root)}, "v2")
 
 

@@ -37,10 +37,15 @@ def check_root(root: Path) -> None:
     try:
         found = root.lstat()
     except FileNotFoundError:
-        root.mkdir(parents=True, mode=0o700)
+        try:
+            root.mkdir(parents=True, mode=0o700)
+        except OSError as exc:
+            raise _unusable(root, exc) from None
         return
+    except OSError as exc:  # a path through a file, a folder this user cannot search
+        raise _unusable(root, exc) from None
     if not stat.S_ISDIR(found.st_mode):
-        raise ConfigError(f"{root}: the local sandbox root is not a folder")
+        raise ConfigError(f"{root}: the local sandbox root (RELAY_LOCAL_ROOT) is not a folder")
     if found.st_uid != os.geteuid():
         raise ConfigError(
             f"{root}: the local sandbox root belongs to uid {found.st_uid}, not to the "
@@ -48,9 +53,18 @@ def check_root(root: Path) -> None:
         )
     if found.st_mode & 0o077:
         raise ConfigError(
-            f"{root}: the local sandbox root has mode {stat.S_IMODE(found.st_mode):04o}; "
+            f"{root}: the local sandbox root (RELAY_LOCAL_ROOT) has mode "
+            f"{stat.S_IMODE(found.st_mode):04o}; "
             "it must allow no group or other access (chmod 700 it, or remove it)"
         )
+
+
+def _unusable(root: Path, exc: OSError) -> ConfigError:
+    return ConfigError(
+        f"RELAY_LOCAL_ROOT: cannot make or use the local sandbox root {root} "
+        f"({exc.strerror}); set RELAY_LOCAL_ROOT (or RELAY_STATE_DIR) to a folder the relay "
+        "can create"
+    )
 
 
 def kill_group(pid: int) -> None:
