@@ -16,8 +16,8 @@ import os
 import re
 import secrets
 import shlex
-import sqlite3
 import shutil
+import sqlite3
 import sys
 import time
 from pathlib import Path

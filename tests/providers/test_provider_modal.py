@@ -28,7 +28,6 @@ from modal_proto.task_command_router_grpc import TaskCommandRouterStub
 from relay.errors import (
     ConfigError,
     EgressUnsupported,
-    ProviderAuth,
     ProviderError,
     ProviderTimeout,
     SandboxLost,

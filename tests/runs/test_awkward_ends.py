@@ -203,6 +203,8 @@ async def test_a_run_still_ending_after_the_shutdown_answers_its_waiter(
         await asyncio.sleep(0.1)
     assert final is not None and (final.state, final.error_code) == ("canceled", "shutting_down")
     assert not any(box.alive for box in backend.world.boxes.values())
+
+
 async def test_an_upload_that_never_answers_ends_at_the_jobs_timeout(
     world: tuple[MemoryBackend, Store, Path],
 ) -> None:
