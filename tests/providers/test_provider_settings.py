@@ -79,6 +79,8 @@ def test_every_provider_takes_the_create_timeout_setting(tmp_path: Path, name: s
         "vercel_project_id": "project",
         "sprites_token": "t",
         "daytona_api_key": "k",
+        "modal_token_id": "id",
+        "modal_token_secret": "secret",
     }
     settings = make_settings(tmp_path, create_timeout_s=7, local_isolation="none", **keys)
     provider = load_provider(name, settings)
