@@ -194,12 +194,14 @@ class ModalProvider(SandboxProvider[ModalSandbox]):
 
     def __init__(self, settings: Settings) -> None:
         self._config = settings.section(ModalSettings)
-        if self._config.token_id is None or self._config.token_secret is None:
+        token_id, token_secret = self._config.token_id, self._config.token_secret
+        if token_id is None or token_secret is None:
             # Modal's own credentials (~/.modal.toml, MODAL_TOKEN_*) are never read: without
             # these every create would fail, so the relay does not start.
             raise ConfigError(
                 "the modal provider needs RELAY_MODAL_TOKEN_ID and RELAY_MODAL_TOKEN_SECRET"
             )
+        self._credentials = (token_id, token_secret)
         self._cluster = settings.cluster
         self.create_timeout_s = settings.create_timeout_s
         self._client: Any = None
@@ -250,12 +252,7 @@ class ModalProvider(SandboxProvider[ModalSandbox]):
         """The client and App, built once from the settings (credentials passed explicitly)."""
         async with self._lock:
             if self._client is None:
-                token_id = self._config.token_id
-                token_secret = self._config.token_secret
-                if token_id is None or token_secret is None:
-                    raise ProviderAuth(
-                        "RELAY_MODAL_TOKEN_ID and RELAY_MODAL_TOKEN_SECRET are unset"
-                    )
+                token_id, token_secret = self._credentials
                 server_url = self._config.server_url or modal.config.DEFAULT_SERVER_URL
                 credentials = (token_id.get_secret_value(), token_secret.get_secret_value())
                 client: Any = modal.Client(server_url, api_pb2.CLIENT_TYPE_CLIENT, credentials)

@@ -136,7 +136,9 @@ class SandboxGroup:
             _rmdir(folder)
 
 
-ENABLE_V2 = "+cpu +memory +pids"
+CONTROLLERS_V2 = ("cpu", "memory", "pids")
+"""The v2 controllers the relay's sandboxes need, delegated to it."""
+ENABLE_V2 = " ".join(f"+{name}" for name in CONTROLLERS_V2)
 """What a v2 folder of the relay's hands down to its children (``cgroup.subtree_control``)."""
 
 
@@ -244,7 +246,7 @@ def tree_v2(root: Path, mount: Path, proc_cgroup: str, pid: int | None = None) -
     own = mount / _own_paths(proc_cgroup)[""].lstrip("/")
     if own.name == "relay" and (own.parent / "sandboxes").is_dir():
         own = own.parent  # this process moved itself already (a second provider)
-    wanted = {"memory", "pids", "cpu"}
+    wanted = set(CONTROLLERS_V2)
     available = set((own / "cgroup.controllers").read_text().split())
     if not wanted <= available:
         missing = " ".join(sorted(wanted - available))
