@@ -545,3 +545,15 @@ def test_serve_on_a_full_disk_says_so(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "RELAY_DATABASE_URL" in done.stderr and "database or disk is full" in done.stderr
     assert "credentials" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_serve_port_takes_exactly_what_relay_port_takes() -> None:
+    """``--port``'s edges: 1 and 65535 are ports; 0 and 65536 (a socket wraps it) are not."""
+    import argparse
+
+    from relay.cli import _port
+
+    assert (_port("1"), _port("65535")) == (1, 65535)
+    for text in ("0", "65536", "8080.0", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _port(text)

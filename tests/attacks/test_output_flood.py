@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tracemalloc
 
-from relay.http.run_stream import FollowerLines, LiveRuns
+from relay.http.run_stream import FOLDED_PIECES, FollowerLines, LiveRuns
 from relay.runs.event_bus import EventBus, RunEvent
 
 PIECES = 100_000
@@ -45,4 +45,19 @@ def test_output_a_byte_at_a_time_is_kept_at_about_its_size() -> None:
         before_stderr = "".join(text for _, text in texts[: streams.index("stderr")])
         assert before_stderr == "x" * (PIECES // 2)  # in its place
         assert "".join(text for stream, text in texts if stream == "stdout") == "x" * (PIECES - 1)
+    live.close()
+
+
+def test_a_line_folds_at_most_its_share_of_pieces() -> None:
+    """The fold's edge: FOLDED_PIECES pieces make one line in a follower's queue, the next
+    piece starts another. (A later follower's queue folds the replay's lines as pieces.)"""
+    events = EventBus()
+    live = LiveRuns(events)
+    events.publish(RunEvent("run_edge", "state", state="running"))
+    reader = live.follow("run_edge", running_here=True)
+    for _ in range(FOLDED_PIECES + 1):
+        events.publish(RunEvent("run_edge", "output", stream="stdout", data=b"y"))
+    late = live.follow("run_edge", running_here=True)
+    assert [len(text) for _, text in _drain(reader)] == [FOLDED_PIECES, 1]
+    assert "".join(text for _, text in _drain(late)) == "y" * (FOLDED_PIECES + 1)
     live.close()
