@@ -26,19 +26,19 @@ class with ``write_files`` and ``run``, and its :data:`ErrorTable`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ipaddress
 import logging
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
+from relay.cancellation import Deadline, shielded
 from relay.errors import (
     EgressUnsupported,
     ProviderAuth,
@@ -49,7 +49,6 @@ from relay.errors import (
     RelayError,
     SandboxLost,
 )
-from relay.providers.cancellation import Deadline
 from relay.settings import ProviderSettings
 
 log = logging.getLogger("relay.providers")
@@ -254,8 +253,6 @@ RESERVED_ENV = frozenset({SANDBOX_MARKER})
 """Variables a provider sets in the sandbox itself (``local`` marks every process with
 ``SANDBOX_ID`` to find and kill them); neither a job nor a request may set them."""
 
-
-T = TypeVar("T")
 
 TIMEOUT_MARGIN_S = 2.0
 """A provider's own command timeout is set this much past the relay's deadline, so the
@@ -577,25 +574,3 @@ class SandboxProvider(ABC, Generic[S]):
         if found is ProviderRateLimited:
             return ProviderRateLimited(message, retry_after=self.retry_after_s)
         return found(message)
-
-
-async def shielded(awaitable: Awaitable[T]) -> T:
-    """Await ``awaitable`` to the end even if the caller is cancelled, any number of times.
-
-    Cleanup such as terminating a sandbox must finish; ``anyio.CancelScope(shield=True)``
-    does not stop a native ``Task.cancel()``, this does. The caller's cancellation is
-    raised again once the work is done.
-    """
-    task = asyncio.ensure_future(awaitable)
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():
-                raise
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return result

@@ -64,6 +64,7 @@ from daytona import Resources as DaytonaResources
 from pydantic import SecretStr
 from pydantic_settings import SettingsConfigDict
 
+from relay.cancellation import shielded
 from relay.errors import (
     ConfigError,
     EgressUnsupported,
@@ -92,7 +93,6 @@ from relay.providers.base import (
     SandboxRef,
     SandboxSpec,
     StreamName,
-    shielded,
 )
 from relay.settings import ProviderSettings, Settings
 

@@ -48,6 +48,7 @@ from e2b.exceptions import (
 from pydantic import SecretStr
 from pydantic_settings import SettingsConfigDict
 
+from relay.cancellation import shielded
 from relay.errors import (
     ConfigError,
     EgressUnsupported,
@@ -75,7 +76,6 @@ from relay.providers.base import (
     SandboxProvider,
     SandboxRef,
     SandboxSpec,
-    shielded,
 )
 from relay.settings import ProviderSettings, Settings
 

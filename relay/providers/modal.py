@@ -27,6 +27,7 @@ from modal_proto import api_pb2
 from pydantic import SecretStr
 from pydantic_settings import SettingsConfigDict
 
+from relay.cancellation import shielded
 from relay.errors import (
     ConfigError,
     ProviderAuth,
@@ -51,7 +52,6 @@ from relay.providers.base import (
     SandboxRef,
     SandboxSpec,
     StreamName,
-    shielded,
 )
 from relay.settings import ProviderSettings, Settings
 

@@ -38,6 +38,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
+from relay.cancellation import shielded
 from relay.errors import ProviderError
 from relay.providers.base import (
     POOL_PREFIX,
@@ -47,7 +48,6 @@ from relay.providers.base import (
     Resources,
     SandboxProvider,
     SandboxSpec,
-    shielded,
 )
 from relay.runs.catalog import Catalog, JobSpec
 from relay.runs.costs import CostModel

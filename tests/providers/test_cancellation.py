@@ -11,9 +11,9 @@ import time
 import anyio
 import pytest
 
+from relay.cancellation import Deadline, shielded
 from relay.errors import ProviderTimeout
-from relay.providers.base import SandboxSpec, shielded
-from relay.providers.cancellation import Deadline
+from relay.providers.base import SandboxSpec
 from relay.providers.memory import MemoryProvider, MemorySandbox
 from relay.settings import Settings
 

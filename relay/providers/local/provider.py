@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
+from relay.cancellation import shielded
 from relay.errors import ConfigError, EgressUnsupported, ProviderError
 from relay.providers.base import (
     TAG_CLUSTER,
@@ -29,7 +30,6 @@ from relay.providers.base import (
     SandboxProvider,
     SandboxRef,
     SandboxSpec,
-    shielded,
 )
 from relay.providers.local import cgroups, private_network
 from relay.providers.local.invocation import (

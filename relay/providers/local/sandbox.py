@@ -16,6 +16,7 @@ from ipaddress import IPv4Network
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
+from relay.cancellation import shielded
 from relay.errors import ProviderError, SandboxLost
 from relay.providers.base import (
     DEFAULT_WORKDIR,
@@ -25,7 +26,6 @@ from relay.providers.base import (
     ProviderSandbox,
     SandboxOwner,
     SandboxSpec,
-    shielded,
 )
 from relay.providers.local import cgroups, private_network
 from relay.providers.local.invocation import (

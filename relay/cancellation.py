@@ -1,8 +1,11 @@
-"""The lifecycle's deadline, cheap enough to run several times a run.
+"""Cancellation, the relay's two tools for it: a deadline, and cleanup that must finish.
 
 :class:`Deadline` bounds a block as ``anyio.fail_after`` does (a cancellation the block
 swallows is delivered again every turn of the loop, so an SDK that eats one still ends near
-the deadline) for a timer handle and a few counters, not a cancel scope.
+the deadline) for a timer handle and a few counters, not a cancel scope, cheap enough to run
+several times a run. :func:`shielded` awaits cleanup (terminating a sandbox, a final write)
+to its end whatever cancels the caller. Ground: the providers' lifecycle, the runs and the
+HTTP layer all use them.
 """
 
 from __future__ import annotations
@@ -10,6 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import types
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 _EMPTY = contextvars.Context()
 """What a deadline's callback runs in: it reads no variable, so the caller's isn't copied."""
@@ -69,3 +76,25 @@ class Deadline:
             task.uncancel()
         if kind is asyncio.CancelledError and task.cancelling() <= self._before:
             raise TimeoutError from error
+
+
+async def shielded(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` to the end even if the caller is cancelled, any number of times.
+
+    Cleanup such as terminating a sandbox must finish; ``anyio.CancelScope(shield=True)``
+    does not stop a native ``Task.cancel()``, this does. The caller's cancellation is
+    raised again once the work is done.
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
