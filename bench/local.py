@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.client import KeepAliveClient
-from relay.providers.base import Egress, OutputSink, Resources, SandboxSpec
+from relay.providers.contract import Egress, OutputSink, Resources, SandboxSpec
 from relay.providers.local import cgroups
 from relay.providers.local.provider import LocalProvider
 from relay.providers.local.sandbox import LocalSandbox

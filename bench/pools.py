@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relay.auth import Principal
-from relay.providers.base import Provider
+from relay.providers.contract import Provider
 from relay.providers.local.invocation import bwrap_works
 from relay.providers.local.provider import LocalProvider
 from relay.providers.memory import MemoryFaults, MemoryProvider, MemoryWorld

@@ -37,7 +37,7 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 
 from relay.errors import RelayError
-from relay.providers.base import ExecResult, SandboxSpec
+from relay.providers.contract import ExecResult, SandboxSpec
 from relay.providers.memory import API_KEY, MemoryFaults, MemoryProvider, MemoryWorld
 from relay.runs.models import RunRequest
 from relay.settings import Settings

@@ -35,7 +35,7 @@ from relay.runs.catalog import Catalog
 from relay.settings import Settings
 
 if TYPE_CHECKING:
-    from relay.providers.base import Provider
+    from relay.providers.contract import Provider
     from relay.providers.probe import ProbeResult
     from relay.store.database import Store
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Protocol, get_args
 
 from relay.auth import Principal
 from relay.errors import RelayError
-from relay.providers.base import ExecResult, Provider, SandboxRef, SandboxSpec
+from relay.providers.contract import ExecResult, Provider, SandboxRef, SandboxSpec
 from relay.providers.memory import MemoryProvider, MemoryWorld
 from relay.providers.registry import load_provider
 from relay.runs.catalog import Catalog

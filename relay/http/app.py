@@ -42,7 +42,7 @@ from relay.http.metrics import Metrics
 from relay.http.operator import operator_routes
 from relay.http.routes import routes
 from relay.http.run_stream import LiveRuns
-from relay.providers.base import Provider
+from relay.providers.contract import Provider
 from relay.providers.registry import load_providers
 from relay.runs.catalog import Catalog
 from relay.runs.event_bus import EventBus

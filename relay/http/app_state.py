@@ -9,7 +9,7 @@ from starlette.requests import Request
 
 from relay.auth import TokenStore
 from relay.http.run_stream import LiveRuns
-from relay.providers.base import Provider
+from relay.providers.contract import Provider
 from relay.runs.catalog import Catalog
 from relay.runs.event_bus import EventBus
 from relay.runs.reaper import Reaper

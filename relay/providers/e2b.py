@@ -61,21 +61,23 @@ from relay.errors import (
     SizeUnsupported,
     ValidationFailed,
 )
-from relay.providers.base import (
+from relay.providers.contract import (
     DEFAULT_WORKDIR,
-    DOMAIN,
     TAG_CLUSTER,
     TAG_RUN,
-    TIMEOUT_MARGIN_S,
-    ErrorTable,
     ExecResult,
     OutputSink,
-    ProviderSandbox,
     Rate,
     Resources,
-    SandboxProvider,
     SandboxRef,
     SandboxSpec,
+)
+from relay.providers.lifecycle import (
+    DOMAIN,
+    TIMEOUT_MARGIN_S,
+    ErrorTable,
+    ProviderSandbox,
+    SandboxProvider,
 )
 from relay.settings import ProviderSettings, Settings
 

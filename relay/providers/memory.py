@@ -37,19 +37,17 @@ from relay.errors import (
     ProviderUnavailable,
     SandboxLost,
 )
-from relay.providers.base import (
+from relay.providers.contract import (
     DEFAULT_WORKDIR,
     TAG_CLUSTER,
     TAG_RUN,
-    ErrorTable,
     ExecResult,
     OutputSink,
-    ProviderSandbox,
-    SandboxProvider,
     SandboxRef,
     SandboxSpec,
     StreamName,
 )
+from relay.providers.lifecycle import ErrorTable, ProviderSandbox, SandboxProvider
 from relay.settings import Settings
 
 API_KEY = "memory-key"

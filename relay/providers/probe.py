@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from relay.errors import RelayError
-from relay.providers.base import OutputSink, Provider, SandboxSpec
+from relay.providers.contract import OutputSink, Provider, SandboxSpec
 from relay.settings import Settings
 
 PROBE_PREFIX = "probe_"

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from relay import logs
 from relay.errors import ConfigError
-from relay.providers.base import Provider
+from relay.providers.contract import Provider
 from relay.settings import Settings
 
 

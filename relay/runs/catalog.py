@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from relay.errors import ConfigError, InvalidParams
-from relay.providers.base import RESERVED_ENV
+from relay.providers.contract import RESERVED_ENV
 from relay.runs.models import SIZES, Size
 
 ParamType = Literal["string", "integer", "boolean", "array"]

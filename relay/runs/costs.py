@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from relay.providers.base import Provider, Rate
+from relay.providers.contract import Provider, Rate
 
 FREE = Rate(0.0, 0.0)
 

@@ -23,7 +23,7 @@ from relay.errors import (
     UnknownJob,
     ValidationFailed,
 )
-from relay.providers.base import RESERVED_ENV, Egress, Provider, Resources, SandboxSpec
+from relay.providers.contract import RESERVED_ENV, Egress, Provider, Resources, SandboxSpec
 from relay.runs.callback_urls import parse_callback_url
 from relay.runs.catalog import Catalog, JobSpec
 from relay.runs.models import SIZES, RunRequest, Size, path_clash

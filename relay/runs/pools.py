@@ -5,7 +5,7 @@ A job opts in with ``warm = N`` in its job.toml (``RELAY_POOL_WARM`` overrides i
 per job, of the job's own shape: its provider, image, size, egress and packages.
 
 - A pooled sandbox is made by the provider's normal create, tagged with a ``pool_…`` run
-  tag (:data:`~relay.providers.base.POOL_PREFIX`) and recorded in the store before the
+  tag (:data:`~relay.providers.contract.POOL_PREFIX`) and recorded in the store before the
   create starts (relay/store/pools.py: which replica holds it, its state), so none is ever
   untracked.
 - Its provider-side hard lifetime covers its idle time (``RELAY_POOL_IDLE_S``), the job's
@@ -40,15 +40,8 @@ from dataclasses import dataclass, field
 
 from relay.cancellation import shielded
 from relay.errors import ProviderError
-from relay.providers.base import (
-    POOL_PREFIX,
-    Egress,
-    Provider,
-    ProviderSandbox,
-    Resources,
-    SandboxProvider,
-    SandboxSpec,
-)
+from relay.providers.contract import POOL_PREFIX, Egress, Provider, Resources, SandboxSpec
+from relay.providers.lifecycle import ProviderSandbox, SandboxProvider
 from relay.runs.catalog import Catalog, JobSpec
 from relay.runs.costs import CostModel
 from relay.runs.models import SIZES

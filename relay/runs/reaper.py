@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from relay.providers.base import POOL_PREFIX, Provider, SandboxRef
+from relay.providers.contract import POOL_PREFIX, Provider, SandboxRef
 from relay.providers.probe import PROBE_PREFIX, PROBE_TIMEOUT_S
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent

@@ -16,7 +16,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 from relay.errors import RelayError
-from relay.providers.base import OutputSink, Provider, Sandbox
+from relay.providers.contract import OutputSink, Provider, Sandbox
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.models import RunState

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 
 from relay.cancellation import shielded
-from relay.providers.base import OutputSink, Provider
+from relay.providers.contract import OutputSink, Provider
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.models import RunState

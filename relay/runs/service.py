@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from relay import logs
 from relay.auth import Principal
 from relay.errors import Forbidden, IdempotencyConflict, NotFound, RunNotCancelable, ShuttingDown
-from relay.providers.base import Provider
+from relay.providers.contract import Provider
 from relay.runs.callback_urls import refuse_unsafe_callback
 from relay.runs.catalog import Catalog
 from relay.runs.costs import CostModel

@@ -373,7 +373,7 @@ def test_the_sandbox_sees_its_own_accounts_not_the_hosts(relay: RelayProcess) ->
 async def test_a_job_cannot_stop_its_hard_deadline(tmp_path: Path) -> None:
     """The sandbox's own lifetime (``timeout -s KILL``) is kept outside bubblewrap, where
     the job cannot reach it: stopping its parent used to stop the clock."""
-    from relay.providers.base import OutputSink, SandboxSpec
+    from relay.providers.contract import OutputSink, SandboxSpec
     from relay.providers.local.provider import LocalProvider
     from tests.conftest import make_settings
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from relay.errors import EgressUnsupported
-from relay.providers.base import Egress, SandboxSpec
+from relay.providers.contract import Egress, SandboxSpec
 from relay.providers.local import private_network
 from relay.providers.local.invocation import bwrap_works
 from relay.providers.local.provider import LocalProvider

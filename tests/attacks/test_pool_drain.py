@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from relay.providers.base import Provider
+from relay.providers.contract import Provider
 from relay.providers.memory import MemoryProvider, MemoryWorld
 from relay.runs.catalog import Catalog
 from relay.runs.service import RunService

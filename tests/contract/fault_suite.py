@@ -26,7 +26,7 @@ from relay.errors import (
     ProviderUnavailable,
     SandboxLost,
 )
-from relay.providers.base import TAG_RUN, OutputSink, Provider, Sandbox
+from relay.providers.contract import TAG_RUN, OutputSink, Provider, Sandbox
 from tests.contract.harness import IMPATIENT_CREATE_TIMEOUT_S, Faults, Harness, Variant
 from tests.contract.suite import spec
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from relay.providers.base import Provider
+from relay.providers.contract import Provider
 
 Fault = Literal[
     "create_status",

@@ -24,7 +24,14 @@ from contextlib import AbstractAsyncContextManager
 import pytest
 
 from relay.errors import EgressUnsupported
-from relay.providers.base import TAG_CLUSTER, TAG_RUN, Egress, ExecResult, OutputSink, SandboxSpec
+from relay.providers.contract import (
+    TAG_CLUSTER,
+    TAG_RUN,
+    Egress,
+    ExecResult,
+    OutputSink,
+    SandboxSpec,
+)
 from tests.contract.harness import Harness
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.providers.base import Provider
+from relay.providers.contract import Provider
 from relay.providers.daytona import DaytonaProvider
 from relay.settings import Settings
 from tests.contract.fault_suite import FaultContract

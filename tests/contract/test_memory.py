@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from relay.errors import ProviderError
-from relay.providers.base import OutputSink, Provider, SandboxSpec
+from relay.providers.contract import OutputSink, Provider, SandboxSpec
 from relay.providers.memory import API_KEY, BODY_MARKER, MemoryProvider, MemoryWorld
 from tests.conftest import make_settings
 from tests.contract.fault_suite import FaultContract

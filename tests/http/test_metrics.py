@@ -27,7 +27,7 @@ from relay import __version__
 from relay.auth import new_token
 from relay.http.app import create_app
 from relay.http.metrics import Metrics
-from relay.providers.base import Rate, SandboxRef
+from relay.providers.contract import Rate, SandboxRef
 from relay.runs.catalog import Catalog
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.reaper import Reaper

@@ -13,7 +13,7 @@ import pytest
 
 from relay.cancellation import Deadline, shielded
 from relay.errors import ProviderTimeout
-from relay.providers.base import SandboxSpec
+from relay.providers.contract import SandboxSpec
 from relay.providers.memory import MemoryProvider, MemorySandbox
 from relay.settings import Settings
 

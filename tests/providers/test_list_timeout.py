@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from relay.errors import ProviderTimeout
-from relay.providers.base import SandboxProvider
 from relay.providers.daytona import DaytonaProvider
 from relay.providers.e2b import E2BProvider
+from relay.providers.lifecycle import SandboxProvider
 from relay.providers.modal import ModalProvider
 from relay.providers.sprites import SpritesProvider
 from relay.providers.vercel import VercelProvider

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from relay.cancellation import Deadline
-from relay.providers.base import Egress, OutputSink, SandboxSpec
+from relay.providers.contract import Egress, OutputSink, SandboxSpec
 from relay.providers.local import spawn
 from relay.providers.local.invocation import HOST_ENV, base_rlimits, bwrap_works
 from relay.providers.local.provider import LocalProvider

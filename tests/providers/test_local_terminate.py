@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from relay.errors import ProviderError, SandboxLost
-from relay.providers.base import OutputSink, SandboxSpec
+from relay.providers.contract import OutputSink, SandboxSpec
 from relay.providers.local import cgroups
 from relay.providers.local.invocation import bwrap_works
 from relay.providers.local.provider import LocalProvider

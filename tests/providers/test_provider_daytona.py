@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from relay.errors import ConfigError, EgressUnsupported, SandboxLost, SizeUnsupported
-from relay.providers.base import Egress, OutputSink, Resources, SandboxSpec
+from relay.providers.contract import Egress, OutputSink, Resources, SandboxSpec
 from relay.providers.daytona import DaytonaProvider, command_line, network_of, size_of
 from relay.settings import Settings
 from tests.contract.test_daytona import KEY, settings_for

@@ -26,7 +26,14 @@ from relay.errors import (
     ValidationFailed,
 )
 from relay.providers import e2b as e2b_module
-from relay.providers.base import TAG_CLUSTER, TAG_RUN, Egress, OutputSink, Resources, SandboxSpec
+from relay.providers.contract import (
+    TAG_CLUSTER,
+    TAG_RUN,
+    Egress,
+    OutputSink,
+    Resources,
+    SandboxSpec,
+)
 from relay.providers.e2b import E2BProvider
 from tests.contract.test_e2b import settings_for
 from tests.fakes.e2b import FakeE2B, running_fake

@@ -34,16 +34,16 @@ from relay.errors import (
     SizeUnsupported,
     ValidationFailed,
 )
-from relay.providers.base import (
+from relay.providers.contract import (
     TAG_CLUSTER,
     TAG_RUN,
-    TIMEOUT_MARGIN_S,
     Egress,
     OutputSink,
     Provider,
     Resources,
     SandboxSpec,
 )
+from relay.providers.lifecycle import TIMEOUT_MARGIN_S
 from relay.providers.modal import TAG_CREATED, ModalProvider
 from relay.settings import Settings
 from tests.contract.test_modal import settings_for

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from relay import logs
-from relay.providers.base import SandboxProvider
 from relay.providers.e2b import E2BSettings
+from relay.providers.lifecycle import SandboxProvider
 from relay.providers.modal import ModalSettings
 from relay.providers.registry import PROVIDERS, load_provider
 from relay.settings import Settings

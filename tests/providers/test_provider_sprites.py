@@ -16,7 +16,14 @@ import anyio
 import pytest
 
 from relay.errors import ConfigError, EgressUnsupported, SandboxLost, SizeUnsupported
-from relay.providers.base import TAG_CLUSTER, TAG_RUN, Egress, OutputSink, Resources, SandboxSpec
+from relay.providers.contract import (
+    TAG_CLUSTER,
+    TAG_RUN,
+    Egress,
+    OutputSink,
+    Resources,
+    SandboxSpec,
+)
 from relay.providers.sprites import (
     LIMITS as SPRITES_LIMITS,
 )

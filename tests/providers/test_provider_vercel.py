@@ -27,15 +27,15 @@ from relay.errors import (
     SizeUnsupported,
     ValidationFailed,
 )
-from relay.providers.base import (
+from relay.providers.contract import (
     TAG_CLUSTER,
     TAG_RUN,
-    TIMEOUT_MARGIN_S,
     Egress,
     OutputSink,
     Resources,
     SandboxSpec,
 )
+from relay.providers.lifecycle import TIMEOUT_MARGIN_S
 from relay.providers.vercel import VercelProvider, network_policy_for, vcpus_for
 from relay.settings import Settings
 from tests.contract.test_vercel import PROJECT, TEAM, TOKEN, settings_for

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from relay.auth import Principal
 from relay.http.metrics import Metrics
-from relay.providers.base import POOL_PREFIX, Provider
+from relay.providers.contract import POOL_PREFIX, Provider
 from relay.providers.local.provider import LocalProvider
 from relay.providers.memory import MemoryProvider, MemoryWorld
 from relay.runs.catalog import Catalog

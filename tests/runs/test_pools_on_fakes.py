@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.providers.base import Provider
+from relay.providers.contract import Provider
 from relay.providers.registry import load_provider
 from relay.runs.catalog import Catalog
 from relay.runs.service import RunService

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from relay.auth import new_token
 from relay.http.app import create_app
-from relay.providers.base import POOL_PREFIX
+from relay.providers.contract import POOL_PREFIX
 from relay.providers.memory import MemoryProvider, MemoryWorld
 from relay.runs.pools import Pools
 from relay.settings import Settings

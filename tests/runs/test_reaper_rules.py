@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from relay.http.metrics import Metrics
-from relay.providers.base import OutputSink, Provider, SandboxSpec
+from relay.providers.contract import OutputSink, Provider, SandboxSpec
 from relay.providers.local.provider import LocalProvider
 from relay.providers.probe import PROBE_PREFIX, probe
 from relay.runs.catalog import Catalog

@@ -43,6 +43,7 @@ invocation.py, the host command that starts a job (bubblewrap's options, rlimits
 the setpriv wrapper); root.py, the sandbox root and each sandbox's folder, lock and marked
 processes; spawn.py, which starts a sandbox's process without forking the relay;
 cgroups.py, a sandbox's memory, process and CPU limits; private_network.py, a sandbox's
-own network for its egress. They import only relay.providers.base and the shared settings
-and errors.
+own network for its egress. They import only the provider contract and lifecycle
+(relay.providers.contract, relay.providers.lifecycle), the cancellation tools and the
+shared settings and errors.
 """

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from relay.errors import ConfigError, ProviderError
-from relay.providers.base import DEFAULT_WORKDIR
+from relay.providers.contract import DEFAULT_WORKDIR
 
 _ETC_FILES = (
     "alternatives",

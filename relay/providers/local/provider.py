@@ -23,14 +23,8 @@ from typing import ClassVar
 
 from relay.cancellation import shielded
 from relay.errors import ConfigError, EgressUnsupported, ProviderError
-from relay.providers.base import (
-    TAG_CLUSTER,
-    TAG_RUN,
-    Rate,
-    SandboxProvider,
-    SandboxRef,
-    SandboxSpec,
-)
+from relay.providers.contract import TAG_CLUSTER, TAG_RUN, Rate, SandboxRef, SandboxSpec
+from relay.providers.lifecycle import SandboxProvider
 from relay.providers.local import cgroups, private_network
 from relay.providers.local.invocation import (
     HOST_ENV,

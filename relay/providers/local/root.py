@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from relay.errors import ConfigError
-from relay.providers.base import SANDBOX_MARKER
+from relay.providers.contract import SANDBOX_MARKER
 from relay.settings import Settings
 
 LOCK_FILE = "lock"

@@ -18,15 +18,14 @@ from typing import Protocol
 
 from relay.cancellation import shielded
 from relay.errors import ProviderError, SandboxLost
-from relay.providers.base import (
+from relay.providers.contract import (
     DEFAULT_WORKDIR,
     SANDBOX_MARKER,
     ExecResult,
     OutputSink,
-    ProviderSandbox,
-    SandboxOwner,
     SandboxSpec,
 )
+from relay.providers.lifecycle import ProviderSandbox, SandboxOwner
 from relay.providers.local import cgroups, private_network
 from relay.providers.local.invocation import (
     ACCOUNTS,

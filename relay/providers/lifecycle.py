@@ -1,25 +1,11 @@
-"""The provider contract every sandbox backend fulfils.
+"""The lifecycle every provider shares, written once: the base classes a provider subclasses.
 
-A provider turns a :class:`SandboxSpec` into a running sandbox and back into nothing. It
-knows nothing of HTTP, tokens or the store. The guarantees (design §4), checked for every
-provider by ``tests/contract``:
-
-1. the sandbox is created with the provider's own hard deadline (``spec.lifetime_s``), so
-   it dies even if the relay vanishes;
-2. it is tagged with ``spec.cluster`` and ``spec.run_id`` (see :data:`TAG_CLUSTER`), so
-   :meth:`Provider.list_owned` finds it for the reaper;
-3. leaving :meth:`Provider.sandbox` terminates it on every exit path, shielded from
-   cancellation; a failed terminate is logged and raised, never swallowed (the reaper
-   retries it);
-4. SDK exceptions become :class:`relay.errors.ProviderError` subclasses, without the
-   provider's body, headers or keys;
-5. output goes through an :class:`OutputSink`, which keeps at most ``limit`` bytes per
-   stream and records truncation;
-6. a command that ends as if killed (137, -1, -9, no exit status) in a sandbox the provider
-   no longer has is :class:`relay.errors.SandboxLost`, not the job's own exit.
-
-:class:`SandboxProvider` and :class:`ProviderSandbox` hold that lifecycle once (the
-capability ``check`` is the planner's, run once before any sandbox exists). A provider
+:class:`SandboxProvider` and :class:`ProviderSandbox` keep the provider contract
+(relay/providers/contract.py, the guarantees listed there) for every provider: the bounded
+create and the sweep after a failed one, the shielded terminate that never replaces the
+run's error, the bounded listing, :class:`relay.errors.SandboxLost` for a sandbox killed
+under a command, and every SDK exception mapped through the provider's :data:`ErrorTable`
+(the capability ``check`` is the planner's, run once before any sandbox exists). A provider
 module is a driver: it supplies ``create``, ``destroy`` and ``list_tagged``, a sandbox
 class with ``write_files`` and ``run``, and its :data:`ErrorTable`.
 """
@@ -27,20 +13,15 @@ class with ``write_files`` and ``run``, and its :data:`ErrorTable`.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import re
-import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import ClassVar, Generic, Literal, Protocol, TypeVar, runtime_checkable
+from contextlib import asynccontextmanager
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 from relay.cancellation import Deadline, shielded
 from relay.errors import (
-    EgressUnsupported,
     ProviderAuth,
     ProviderError,
     ProviderRateLimited,
@@ -49,210 +30,10 @@ from relay.errors import (
     RelayError,
     SandboxLost,
 )
+from relay.providers.contract import ExecResult, OutputSink, Rate, SandboxRef, SandboxSpec
 from relay.settings import ProviderSettings
 
 log = logging.getLogger("relay.providers")
-
-TAG_CLUSTER = "relay-cluster"
-"""Tag (label, metadata key) naming the relay cluster that owns a sandbox."""
-TAG_RUN = "relay-run"
-"""Tag naming the run a sandbox belongs to."""
-POOL_PREFIX = "pool_"
-"""Starts the run tag of a warm pool's sandbox (relay/runs/pools.py): created before any
-run, the reaper finds it by this tag in the store's pooled rows, not among the runs."""
-
-StreamName = Literal["stdout", "stderr"]
-OutputListener = Callable[[StreamName, bytes], None]
-
-
-@dataclass(frozen=True)
-class Rate:
-    """USD per second for one vCPU, and for one GiB of memory (a provider's list price)."""
-
-    vcpu_s: float
-    gib_s: float
-
-
-@dataclass(frozen=True)
-class Resources:
-    """What a run asks of the sandbox: vCPUs, memory and disk."""
-
-    cpu: float = 1.0
-    memory_mb: int = 1024
-    disk_mb: int = 1024
-
-
-@dataclass(frozen=True)
-class Egress:
-    """Network policy: ``()`` no network, ``("*",)`` everything, else an allow-list."""
-
-    hosts: tuple[str, ...] = ()
-
-    @property
-    def none(self) -> bool:
-        return not self.hosts
-
-    @property
-    def open(self) -> bool:
-        return self.hosts == ("*",)
-
-    @property
-    def allow_list(self) -> tuple[str, ...]:
-        return () if self.open else self.hosts
-
-    def cidrs(self, provider: str) -> list[str]:
-        """The allow-list as CIDRs, or :class:`EgressUnsupported` for a host name."""
-        networks: list[str] = []
-        for host in self.allow_list:
-            try:
-                networks.append(str(ipaddress.ip_network(host, strict=False)))
-            except ValueError as exc:
-                raise EgressUnsupported(
-                    f"{provider} can only allow IP addresses or CIDR ranges, not host names"
-                ) from exc
-        return networks
-
-
-@dataclass(frozen=True)
-class SandboxSpec:
-    """Everything a provider needs to create one sandbox for one run."""
-
-    run_id: str
-    cluster: str
-    timeout_s: float
-    grace_s: float = 30.0
-    image: str | None = None
-    resources: Resources = field(default_factory=Resources)
-    egress: Egress = field(default_factory=Egress)
-    env: Mapping[str, str] = field(default_factory=dict)
-    pip: tuple[str, ...] = ()
-
-    @property
-    def lifetime_s(self) -> int:
-        """The provider-side hard deadline: run timeout plus grace, whole seconds up."""
-        return int(-(-(self.timeout_s + self.grace_s) // 1))
-
-    @property
-    def tags(self) -> dict[str, str]:
-        return {TAG_CLUSTER: self.cluster, TAG_RUN: self.run_id}
-
-
-@dataclass(frozen=True)
-class SandboxRef:
-    """A sandbox the provider reports as owned by this relay's cluster."""
-
-    sandbox_id: str
-    run_id: str | None
-    created_at: datetime | None = None
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    """How a command ended. Output lives in the :class:`OutputSink` it wrote to."""
-
-    exit_code: int | None
-    memory_limit_mb: int | None = None
-    """Set when the kernel killed the job for exceeding its memory limit (that limit)."""
-
-
-class OutputSink:
-    """Collects a command's output, keeping at most ``limit`` bytes per stream.
-
-    Bytes past the limit are counted and dropped, so a job printing a gigabyte costs the
-    relay ``limit`` bytes of memory. A listener (live output) sees every kept chunk.
-    """
-
-    def __init__(self, limit: int, listener: OutputListener | None = None) -> None:
-        self.limit = limit
-        self.listener = listener
-        self._kept: dict[StreamName, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
-        self._seen: dict[StreamName, int] = {"stdout": 0, "stderr": 0}
-        self.first_output_at: float | None = None
-
-    def write(self, stream: StreamName, data: bytes) -> None:
-        if not data:
-            return
-        if self.first_output_at is None:
-            self.first_output_at = time.monotonic()
-        self._seen[stream] += len(data)
-        kept = self._kept[stream]
-        room = self.limit - len(kept)
-        if room > 0:
-            chunk = data[:room]
-            kept.extend(chunk)
-            if self.listener is not None:
-                self.listener(stream, bytes(chunk))
-
-    def output(self, stream: StreamName) -> bytes:
-        return bytes(self._kept[stream])
-
-    def truncated(self, stream: StreamName) -> bool:
-        return self._seen[stream] > self.limit
-
-    def text(self, stream: StreamName) -> str:
-        return self.output(stream).decode("utf-8", errors="replace")
-
-
-@runtime_checkable
-class Sandbox(Protocol):
-    """One live sandbox; valid only inside the provider's ``sandbox()`` context."""
-
-    id: str
-
-    async def upload(self, files: Mapping[str, bytes]) -> None:
-        """Write files (paths relative to the workdir, or absolute) before the command."""
-
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes | None,
-        env: Mapping[str, str],
-        workdir: str | None,
-        timeout_s: float,
-        output: OutputSink,
-    ) -> ExecResult:
-        """Run ``argv`` (no shell) and stream its output into ``output``.
-
-        The caller enforces the deadline by cancelling this call; ``timeout_s`` is passed
-        on to the provider's own command timeout as a second line of defence.
-        """
-
-
-@runtime_checkable
-class Provider(Protocol):
-    """A sandbox backend. Instances are made once per relay and shared by all runs."""
-
-    name: ClassVar[str]
-    rate: ClassVar[Rate]
-    """List prices, the default of ``RELAY_COST_RATES`` (relay/runs/costs.py)."""
-    settings_model: ClassVar[type[ProviderSettings] | None]
-    """Its own ``RELAY_<NAME>_*`` settings, if any (see :meth:`Settings.section`)."""
-
-    def check(self, spec: SandboxSpec) -> None:
-        """Refuse (``EgressUnsupported``, ``SizeUnsupported``) what can't be enforced."""
-
-    def sandbox(self, spec: SandboxSpec) -> AbstractAsyncContextManager[Sandbox]:
-        """Create a sandbox on enter; terminate it on exit, whatever happened."""
-
-    async def list_owned(self) -> list[SandboxRef]:
-        """Live sandboxes tagged with this relay's cluster name."""
-
-    async def terminate(self, sandbox_id: str) -> None:
-        """Terminate a sandbox; a sandbox that is already gone is success."""
-
-    async def aclose(self) -> None:
-        """Release clients and connections."""
-
-
-DEFAULT_WORKDIR = "/workspace"
-"""Where a job's files land and its command starts, unless the job says otherwise."""
-
-SANDBOX_MARKER = "SANDBOX_ID"
-RESERVED_ENV = frozenset({SANDBOX_MARKER})
-"""Variables a provider sets in the sandbox itself (``local`` marks every process with
-``SANDBOX_ID`` to find and kill them); neither a job nor a request may set them."""
-
 
 TIMEOUT_MARGIN_S = 2.0
 """A provider's own command timeout is set this much past the relay's deadline, so the
