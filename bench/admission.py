@@ -76,7 +76,7 @@ async def _fill(store: Store, count: int) -> None:
             ).columns()
             for i in range(first, min(first + 10_000, count))
         ]
-        await store.run(partial(_insert, runs, batch))
+        await store.write(partial(_insert, runs, batch))
 
 
 async def _measure(store: Store, count: int, admissions: int) -> list[AdmissionCost]:

@@ -129,7 +129,7 @@ async def _file_size(path: Path, runs: int, output_bytes: int) -> FileSizeResult
                 ).columns()
                 for i in range(first, min(first + 1000, runs))
             ]
-            await store.run(partial(_insert, runs_table, batch))
+            await store.write(partial(_insert, runs_table, batch))
     finally:
         await store.close()  # its last checkpoint truncates the WAL: the file holds it all
     filled = path.stat().st_size

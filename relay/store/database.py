@@ -7,7 +7,7 @@ unique index on ``(token, idempotency_key)``, limit checks in the inserting tran
 final state.
 
 How a transaction runs: each store method is one short transaction written as a plain
-function of a SQLAlchemy :class:`~sqlalchemy.engine.Connection` (:meth:`Store.run`).
+function of a SQLAlchemy :class:`~sqlalchemy.engine.Connection` (:meth:`Store.write`).
 
 - **SQLite**: the relay holds one connection and calls that function on the event-loop
   thread. A statement on a local WAL file takes tens of microseconds, less than handing
@@ -253,8 +253,9 @@ class Store:
             raise
         return store
 
-    async def run(self, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` in one transaction: committed if it returns, rolled back if it raises."""
+    async def write(self, work: Callable[[Connection], T]) -> T:
+        """``work`` in one transaction that may write: committed if it returns, rolled back
+        if it raises (on SQLite, in the group commit of this turn of the loop)."""
         if self.commits is not None:
             return await self.commits.write(work)
         assert self.engine is not None
@@ -268,15 +269,15 @@ class Store:
         """Run a ``work`` that only reads (on SQLite it needs no write lock)."""
         if self.commits is not None:
             return await self.commits.read(work)
-        return await self.run(work)
+        return await self.write(work)
 
-    async def run_aside(self, work: Callable[[Connection], T]) -> T:
+    async def read_aside(self, work: Callable[[Connection], T]) -> T:
         """A long read (a month of a token's runs) in one transaction that must not hold
         the event loop: on a SQLite file it runs on a worker thread with a connection of
-        its own (WAL readers never wait for the writer); elsewhere like :meth:`run`."""
+        its own (WAL readers never wait for the writer); elsewhere like :meth:`write`."""
         aside = self._aside
         if aside is None:
-            return await self.run(work)
+            return await self.write(work)
 
         def in_thread() -> T:
             with aside.connect() as conn, conn.begin():
@@ -287,11 +288,11 @@ class Store:
     async def write_aside(self, work: Callable[[Connection], T]) -> T:
         """A long write (pruning old runs) that must not hold the event loop: on a SQLite
         file on a worker thread with a connection of its own, which takes the write lock
-        as it begins, waiting for it on that thread; elsewhere like :meth:`run`. The
+        as it begins, waiting for it on that thread; elsewhere like :meth:`write`. The
         loop's writers wait for it in async sleeps (relay/store/sqlite/group_commit.py)."""
         aside = self._aside
         if aside is None:
-            return await self.run(work)
+            return await self.write(work)
 
         def in_thread() -> T:
             with aside.connect() as conn:
@@ -310,7 +311,7 @@ class Store:
         # the transaction begins (relay/store/sqlite/group_commit.py), on PostgreSQL under an
         # advisory lock.
         try:
-            await self.run(migrate)
+            await self.write(migrate)
         except NewerSchema as exc:
             raise ConfigError(
                 f"the database has schema version {exc.version}, newer than this relay's "
@@ -387,14 +388,14 @@ class Store:
             if not conn.execute(query).rowcount:
                 conn.execute(replicas.insert().values(id=replica_id, started_at=now, seen_at=now))
 
-        await self.run(work)
+        await self.write(work)
 
     async def live_replicas(self, within_s: float) -> set[str]:
         query = sa.select(replicas.c.id).where(replicas.c.seen_at >= time.time() - within_s)
         return await self.read(lambda conn: set(conn.scalars(query).all()))
 
     async def forget_replica(self, replica_id: str) -> None:
-        await self.run(
+        await self.write(
             lambda conn: conn.execute(replicas.delete().where(replicas.c.id == replica_id))
         )
 
@@ -424,7 +425,7 @@ class Store:
                 raise DuplicateKey from exc
             return standing
 
-        return await self.run(work)
+        return await self.write(work)
 
     async def usage(self, token: str, since: float) -> Usage:
         """Runs, sandbox seconds and USD of a token's runs created since ``since``."""
@@ -435,7 +436,7 @@ class Store:
             sa.func.coalesce(sa.func.sum(runs.c.cost_usd), 0.0),
             sa.func.coalesce(sa.func.sum(sa.case((active, 1), else_=0)), 0),
         ).where(runs.c.token == token, runs.c.created_at >= since)
-        count, seconds, usd, running = await self.run_aside(lambda conn: conn.execute(query).one())
+        count, seconds, usd, running = await self.read_aside(lambda conn: conn.execute(query).one())
         return Usage(int(count), float(seconds), float(usd), int(running))
 
     async def get_run(self, run_id: str) -> RunRecord | None:
@@ -459,7 +460,7 @@ class Store:
                 conn.execute(delivery_for_final_run(run_id))
             return changed
 
-        return await self.run(work)
+        return await self.write(work)
 
     async def finish_run(self, run_id: str, values: RunValues, *, callback: bool) -> bool:
         """Write a run's final ``values`` if it is still active and nobody asked to cancel
@@ -473,7 +474,7 @@ class Store:
                 conn.execute(delivery_for_final_run(run_id))
             return True
 
-        return await self.run(work)
+        return await self.write(work)
 
     async def list_runs(
         self,

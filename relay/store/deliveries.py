@@ -98,7 +98,7 @@ class Deliveries:
             row = conn.execute(sa.select(deliveries).where(deliveries.c.id == delivery_id)).first()
             return DeliveryRecord(**row._mapping) if row else None
 
-        return await self.store.run(work)
+        return await self.store.write(work)
 
     async def record(
         self,
@@ -130,4 +130,4 @@ class Deliveries:
             )
             return bool(result.rowcount)
 
-        return await self.store.run(work)
+        return await self.store.write(work)

@@ -98,7 +98,7 @@ class PoolRows:
             conn.execute(pooled.insert().values(**values))
             return True
 
-        return await self.store.run(work)
+        return await self.store.write(work)
 
     async def mark_ready(self, pool_id: str, sandbox_id: str) -> bool:
         """The sandbox exists; False when the row was ended meanwhile (by the reaper)."""
@@ -107,7 +107,7 @@ class PoolRows:
             .where(pooled.c.id == pool_id, pooled.c.state == CREATING)
             .values(state=READY, sandbox_id=sandbox_id)
         )
-        return bool(await self.store.run(lambda conn: conn.execute(query).rowcount))
+        return bool(await self.store.write(lambda conn: conn.execute(query).rowcount))
 
     async def claim(
         self, holder: str, shape: str, run_id: str, now: float, usd_per_s: float
@@ -143,7 +143,7 @@ class PoolRows:
             row = conn.execute(query).first()
             return _record(row) if row is not None else None
 
-        return await self.store.run(work)
+        return await self.store.write(work)
 
     async def end(
         self, pool_id: str, now: float, usd_per_s: float, *, states: Sequence[str] = WAITING
@@ -161,7 +161,7 @@ class PoolRows:
                 return True
             return bool(conn.execute(base.values(state=ENDED, ended_at=now)).rowcount)
 
-        return await self.store.run(work)
+        return await self.store.write(work)
 
     async def held(self, holder: str, states: Sequence[str] = WAITING) -> list[PoolRecord]:
         query = sa.select(pooled).where(pooled.c.holder == holder, pooled.c.state.in_(list(states)))

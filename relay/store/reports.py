@@ -73,7 +73,7 @@ class Reports:
                 for d, t, p, n, s, u in conn.execute(query)
             ]
 
-        return await self.store.run_aside(work)
+        return await self.store.read_aside(work)
 
     async def provider_outcomes(self, since: float) -> dict[str, tuple[int, int]]:
         """Per provider: runs created since ``since``, and how many of them ended in
@@ -89,7 +89,7 @@ class Reports:
         def work(conn: Connection) -> dict[str, tuple[int, int]]:
             return {name: (int(n), int(e)) for name, n, e in conn.execute(query)}
 
-        return await self.store.run_aside(work)
+        return await self.store.read_aside(work)
 
     async def webhook_backlog(self) -> Backlog:
         query = sa.select(sa.func.count(), sa.func.min(deliveries.c.created_at)).where(

@@ -181,7 +181,7 @@ async def prune(store: Store, before: float, *, dry_run: bool = False) -> Pruned
     """Delete every prunable run created before ``before``, in batches, then give SQLite's
     freed pages back; on a dry run only count them."""
     if dry_run:
-        return await store.run_aside(lambda conn: count(conn, before))
+        return await store.read_aside(lambda conn: count(conn, before))
     total = Pruned()
     while True:
         done = await store.write_aside(lambda conn: delete_batch(conn, before))

@@ -160,10 +160,10 @@ async def test_output_sizes_are_kept_with_the_output_and_filled_in_by_the_migrat
         def forget(conn: sa.Connection) -> None:  # as a relay before version 7 left them
             conn.execute(runs.update().values(stdout_bytes=None, stderr_bytes=None))
 
-        await store.run(forget)
+        await store.write(forget)
         listed, _ = await store.list_runs("ops", state=None, job=None, limit=10, cursor=None)
         assert {row.id: row.stdout_bytes for row in listed}["run_sized"] == 3  # measured
-        await store.run(schema.MIGRATIONS[7])
+        await store.write(schema.MIGRATIONS[7])
         stored = await store.read(
             lambda conn: conn.execute(sa.select(runs.c.id, runs.c.stdout_bytes)).all()
         )

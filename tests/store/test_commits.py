@@ -78,7 +78,7 @@ async def test_a_failed_commit_fails_every_write_of_its_group(store: Store) -> N
     orphan = sa.text("INSERT INTO child VALUES ('nobody')")
     answers = await asyncio.gather(
         store.admit_run(run_row("run_with_orphan")),
-        store.run(lambda conn: conn.execute(orphan)),
+        store.write(lambda conn: conn.execute(orphan)),
         return_exceptions=True,
     )
     assert all(isinstance(answer, IntegrityError) for answer in answers), answers

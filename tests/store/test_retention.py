@@ -47,7 +47,7 @@ async def _deliver(store: Store, run_id: str, state: str) -> None:
         "state": state, "attempts": 1, "attempt_log": "[]", "created_at": OLD,
         "next_attempt_at": OLD,
     }  # fmt: skip
-    await store.run(lambda conn: conn.execute(deliveries.insert().values(**values)))
+    await store.write(lambda conn: conn.execute(deliveries.insert().values(**values)))
 
 
 async def _ids(store: Store, table: sa.Table) -> set[str]:

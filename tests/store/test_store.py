@@ -53,7 +53,7 @@ async def test_survives_reopen(database_url: str) -> None:
 
 async def test_sqlite_uses_wal(tmp_path: Any) -> None:
     store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
-    mode = await store.run(lambda conn: conn.scalar(sa.text("PRAGMA journal_mode")))
+    mode = await store.write(lambda conn: conn.scalar(sa.text("PRAGMA journal_mode")))
     assert mode == "wal"
     await store.close()
 
@@ -127,7 +127,9 @@ async def test_sweep_lock_is_exclusive(database_url: str) -> None:
 
 async def test_a_newer_schema_refuses_to_start(database_url: str) -> None:
     store = await Store.open(database_url)
-    await store.run(lambda conn: conn.execute(meta.update().values(value=str(SCHEMA_VERSION + 1))))
+    await store.write(
+        lambda conn: conn.execute(meta.update().values(value=str(SCHEMA_VERSION + 1)))
+    )
     await store.close()
     with pytest.raises(ConfigError, match="newer"):
         await Store.open(database_url)
@@ -140,7 +142,7 @@ async def test_upgrading_from_version_1_keeps_every_run(database_url: str) -> No
         conn.execute(runs.insert().values(**row("run_old", state="succeeded").columns()))
 
     old = await Store.open(database_url, migrate=False)
-    await old.run(version_1)
+    await old.write(version_1)
     await old.close()
     store = await Store.open(database_url)
     try:
@@ -167,14 +169,14 @@ async def test_upgrading_from_version_4_adds_the_retry_hint_and_keeps_every_run(
 
     old = await Store.open(database_url, migrate=False)
     try:
-        await old.run(version_4)
-        assert "error_retry_after_s" not in await old.run(columns)
+        await old.write(version_4)
+        assert "error_retry_after_s" not in await old.write(columns)
     finally:
         await old.close()
     store = await Store.open(database_url)
     try:
         assert await store.schema_version() == SCHEMA_VERSION
-        assert "error_retry_after_s" in await store.run(columns)
+        assert "error_retry_after_s" in await store.write(columns)
         kept = await store.get_run("run_old")
         assert kept is not None
         assert (kept.error_code, kept.error_retry_after_s) == ("x", None)
@@ -240,7 +242,7 @@ async def test_the_wal_is_checkpointed_off_the_loop_and_truncated_at_close(
     wal = path.with_name("relay.db-wal")
     assert wal.stat().st_size > 500_000
     # Commits on the loop never checkpoint: that is the thread's job.
-    assert await store.run(lambda conn: conn.scalar(sa.text("PRAGMA wal_autocheckpoint"))) == 0
+    assert await store.write(lambda conn: conn.scalar(sa.text("PRAGMA wal_autocheckpoint"))) == 0
     deadline = time.monotonic() + 5
     while store.checkpointer.done == 0 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -356,7 +358,7 @@ async def test_the_daily_counters_follow_every_kind_of_write(store: Store) -> No
     assert await store.update_run("run_b", state="lost")  # the reaper's: no cost recorded
     assert not await store.update_run("run_b", state="error")  # final stays final: no change
     await store.update_run("run_a", only_if_active=False, cost_usd=0.02)  # corrected later
-    await store.run(lambda conn: conn.execute(runs.delete().where(runs.c.id == "run_d")))
+    await store.write(lambda conn: conn.execute(runs.delete().where(runs.c.id == "run_d")))
     counted, scanned = await _days(store), await _scanned(store)
     assert {key: value for key, value in counted.items() if value[0]} == scanned
     assert counted[("alice", 20_000)] == (3, 0.0825)  # 0.02 + 0 + the active run_e's 0.0625
@@ -379,7 +381,7 @@ async def test_upgrading_from_version_5_counts_the_days_runs_there_are(database_
 
     old = await Store.open(database_url, migrate=False)
     try:
-        await old.run(version_5)
+        await old.write(version_5)
     finally:
         await old.close()
     store = await Store.open(database_url)
