@@ -38,6 +38,7 @@ from relay.auth import new_token
 from relay.http.app import create_app
 from relay.http.metrics import Metrics
 from relay.logs import configure
+from relay.run_state import RunState
 from relay.runs.run_task import RunTask
 from relay.settings import Settings
 from relay.store.database import Store
@@ -206,7 +207,7 @@ def _uncounted(*_: object) -> None:
 async def _no_sandbox(self: RunTask) -> RunValues:
     """A run's steps with no sandbox: running at once, then succeeded (the ``bare`` row)."""
     self.run = self.run.changed(sandbox_id="none", started_at=time.time())
-    return {"state": "succeeded", "exit_code": 0}
+    return {"state": RunState.succeeded, "exit_code": 0}
 
 
 def main(argv: list[str] | None = None) -> int:

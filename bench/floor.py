@@ -31,6 +31,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bench.baseline import serve
+from relay.run_state import RunState
 from relay.runs.models import RunRequest
 from relay.runs.view import run_model
 from relay.store.database import Store
@@ -71,7 +72,7 @@ async def create_run(request: Request) -> Response:
     })  # fmt: skip
     await store.admit_run(run, Admission(None, 100_000, None, None, now))
     final: RunValues = {
-        "state": "succeeded",
+        "state": RunState.succeeded,
         "exit_code": 0,
         "sandbox_id": "floor",
         "started_at": now,

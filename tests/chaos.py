@@ -25,8 +25,9 @@ from relay.errors import RelayError
 from relay.providers.contract import ExecResult, Provider, SandboxRef, SandboxSpec
 from relay.providers.memory import MemoryProvider, MemoryWorld
 from relay.providers.registry import load_provider
+from relay.run_state import FINAL, RunState
 from relay.runs.catalog import Catalog
-from relay.runs.models import FINAL_STATES, RunRequest, RunState
+from relay.runs.models import RunRequest
 from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.settings import Settings
@@ -343,7 +344,7 @@ async def _final_rows(tmp: Path, ids: list[str]) -> dict[str, RunRecord]:
 def _account(report: Report, backend: Backend, rows: dict[str, RunRecord]) -> Report:
     report.runs = len(rows)
     report.leaked = sorted(backend.alive())
-    report.not_final = sorted(i for i, r in rows.items() if RunState(r.state) not in FINAL_STATES)
+    report.not_final = sorted(i for i, r in rows.items() if RunState(r.state) not in FINAL)
     ended = backend.ended()
     report.created = len(ended)
     for run_id, by, at in ended.values():

@@ -22,7 +22,7 @@ from starlette.responses import FileResponse, HTMLResponse, Response
 from starlette.routing import Route
 
 from relay.errors import NotFound
-from relay.runs.models import RunState
+from relay.run_state import RunState
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "

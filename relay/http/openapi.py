@@ -9,6 +9,7 @@ from pydantic.json_schema import models_json_schema
 
 from relay import __version__
 from relay.errors import ERROR_CLASSES
+from relay.run_state import RunState
 from relay.runs.models import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     ErrorBody,
@@ -19,7 +20,6 @@ from relay.runs.models import (
     Run,
     RunList,
     RunRequest,
-    RunState,
     RunSummary,
     SpendReport,
     UsageReport,

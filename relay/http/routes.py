@@ -32,6 +32,7 @@ from relay.errors import (
 from relay.http.app_state import AppState
 from relay.http.metrics import metrics_endpoint
 from relay.http.run_stream import follow_run
+from relay.run_state import RunState
 from relay.runs.models import (
     MAX_IDEMPOTENCY_KEY_CHARS,
     Health,
@@ -42,7 +43,6 @@ from relay.runs.models import (
     ProviderList,
     RunList,
     RunRequest,
-    RunState,
     TokenLimits,
     UsageReport,
 )
@@ -200,7 +200,7 @@ async def create_run(request: Request) -> Response:
     limits: dict[str, str] = {}
     request.state.extra_headers = limits  # the RateLimit fields, on any answer from here on
     run, _created = await state.service.submit(principal, body, key, limits)
-    if body.wait and not RunState(run.state).final:
+    if body.wait and not run.state.final:
         run = await state.service.wait(run.id, state.settings.max_wait_s)
     found = await state.service.deliveries([run])
     return _run_answer(request, run, found.get(run.id))

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relay.errors import TooManyStreams
+from relay.run_state import RunState
 from relay.runs.event_bus import EventBus, RunEvent
-from relay.runs.models import RunState
 from relay.runs.service import RunRecord, RunService
 from relay.runs.view import run_model
 
@@ -246,14 +246,14 @@ async def _ended_long_ago(service: RunService, run_id: str) -> bool:
     if run is None:
         return True
     ended = run.ended_at or run.created_at
-    return RunState(run.state).final and ended + END_GRACE_S <= time.time()
+    return run.state.final and ended + END_GRACE_S <= time.time()
 
 
 async def follow_run(live: LiveRuns, service: RunService, run: RunRecord) -> AsyncIterator[bytes]:
     """The NDJSON lines of one run, from its start to its final state."""
     run_id = run.id
     queue = None
-    if not RunState(run.state).final:
+    if not run.state.final:
         queue = live.follow(run_id, running_here=service.holds(run_id))
     if queue is not None:
         try:
@@ -294,7 +294,7 @@ async def follow_run(live: LiveRuns, service: RunService, run: RunRecord) -> Asy
         if current is None:  # pragma: no cover - pruned meanwhile (relay/store/retention.py)
             return
         if current.state != state:
-            state = RunState(current.state)
+            state = current.state
             quiet = 0.0
             if not state.final:
                 yield _encode({"event": "state", "state": state.value})

@@ -20,6 +20,9 @@ from pydantic import (
     field_validator,
 )
 
+# Its home is the ground (relay/run_state.py); named here too for relay/http/mcp_server.py.
+from relay.run_state import RunState as RunState
+
 MAX_ARGV_ITEMS = 32
 MAX_ARG_CHARS = 512
 MAX_ENV_VARS = 64
@@ -52,36 +55,6 @@ EnvValue = Annotated[
 EgressHost = Annotated[
     str, StringConstraints(pattern=r"^(\*|[A-Za-z0-9.:\-/\[\]]{1,253})$", max_length=253)
 ]
-
-
-class RunState(enum.StrEnum):
-    """Where a run is. The last six are final."""
-
-    queued = "queued"
-    starting = "starting"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    timed_out = "timed_out"
-    canceled = "canceled"
-    error = "error"
-    lost = "lost"
-
-    @property
-    def final(self) -> bool:
-        return self in FINAL_STATES
-
-
-FINAL_STATES = frozenset(
-    {
-        RunState.succeeded,
-        RunState.failed,
-        RunState.timed_out,
-        RunState.canceled,
-        RunState.error,
-        RunState.lost,
-    }
-)
 
 
 class Size(enum.StrEnum):

@@ -55,11 +55,11 @@ from typing import Any
 
 from relay.providers.contract import POOL_PREFIX, Provider, SandboxRef
 from relay.providers.probe import PROBE_PREFIX, PROBE_TIMEOUT_S
+from relay.run_state import ACTIVE, FINAL, RunState, transition
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
-from relay.runs.models import RunState
 from relay.settings import Settings
-from relay.store.database import ACTIVE, FINAL, Store
+from relay.store.database import Store
 from relay.store.pools import CLAIMED, ENDED, WAITING, PoolRecord, PoolRows
 from relay.store.records import RunRecord
 
@@ -324,7 +324,7 @@ class Reaper:
             )
         marked = await self.store.update_run(
             run.id,
-            state=RunState.lost.value,
+            state=transition(run, RunState.lost),
             ended_at=now,
             error_code="sandbox_lost",
             error_message="the relay running this job stopped; the sandbox was terminated",

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from relay.errors import RelayError
 from relay.providers.contract import OutputSink, Provider, Sandbox
+from relay.run_state import RunState, transition
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
-from relay.runs.models import RunState
 from relay.runs.planning import Plan
 from relay.runs.pools import Pools
 from relay.settings import Settings
@@ -72,7 +72,7 @@ class RunTask:
         becomes an ``error`` state; a cancellation is raised."""
         final: RunValues = {}
         try:
-            self.events.publish(RunEvent(self.run.id, "state", state=RunState.starting.value))
+            self.events.publish(RunEvent(self.run.id, "state", state=RunState.starting))
             async with await self._open_sandbox() as sandbox:  # leaving it terminates
                 self._sandbox_created()
                 record = self._mark_running(sandbox.id)
@@ -84,7 +84,7 @@ class RunTask:
                 terminate_started = time.monotonic()
             self.watch.timings["terminate_ms"] = _ms_since(terminate_started)
         except Exception as exc:
-            final = failure(self.run.id, self.plan, final, exc)
+            final = failure(self.run, self.plan, final, exc)
         return final
 
     async def _open_sandbox(self) -> AbstractAsyncContextManager[Sandbox]:
@@ -112,12 +112,12 @@ class RunTask:
         the timer of the deferred `running` write, to cancel when the run has ended."""
         run, started_at = self.run, time.time()
         running: RunValues = {
-            "state": RunState.running.value,
+            "state": transition(run, RunState.running),
             "sandbox_id": sandbox_id,
             "started_at": started_at,
             "deadline": started_at + self.plan.timeout_s,
         }
-        self.events.publish(RunEvent(run.id, "state", state=RunState.running.value))
+        self.events.publish(RunEvent(run.id, "state", state=RunState.running))
         # Stored a moment later, unless the run has ended by then: its final write then
         # carries the sandbox id, one transaction instead of two.
         record = asyncio.get_running_loop().call_later(
@@ -154,10 +154,10 @@ class RunTask:
         if watch.exec_started is not None:
             watch.timings["exec_ms"] = _ms_since(watch.exec_started)
         if result is None:
-            return {"state": RunState.timed_out.value}
+            return {"state": transition(self.run, RunState.timed_out)}
         if result.memory_limit_mb is not None:
             return {
-                "state": RunState.failed.value,
+                "state": transition(self.run, RunState.failed),
                 "exit_code": result.exit_code,
                 "error_code": "out_of_memory",
                 "error_message": (
@@ -166,7 +166,7 @@ class RunTask:
                 ),
             }
         state = RunState.succeeded if result.exit_code == 0 else RunState.failed
-        return {"state": state.value, "exit_code": result.exit_code}
+        return {"state": transition(self.run, state), "exit_code": result.exit_code}
 
     def measured(self, final: RunValues) -> RunValues:
         """``final`` with what the run cost, and ``watch``'s timings completed."""
@@ -194,8 +194,9 @@ class _Stopwatch:
     timings: dict[str, int | bool] = field(default_factory=dict)
 
 
-def failure(run_id: str, plan: Plan, final: RunValues, exc: Exception) -> RunValues:
-    """The final state after ``exc`` ended the run's task."""
+def failure(run: RunRecord, plan: Plan, final: RunValues, exc: Exception) -> RunValues:
+    """The final state after ``exc`` ended the task of ``run`` (as the task wrote it)."""
+    run_id = run.id
     if isinstance(exc, RelayError):
         if final:  # the job ended; only terminating failed: the reaper retries it
             log.error(
@@ -204,7 +205,7 @@ def failure(run_id: str, plan: Plan, final: RunValues, exc: Exception) -> RunVal
             )
             return final
         return {
-            "state": RunState.error.value,
+            "state": transition(run, RunState.error),
             "error_code": exc.code,
             "error_message": exc.message,
             "error_retry_after_s": exc.retry_after,
@@ -214,14 +215,15 @@ def failure(run_id: str, plan: Plan, final: RunValues, exc: Exception) -> RunVal
         extra={"run_id": run_id, "error_class": type(exc).__name__},
     )
     return {
-        "state": RunState.error.value,
+        "state": transition(run, RunState.error),
         "error_code": "internal",
         "error_message": "the relay failed while running this job",
     }
 
 
-def canceled(reason: str) -> RunValues:
-    final: RunValues = {"state": RunState.canceled.value}
+def canceled(run: RunRecord, reason: str) -> RunValues:
+    """The final state of ``run`` canceled for ``reason`` (canceled, shutdown, elsewhere)."""
+    final: RunValues = {"state": transition(run, RunState.canceled)}
     if reason == "shutdown":
         final |= {
             "error_code": "shutting_down",

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 
 from relay.cancellation import shielded
 from relay.providers.contract import OutputSink, Provider
+from relay.run_state import RunState, transition
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
-from relay.runs.models import RunState
 from relay.runs.planning import Plan
 from relay.runs.pools import Pools
 from relay.runs.run_task import RunTask, canceled
@@ -174,8 +174,11 @@ class Runner:
                 reason = self._cancel_reason.get(run_id, "shutdown")
                 run = await self.store.get_run(run_id)
                 if run is not None:
+                    # Final already (ended through another replica, or reaped): nothing
+                    # to write; _finish finds it so and lets the run go.
+                    final = {} if run.state.final else canceled(run, reason)
                     sink = OutputSink(self.settings.max_output_bytes)
-                    await shielded(self._finish(run, canceled(reason), sink, {}))
+                    await shielded(self._finish(run, final, sink, {}))
 
     async def shutdown(self, drain_s: float) -> None:
         """Let runs finish within ``drain_s``, then cancel the rest and record it."""
@@ -217,7 +220,7 @@ class Runner:
         try:
             final = await task.steps()
         except asyncio.CancelledError:
-            final = canceled(self._cancel_reason.get(run.id, "shutdown"))
+            final = canceled(task.run, self._cancel_reason.get(run.id, "shutdown"))
             cancelled = True
         finally:
             # From here stop() leaves the task alone (the flag changes while this task
@@ -341,10 +344,10 @@ class Runner:
         another replica, which terminated the sandbox under us: then it reads canceled,
         unless the job had succeeded anyway."""
         run = await self.store.get_run(run_id)
-        if run is None or RunState(run.state).final:
+        if run is None or run.state.final:
             return run
-        if values.get("state") != RunState.succeeded.value:
-            kept: RunValues = {"state": RunState.canceled.value}
+        if values.get("state") != RunState.succeeded:
+            kept: RunValues = {"state": transition(run, RunState.canceled)}
             for key in _KEPT_WHEN_CANCELED:
                 if key in values:
                     kept[key] = values[key]  # type: ignore[literal-required]

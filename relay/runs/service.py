@@ -26,12 +26,13 @@ from relay import logs
 from relay.auth import Principal
 from relay.errors import Forbidden, IdempotencyConflict, NotFound, RunNotCancelable, ShuttingDown
 from relay.providers.contract import Provider
+from relay.run_state import RunState, transition
 from relay.runs.callback_urls import refuse_unsafe_callback
 from relay.runs.catalog import Catalog
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.limits import admission_for, rate_limit_headers, refusal
-from relay.runs.models import RunRequest, RunState
+from relay.runs.models import RunRequest
 from relay.runs.planning import Planner, request_hash
 from relay.runs.pools import Pools
 from relay.runs.runner import Runner
@@ -120,7 +121,7 @@ class RunService:
             job=plan.job,
             provider=plan.provider,
             # No queue: the run's task starts creating its sandbox at once.
-            state=RunState.starting.value,
+            state=transition(None, RunState.starting),
             idempotency_key=idempotency_key,
             request_hash=digest,
             timeout_s=plan.timeout_s,
@@ -188,7 +189,7 @@ class RunService:
         if run is None or not principal.may_read_run(run.token):
             raise NotFound("no such run")  # another token's run is as good as absent
         sink = self.runner.output(run_id)
-        if sink is not None and not RunState(run.state).final:
+        if sink is not None and not run.state.final:
             # Running here: the output so far (kept within the same caps as the final).
             run = run.changed(
                 stdout=sink.text("stdout"),
@@ -246,13 +247,13 @@ class RunService:
             run = await self.find(run_id)
             if run is None:
                 raise NotFound("no such run")
-            if RunState(run.state).final or time.monotonic() >= end or self.runner.stopped:
+            if run.state.final or time.monotonic() >= end or self.runner.stopped:
                 return run
             await asyncio.sleep(min(0.25, max(0.0, end - time.monotonic())))
 
     async def cancel(self, principal: Principal, run_id: str) -> RunRecord:
         run = await self.get(principal, run_id)
-        if RunState(run.state).final:
+        if run.state.final:
             raise RunNotCancelable(details={"run_id": run_id})
         if run.token != principal.name:  # an admin token: say who ended another token's run
             log.info(
@@ -268,7 +269,10 @@ class RunService:
             provider = self.providers.get(run.provider)
             if run.sandbox_id and provider is not None:
                 await provider.terminate(run.sandbox_id)
-            ended: RunValues = {"state": RunState.canceled.value, "ended_at": time.time()}
+            ended: RunValues = {
+                "state": transition(run, RunState.canceled),
+                "ended_at": time.time(),
+            }
             if await self.store.update_run(run_id, **ended):
                 run = run.changed(**ended)
                 self.events.publish(RunEvent(run_id, "finished", state=run.state, run=run))

@@ -39,12 +39,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.ext.compiler import compiles
 
 from relay.errors import ConfigError, InvalidRequest
+from relay.run_state import ACTIVE, FINAL
 from relay.store.connection import database_url, sqlite_engine
 from relay.store.limits import Admission, DuplicateKey, Standing, check_limits
 from relay.store.records import RunRecord, RunValues
 from relay.store.schema import (
-    ACTIVE,
-    FINAL,
     SCHEMA_VERSION,
     NewerSchema,
     deliveries,
@@ -58,7 +57,7 @@ from relay.store.sqlite import fast_path
 from relay.store.sqlite.group_commit import BUSY_WAIT_S, GroupCommit
 from relay.store.sqlite.wal_checkpointer import Checkpointer
 
-__all__ = ["ACTIVE", "FINAL", "SCHEMA_VERSION", "DuplicateKey", "RunRecord", "Store", "Usage"]
+__all__ = ["SCHEMA_VERSION", "DuplicateKey", "RunRecord", "Store", "Usage"]
 
 T = TypeVar("T")
 

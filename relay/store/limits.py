@@ -17,8 +17,9 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from relay.run_state import ACTIVE
 from relay.store.records import RunRecord
-from relay.store.schema import ACTIVE, runs, state_in, token_days
+from relay.store.schema import runs, state_in, token_days
 from relay.store.sqlite import fast_path
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
+from relay.run_state import RunState
 from relay.store.schema import deliveries, runs
 
 
@@ -29,7 +30,7 @@ class RunRecord:
     token: str
     job: str | None = None
     provider: str
-    state: str
+    state: RunState
     idempotency_key: str | None = None
     request_hash: str
     sandbox_id: str | None = None
@@ -63,13 +64,19 @@ class RunRecord:
     """What was asked, as a JSON object without secrets (``request_echo``); None before
     schema 8, and in a listing."""
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.state, RunState):  # the column's text, from an untyped caller
+            object.__setattr__(self, "state", RunState(self.state))
+
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> RunRecord:
         """The record of a row read from ``runs`` (a listing's lacks the output). Built
         without ``__init__``: a frozen dataclass sets each of its 33 fields through
         ``object.__setattr__``, ten times what a listing of 200 runs should cost."""
+        values = {**_RUN_DEFAULTS, **row}
+        values["state"] = _STATES[values["state"]]  # the column's text, as the enum
         record = object.__new__(cls)
-        object.__setattr__(record, "__dict__", {**_RUN_DEFAULTS, **row})
+        object.__setattr__(record, "__dict__", values)
         return record
 
     def changed(self, **values: Unpack[RunValues]) -> RunRecord:
@@ -95,7 +102,7 @@ class RunValues(TypedDict, total=False):
     token: str
     job: str | None
     provider: str
-    state: str
+    state: RunState
     idempotency_key: str | None
     request_hash: str
     sandbox_id: str | None
@@ -145,6 +152,7 @@ class DeliveryRecord:
     lease_until: float | None = None
 
 
+_STATES = {state.value: state for state in RunState}
 _RUN_DEFAULTS = {
     field.name: field.default
     for field in dataclasses.fields(RunRecord)

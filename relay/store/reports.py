@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from relay.run_state import RunState
 from relay.store.database import Store
-from relay.store.schema import deliveries, runs
+from relay.store.schema import deliveries, runs, state_in
 
 DAY_S = 86_400
 
@@ -78,7 +79,7 @@ class Reports:
     async def provider_outcomes(self, since: float) -> dict[str, tuple[int, int]]:
         """Per provider: runs created since ``since``, and how many of them ended in
         ``error`` or ``lost``."""
-        failed = runs.c.state.in_(("error", "lost"))
+        failed = runs.c.state.in_(state_in((RunState.error, RunState.lost)))
         query = sa.select(
             runs.c.provider,
             sa.func.count(),

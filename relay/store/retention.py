@@ -35,9 +35,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
 
+from relay.run_state import FINAL
 from relay.store.connection import database_url
 from relay.store.database import Store
-from relay.store.schema import FINAL, deliveries, pooled, runs, state_in, token_days
+from relay.store.schema import deliveries, pooled, runs, state_in, token_days
 from relay.store.sqlite.group_commit import BUSY_WAIT_S
 
 log = logging.getLogger("relay.retention")

@@ -7,19 +7,19 @@ a run, and a relay refuses a database newer than it knows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from relay.run_state import ACTIVE
+
 SCHEMA_VERSION = 9
-ACTIVE = ("queued", "starting", "running")
-FINAL = ("succeeded", "failed", "timed_out", "canceled", "error", "lost")
 
 metadata = sa.MetaData()
 
 
-def state_in(states: tuple[str, ...]) -> tuple[sa.ColumnElement[str], ...]:
+def state_in(states: Iterable[str]) -> tuple[sa.ColumnElement[str], ...]:
     """Constant states as SQL literals: ``runs.c.state.in_(state_in(ACTIVE))`` renders
     once, where bound values in an IN list are rendered again on every execution."""
     return tuple(sa.literal_column(f"'{state}'") for state in states)

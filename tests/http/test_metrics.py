@@ -28,11 +28,12 @@ from relay.auth import new_token
 from relay.http.app import create_app
 from relay.http.metrics import Metrics
 from relay.providers.contract import Rate, SandboxRef
+from relay.run_state import ACTIVE
 from relay.runs.catalog import Catalog
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
-from relay.store.database import ACTIVE, Store
+from relay.store.database import Store
 from relay.store.records import RunRecord
 from tests.conftest import make_settings
 from tests.relay_server import RelayProcess

@@ -15,12 +15,13 @@ import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 
 from relay.errors import ConfigError
+from relay.run_state import ACTIVE, RunState
 from relay.store import database
 from relay.store.connection import database_url
 from relay.store.database import SCHEMA_VERSION, DuplicateKey, Store, is_store_failure
 from relay.store.limits import Admission, LimitReached
 from relay.store.records import RunRecord
-from relay.store.schema import ACTIVE, meta, metadata, runs, token_days
+from relay.store.schema import meta, metadata, runs, token_days
 from tests.postgres import own_postgres
 
 
@@ -182,7 +183,7 @@ async def test_upgrading_from_version_4_adds_the_retry_hint_and_keeps_every_run(
         assert (kept.error_code, kept.error_retry_after_s) == ("x", None)
         await store.admit_run(row("run_new"))
         assert await store.finish_run(
-            "run_new", {"state": "error", "error_retry_after_s": 7.0}, callback=False
+            "run_new", {"state": RunState.error, "error_retry_after_s": 7.0}, callback=False
         )
         assert (await store.get_run("run_new")).error_retry_after_s == 7.0  # type: ignore[index]
     finally:
@@ -219,7 +220,7 @@ async def test_columns_left_out_get_their_defaults_and_any_columns_can_be_set(
     assert (first.cost_usd, first.reserved_usd, first.timings) == (0.0, 0.0, "{}")
     assert await store.update_run("run_min", state="running", sandbox_id="sb-1")
     assert await store.update_run("run_min", cancel_requested=True)
-    assert not await store.finish_run("run_min", {"state": "succeeded"}, callback=False)
+    assert not await store.finish_run("run_min", {"state": RunState.succeeded}, callback=False)
     assert await store.update_run("run_min", state="canceled", stderr_truncated=True)
     final = await store.get_run("run_min")
     assert final is not None
@@ -353,7 +354,9 @@ async def test_the_daily_counters_follow_every_kind_of_write(store: Store) -> No
     assert (await _days(store))[("alice", 20_000)] == (3, 0.8125)
 
     await store.update_run("run_a", state="running", sandbox_id="sb")  # no change of USD
-    assert await store.finish_run("run_a", {"state": "succeeded", "cost_usd": 0.01}, callback=False)
+    assert await store.finish_run(
+        "run_a", {"state": RunState.succeeded, "cost_usd": 0.01}, callback=False
+    )
     assert await store.update_run("run_c", state="canceled", cost_usd=0.5)  # a DELETE's path
     assert await store.update_run("run_b", state="lost")  # the reaper's: no cost recorded
     assert not await store.update_run("run_b", state="error")  # final stays final: no change
