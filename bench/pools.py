@@ -23,17 +23,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from relay.auth import Principal
+from relay.auth import Principal, new_token
 from relay.providers.contract import Provider
 from relay.providers.local.invocation import bwrap_works
 from relay.providers.local.provider import LocalProvider
 from relay.providers.memory import MemoryFaults, MemoryProvider, MemoryWorld
-from relay.runs.catalog import Catalog
 from relay.runs.event_bus import RunEvent
 from relay.runs.models import RunRequest
 from relay.runs.service import RunService
+from relay.runtime import Relay
 from relay.settings import Settings
-from relay.store.database import Store
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 HEADING = "## (5) Warm pools: submit to first output byte, pooled vs cold"
@@ -103,13 +102,10 @@ async def _measure(
 ) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="relay-bench-pools-") as folder:
         settings = _settings(Path(folder), provider_name, warm)
-        store = await Store.open(settings.database_url)
-        provider = make(settings)
-        service = RunService(
-            settings, store, Catalog.load(settings.jobs_dir), {provider_name: provider}
-        )
-        service.start()
-        try:
+        new_token(settings.tokens_file, "bench")  # the relay reads its token file
+        async with Relay.open(settings, providers={provider_name: make(settings)}) as relay:
+            await relay.start()
+            service = relay.service
             while service.pools.ready < warm:
                 await asyncio.sleep(0.05)
             rows = {case: Row(provider_name, case, [], 0) for case in ("pooled", "cold")}
@@ -131,10 +127,6 @@ async def _measure(
                     [elapsed for elapsed, pooled in burst if pooled is wanted],
                     sum(pooled for _, pooled in burst if pooled is wanted),
                 )
-        finally:
-            await service.shutdown()
-            await provider.aclose()
-            await store.close()
     return list(rows.values())
 
 

@@ -1,14 +1,13 @@
 """create_app(settings) → the Starlette app; errors are mapped to JSON here, once.
 
-The lifespan opens the store, builds the providers and the run service, and starts the
-reaper, whose first sweep runs at once beside serving; on shutdown it drains runs, then
-closes everything. Token file and job catalog are read before the app exists, so a bad
-one stops startup.
+The lifespan enters the relay's runtime (relay/runtime.py: the store, providers, run
+service, reaper, dispatcher and pruner, started at once beside serving, ended in order on
+shutdown) and serves the app's own parts beside it: metrics, live run streams, ``/mcp``.
+Token file and job catalog are read before the app exists, so a bad one stops startup.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import secrets
@@ -27,7 +26,6 @@ from relay import logs
 from relay.auth import TokenStore
 from relay.errors import (
     BodyTooLarge,
-    ConfigError,
     MethodNotAllowed,
     NotFound,
     RelayError,
@@ -43,16 +41,11 @@ from relay.http.operator import operator_routes
 from relay.http.routes import routes
 from relay.http.run_stream import LiveRuns
 from relay.providers.contract import Provider
-from relay.providers.registry import load_providers
 from relay.runs.catalog import Catalog
-from relay.runs.event_bus import EventBus
 from relay.runs.models import ErrorBody, ErrorDetail
-from relay.runs.reaper import Reaper
-from relay.runs.service import RunService
+from relay.runtime import Relay, check_start
 from relay.settings import Settings
-from relay.store.database import STORE_FAILURES, Store, is_store_failure
-from relay.store.retention import Pruner
-from relay.webhooks.dispatcher import WebhookDispatcher
+from relay.store.database import STORE_FAILURES, is_store_failure
 
 log = logging.getLogger("relay.app")
 
@@ -212,15 +205,7 @@ def create_app(
     the lifespan closes them."""
     tokens = TokenStore(settings.tokens_file)
     catalog = Catalog.load(settings.jobs_dir)
-    unknown = sorted(set(settings.pool_warm) - set(catalog.jobs))
-    if unknown:  # a misspelt job would have no pool, and no one told
-        raise ConfigError(
-            f"RELAY_POOL_WARM: no job named {unknown[0]!r}; jobs here: {', '.join(catalog.jobs)}"
-        )
-    if "local" in settings.providers:
-        from relay.providers.local.root import check_root, sandbox_root
-
-        check_root(sandbox_root(settings))  # refuse an untrusted root before serving
+    check_start(settings, catalog)
     metrics_token = settings.metrics_token
     metrics = Metrics(metrics_token.get_secret_value() if metrics_token else None)
     logs.redact_settings(settings)  # a key that still reaches a log line reads [redacted]
@@ -229,67 +214,18 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        store = await Store.open(settings.database_url)
-        built = providers if providers is not None else load_providers(settings)
-        events = EventBus()
-        service = RunService(
-            settings, store, catalog, built, instance_id=instance_id, events=events
+        opened = Relay.open(
+            settings, tokens=tokens, catalog=catalog, providers=providers, instance_id=instance_id
         )
-        reaper = Reaper(
-            store,
-            built,
-            settings,
-            holds=service.holds,
-            instance_id=service.instance_id,
-            events=events,
-            grace_s=settings.grace_s,
-            single_replica=store.is_sqlite,
-            reap_interval_s=settings.reap_interval_s,
-        )
-        metrics.attach(service, reaper, events, built)
-        state = AppState(settings, tokens, catalog, store, built, service, reaper, events)
-        state.live = LiveRuns(events, max_streams_per_token=settings.max_streams_per_token)
-        app.state.relay = state
-        await store.heartbeat(service.instance_id)
-        # The startup sweep runs beside serving: hundreds of orphans must not keep the
-        # relay from answering.
-        sweeper = asyncio.create_task(reaper.run_forever(sweep_first=True))
-        service.start()  # the warm pools fill beside serving too
-        webhooks = WebhookDispatcher(
-            settings,
-            store,
-            secret_for=tokens.webhook_secret,
-            events=events,
-            on_attempt=metrics.webhook_delivered,
-        )
-        dispatcher = asyncio.create_task(webhooks.run_forever())
-        metrics.pruner = pruner = Pruner(
-            store, retention_days=settings.retention_days, interval_s=settings.prune_interval_s
-        )
-        pruning = asyncio.create_task(pruner.run_forever())
-        mcp_sessions = contextlib.AsyncExitStack()
-        await mcp_sessions.enter_async_context(mcp.running())
-        try:
+        async with opened as relay:
+            metrics.follow(relay)
+            app.state.relay = state = AppState.of(relay)
+            state.live = live = LiveRuns(
+                relay.events, max_streams_per_token=settings.max_streams_per_token
+            )
+            # Closed after the runs drain, the MCP sessions first (relay/runtime.py).
+            await relay.start(contextlib.closing(live), mcp.running())
             yield {}
-        finally:
-            await service.shutdown()
-            # After the drain: a tool call whose run finished meanwhile has its answer.
-            await mcp_sessions.aclose()
-            for task in (dispatcher, pruning):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            await webhooks.aclose()
-            state.live.close()
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
-            with contextlib.suppress(Exception):
-                await store.forget_replica(service.instance_id)
-            for provider in built.values():
-                with contextlib.suppress(Exception):
-                    await provider.aclose()
-            await store.close()
 
     app = Starlette(
         routes=[*routes, *operator_routes, *docs_routes, *console_routes, Route("/mcp", mcp)],

@@ -14,6 +14,7 @@ from relay.runs.catalog import Catalog
 from relay.runs.event_bus import EventBus
 from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
+from relay.runtime import Relay
 from relay.settings import Settings
 from relay.store.database import Store
 
@@ -39,6 +40,20 @@ class AppState:
     events: EventBus | None = None
     live: LiveRuns | None = None
     _base_urls: dict[tuple[Any, ...], str] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, relay: Relay) -> AppState:
+        """What handlers reach of a running relay (relay/runtime.py)."""
+        return cls(
+            relay.settings,
+            relay.tokens,
+            relay.catalog,
+            relay.store,
+            relay.providers,
+            relay.service,
+            relay.reaper,
+            relay.events,
+        )
 
     def base_url(self, request: Request) -> str:
         """The relay's URL: ``RELAY_PUBLIC_URL``, else as this request reached it."""

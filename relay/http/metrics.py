@@ -74,6 +74,7 @@ from relay.runs.event_bus import EventBus, RunEvent
 if TYPE_CHECKING:
     from relay.runs.reaper import Reaper
     from relay.runs.service import RunRecord, RunService
+    from relay.runtime import Relay
     from relay.store.retention import Pruner
 
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
@@ -272,6 +273,13 @@ class Metrics:
             self.run_seconds.labels(provider=name)
             self.create_seconds.labels(provider=name)
         return events.subscribe(self.on_event)
+
+    def follow(self, relay: Relay) -> None:
+        """Follow a relay's runs, reaper, webhooks and pruner (before it starts: its first
+        sweep's lost runs are counted)."""
+        self.attach(relay.service, relay.reaper, relay.events, relay.providers)
+        self.pruner = relay.pruner
+        relay.webhooks.on_attempt = self.webhook_delivered
 
     def on_event(self, event: RunEvent) -> None:
         if event.kind != "finished" or event.run is None:

@@ -1,0 +1,220 @@
+"""The composition root: one relay process's parts, built in order, started, ended in order.
+
+:meth:`Relay.open` builds the store, the providers, the event bus, the run service (which
+makes its runner, warm pools and sandbox sources), the reaper, the webhook dispatcher and the
+pruner; :meth:`Relay.start` begins their background work; leaving ``open`` ends it all, in
+this order:
+
+1. the runs drain (the service: no new run, those running get ``RELAY_DRAIN_S`` to end,
+   the rest are canceled and written final; the warm pools terminate their sandboxes);
+2. what the caller serves beside the relay closes, last entered first (the HTTP layer's MCP
+   sessions, after the drain so that a tool call whose run finished meanwhile has its
+   answer; its live run streams);
+3. the webhook dispatcher and the pruner stop, and the dispatcher's client closes;
+4. the reaper stops, mid-sweep if it must (the next process's sweep does the rest);
+5. this replica's heartbeat row goes, so the others need not wait to judge it dead;
+6. the providers' clients close, then the store.
+
+The HTTP app's lifespan is one ``async with Relay.open(...)`` (relay/http/app.py); the
+benchmarks enter it the same way. Nothing here knows HTTP: what the app adds (metrics, the
+run streams, ``/mcp``) it attaches to the parts, or serves beside them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+
+from relay.auth import TokenStore
+from relay.errors import ConfigError
+from relay.providers.contract import Provider
+from relay.providers.registry import load_providers
+from relay.runs.catalog import Catalog
+from relay.runs.event_bus import EventBus
+from relay.runs.pools import Pools
+from relay.runs.reaper import Reaper
+from relay.runs.service import RunService
+from relay.settings import Settings
+from relay.store.database import Store
+from relay.store.retention import Pruner
+from relay.webhooks.dispatcher import WebhookDispatcher
+
+log = logging.getLogger("relay.runtime")
+
+Beside = AbstractAsyncContextManager[object] | AbstractContextManager[object]
+"""Something a caller serves beside the relay: entered at start, closed after the drain."""
+
+
+def check_start(settings: Settings, catalog: Catalog) -> None:
+    """Refuse at once what would otherwise fail, or go wrong unseen, once serving: a
+    ``RELAY_POOL_WARM`` naming no job, an untrusted sandbox root for ``local``."""
+    unknown = sorted(set(settings.pool_warm) - set(catalog.jobs))
+    if unknown:  # a misspelt job would have no pool, and no one told
+        raise ConfigError(
+            f"RELAY_POOL_WARM: no job named {unknown[0]!r}; jobs here: {', '.join(catalog.jobs)}"
+        )
+    if "local" in settings.providers:
+        from relay.providers.local.root import check_root, sandbox_root
+
+        check_root(sandbox_root(settings))  # refuse an untrusted root before serving
+
+
+class Relay:
+    """One relay process: its parts, their background work, and its ordered shutdown."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        tokens: TokenStore,
+        catalog: Catalog,
+        store: Store,
+        providers: dict[str, Provider],
+        events: EventBus,
+        service: RunService,
+        reaper: Reaper,
+        webhooks: WebhookDispatcher,
+        pruner: Pruner,
+    ) -> None:
+        self.settings = settings
+        self.tokens = tokens
+        self.catalog = catalog
+        self.store = store
+        self.providers = providers
+        self.events = events
+        self.service = service
+        self.reaper = reaper
+        self.webhooks = webhooks
+        self.pruner = pruner
+        self._reaping: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []  # the dispatcher's and the pruner's
+        self._beside = contextlib.AsyncExitStack()
+
+    @property
+    def pools(self) -> Pools:
+        return self.service.pools
+
+    @property
+    def instance_id(self) -> str:
+        return self.service.instance_id
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls,
+        settings: Settings,
+        *,
+        tokens: TokenStore | None = None,
+        catalog: Catalog | None = None,
+        providers: Mapping[str, Provider] | None = None,
+        instance_id: str | None = None,
+    ) -> AsyncIterator[Relay]:
+        """The relay's parts, built (not started: :meth:`start`), and ended in order on
+        leaving. ``tokens`` and ``catalog`` default to the settings' files; ``providers``
+        to the enabled ones, built here (either way they are closed here)."""
+        tokens = tokens if tokens is not None else TokenStore(settings.tokens_file)
+        catalog = catalog if catalog is not None else Catalog.load(settings.jobs_dir)
+        store = await Store.open(settings.database_url)
+        built: dict[str, Provider] = {}
+        try:
+            built = dict(providers) if providers is not None else load_providers(settings)
+            relay = cls._assemble(settings, tokens, catalog, store, built, instance_id)
+        except BaseException:
+            await _close_providers(built if providers is None else dict(providers))
+            await store.close()
+            raise
+        try:
+            yield relay
+        finally:
+            await relay._end()
+
+    @classmethod
+    def _assemble(
+        cls,
+        settings: Settings,
+        tokens: TokenStore,
+        catalog: Catalog,
+        store: Store,
+        providers: dict[str, Provider],
+        instance_id: str | None,
+    ) -> Relay:
+        events = EventBus()
+        service = RunService(
+            settings, store, catalog, providers, instance_id=instance_id, events=events
+        )
+        reaper = Reaper(
+            store,
+            providers,
+            settings,
+            holds=service.holds,
+            instance_id=service.instance_id,
+            events=events,
+            grace_s=settings.grace_s,
+            single_replica=store.is_sqlite,
+            reap_interval_s=settings.reap_interval_s,
+        )
+        webhooks = WebhookDispatcher(
+            settings, store, secret_for=tokens.webhook_secret, events=events
+        )
+        pruner = Pruner(
+            store, retention_days=settings.retention_days, interval_s=settings.prune_interval_s
+        )
+        return cls(
+            settings,
+            tokens=tokens,
+            catalog=catalog,
+            store=store,
+            providers=providers,
+            events=events,
+            service=service,
+            reaper=reaper,
+            webhooks=webhooks,
+            pruner=pruner,
+        )
+
+    async def start(self, *beside: Beside) -> None:
+        """Write this replica's first heartbeat, then start the background work beside
+        serving: the reaper (its first sweep at once: hundreds of orphans must not keep the
+        relay from answering), the warm pools' fill, the webhook dispatcher, the pruner.
+        ``beside`` is entered last, and closed right after the runs drain."""
+        await self.store.heartbeat(self.instance_id)
+        self._reaping = asyncio.create_task(self.reaper.run_forever(sweep_first=True))
+        self.service.start()
+        self._background += [
+            asyncio.create_task(self.webhooks.run_forever()),
+            asyncio.create_task(self.pruner.run_forever()),
+        ]
+        for context in beside:
+            if isinstance(context, AbstractAsyncContextManager):
+                await self._beside.enter_async_context(context)
+            else:
+                self._beside.enter_context(context)
+
+    async def _end(self) -> None:
+        """The ordered shutdown (the module's docstring says why this order)."""
+        await self.service.shutdown()
+        await self._beside.aclose()
+        for task in self._background:
+            await _stopped(task)
+        await self.webhooks.aclose()
+        if self._reaping is not None:
+            await _stopped(self._reaping)
+        with contextlib.suppress(Exception):
+            await self.store.forget_replica(self.instance_id)
+        await _close_providers(self.providers)
+        await self.store.close()
+
+
+async def _stopped(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _close_providers(providers: Mapping[str, Provider]) -> None:
+    for provider in providers.values():
+        with contextlib.suppress(Exception):
+            await provider.aclose()
