@@ -113,6 +113,7 @@ class CrashableProvider:
 class _CrashableSandbox:
     def __init__(self, owner: CrashableProvider, box: Any) -> None:
         self.owner, self.box, self.id = owner, box, box.id
+        self.provenance = box.provenance
 
     async def upload(self, files: Mapping[str, bytes]) -> None:
         await self.owner._hang_if_dead()

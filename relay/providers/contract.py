@@ -111,6 +111,10 @@ class SandboxSpec:
     egress: Egress = field(default_factory=Egress)
     env: Mapping[str, str] = field(default_factory=dict)
     pip: tuple[str, ...] = ()
+    job: str | None = None
+    """The declared job the sandbox is for (None: a raw command): a source that keeps
+    sandboxes made ahead for a job (a warm pool) serves only that job's runs. Providers
+    ignore it."""
 
     @property
     def lifetime_s(self) -> int:
@@ -178,11 +182,28 @@ class OutputSink:
         return self.output(stream).decode("utf-8", errors="replace")
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """Where a sandbox a source yielded came from: what its run records of it (its cost,
+    its ``pooled`` timing), whichever source made it."""
+
+    provider: str
+    """The provider that made it (the one a run's cost is counted at)."""
+    billed_from: float
+    """When its provider's billing began (``time.monotonic``): the create call, or the
+    claim of a sandbox a warm pool made ahead (its idle time before is the pool's)."""
+    pooled: bool = False
+    """Whether a warm pool made it ahead of its run."""
+
+
 @runtime_checkable
 class Sandbox(Protocol):
-    """One live sandbox; valid only inside the provider's ``sandbox()`` context."""
+    """One live sandbox; valid only inside the ``sandbox()`` context that yielded it."""
 
     id: str
+    provenance: Provenance
+    """Where it came from: set by the provider's create, changed by a source that serves
+    a sandbox made earlier (a warm pool's claim)."""
 
     async def upload(self, files: Mapping[str, bytes]) -> None:
         """Write files (paths relative to the workdir, or absolute) before the command."""
@@ -202,6 +223,16 @@ class Sandbox(Protocol):
         The caller enforces the deadline by cancelling this call; ``timeout_s`` is passed
         on to the provider's own command timeout as a second line of defence.
         """
+
+
+class SandboxSource(Protocol):
+    """What a run opens its sandbox through (relay/runs/sources.py): ``sandbox(spec)`` → a
+    live sandbox, always ended on leaving. A :class:`Provider` is one (it creates the
+    sandbox); a warm pool wrapping a provider is one (a claimed sandbox, else the provider's
+    cold one). The run never knows which it holds: the sandbox's :class:`Provenance` says."""
+
+    def sandbox(self, spec: SandboxSpec) -> AbstractAsyncContextManager[Sandbox]:
+        """A sandbox for ``spec`` on enter; terminated on exit, whatever happened."""
 
 
 @runtime_checkable

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -30,7 +31,14 @@ from relay.errors import (
     RelayError,
     SandboxLost,
 )
-from relay.providers.contract import ExecResult, OutputSink, Rate, SandboxRef, SandboxSpec
+from relay.providers.contract import (
+    ExecResult,
+    OutputSink,
+    Provenance,
+    Rate,
+    SandboxRef,
+    SandboxSpec,
+)
 from relay.settings import ProviderSettings
 
 log = logging.getLogger("relay.providers")
@@ -78,6 +86,9 @@ class ProviderSandbox(ABC):
     A provider's subclass writes files (:meth:`write_files`) and runs one command
     (:meth:`run`); this base maps their errors and tells a killed sandbox from a job's exit.
     """
+
+    provenance: Provenance
+    """Set by :meth:`SandboxProvider.created` (a warm pool's claim changes it)."""
 
     def __init__(self, provider: SandboxOwner, sandbox_id: str) -> None:
         self.provider = provider
@@ -225,10 +236,12 @@ class SandboxProvider(ABC, Generic[S]):
 
     async def created(self, spec: SandboxSpec) -> S:
         """Create a sandbox the caller terminates (:meth:`sandbox` and a warm pool use it):
-        bounded by ``create_timeout_s``, swept after a failed or cancelled create."""
+        bounded by ``create_timeout_s``, swept after a failed or cancelled create. Its
+        :attr:`~ProviderSandbox.provenance` says billing began with this call."""
+        called = time.monotonic()
         try:
             with Deadline(self.create_timeout_s):
-                return await self.create(spec)
+                box = await self.create(spec)
         except RelayError as exc:
             if not isinstance(exc, ProviderError):
                 raise  # the request's own fault (a size, a path): nothing was created
@@ -247,6 +260,8 @@ class SandboxProvider(ABC, Generic[S]):
             if error is None:
                 raise
             raise error from exc
+        box.provenance = Provenance(self.name, billed_from=called)
+        return box
 
     async def extended(self, sandbox_id: str, lifetime_s: int) -> None:
         """:meth:`extend_lifetime`, bounded by ``create_timeout_s`` like the create it

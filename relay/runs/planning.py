@@ -196,6 +196,7 @@ class Planner:
             egress=Egress(tuple(egress)),
             env=env,
             pip=job.pip if job else (),
+            job=job.name if job else None,
         )
         self.providers[provider].check(spec)
         stdin = request.stdin.encode("utf-8") if request.stdin is not None else None

@@ -13,10 +13,11 @@ per job, of the job's own shape: its provider, image, size, egress and packages.
   (``extends_lifetime``) creates it for the idle time and grace only, and gives it the run's
   timeout and grace when a run claims it; for the others the idle time is capped (a
   sandbox idle that long is no longer claimable), so the lifetime holds either way.
-- A run whose plan has the pool's exact shape claims a ready sandbox with one conditional
+- A run whose spec has the pool's exact shape claims a ready sandbox with one conditional
   UPDATE (exactly one claimant wins, across replicas too); it serves that one run and is
   terminated when the run ends, like any other. Any other shape, an empty pool or a burst
-  past it takes the cold path, without an error.
+  past it takes the cold path, without an error. A run reaches its pool through its door
+  (relay/runs/sources.py: the pool is a source of the provider's own shape).
 - The pool refills in the background, at most :data:`REFILL_CONCURRENCY` creates at once,
   backing off after failed creates. A sandbox idle past its time is terminated and
   replaced; shutdown terminates the pool; the reaper ends a dead replica's
@@ -40,12 +41,19 @@ from dataclasses import dataclass, field
 
 from relay.cancellation import shielded
 from relay.errors import ProviderError
-from relay.providers.contract import POOL_PREFIX, Egress, Provider, Resources, SandboxSpec
+from relay.providers.contract import (
+    POOL_PREFIX,
+    Egress,
+    Provenance,
+    Provider,
+    Resources,
+    SandboxSpec,
+)
 from relay.providers.lifecycle import ProviderSandbox, SandboxProvider
 from relay.runs.catalog import Catalog, JobSpec
 from relay.runs.costs import CostModel
 from relay.runs.models import SIZES
-from relay.runs.planning import Plan, image_for
+from relay.runs.planning import image_for
 from relay.settings import Settings
 from relay.store.database import Store
 from relay.store.pools import CLAIMED, CREATING, READY, PoolRecord, PoolRows
@@ -74,8 +82,11 @@ class Shape:
     pip: tuple[str, ...]
 
     @classmethod
-    def of(cls, job: str, provider: str, spec: SandboxSpec) -> Shape:
-        return cls(job, provider, spec.image, spec.resources, spec.egress, spec.pip)
+    def of(cls, provider: str, spec: SandboxSpec) -> Shape | None:
+        """The shape of ``spec`` on ``provider``; None for a raw command (no job's)."""
+        if spec.job is None:
+            return None
+        return cls(spec.job, provider, spec.image, spec.resources, spec.egress, spec.pip)
 
     @property
     def key(self) -> str:
@@ -126,8 +137,12 @@ class Claimed:
 
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[ProviderSandbox]:
+        """The sandbox, now its run's: billed to the run from here (its idle time before
+        was the pool's); terminated on leaving."""
         try:
             async with self.pool.provider.serving(self.box):
+                provider = self.pool.shape.provider
+                self.box.provenance = Provenance(provider, time.monotonic(), pooled=True)
                 yield self.box
         finally:
             # Ended even when the terminate failed: the reaper terminates a sandbox
@@ -223,7 +238,12 @@ class Pools:
             egress=shape.egress,
             env=pool.env,
             pip=shape.pip,
+            job=shape.job,
         )
+
+    def serve(self, provider: str) -> bool:
+        """Whether ``provider`` has a warm pool here (for some job)."""
+        return any(shape_provider == provider for _, shape_provider in self.pools)
 
     @property
     def size(self) -> int:
@@ -235,20 +255,16 @@ class Pools:
 
     # -- claims ------------------------------------------------------------------------
 
-    async def claim(self, plan: Plan) -> Claimed | None:
-        """A ready sandbox of the plan's exact shape, now the plan's run's; None: cold."""
-        if plan.job is None:
-            return None
-        pool = self.pools.get((plan.job, plan.provider))
-        if (
-            pool is None
-            or not pool.ready
-            or Shape.of(plan.job, plan.provider, plan.spec) != (pool.shape)
-        ):
+    async def claim(self, provider: str, spec: SandboxSpec) -> Claimed | None:
+        """A ready sandbox of the spec's exact shape on ``provider``, now the spec's run's;
+        None: cold."""
+        shape = Shape.of(provider, spec)
+        pool = self.pools.get((shape.job, provider)) if shape is not None else None
+        if pool is None or not pool.ready or shape != pool.shape:
             return None
         now = self.clock()
         claiming = asyncio.ensure_future(
-            self.rows.claim(self.instance_id, pool.shape.key, plan.spec.run_id, now, pool.usd_per_s)
+            self.rows.claim(self.instance_id, pool.shape.key, spec.run_id, now, pool.usd_per_s)
         )
         try:
             record = await asyncio.shield(claiming)
@@ -278,7 +294,7 @@ class Pools:
         claimed = Claimed(self, pool, record, ready.box)
         if pool.provider.extends_lifetime:
             try:
-                lifetime = math.ceil(plan.timeout_s + self.settings.grace_s)
+                lifetime = math.ceil(spec.timeout_s + self.settings.grace_s)
                 # Bounded (nothing else ends a run of this replica still starting: the
                 # reaper leaves the runs a relay holds).
                 await pool.provider.extended(ready.box.id, lifetime)
@@ -289,7 +305,7 @@ class Pools:
                     await shielded(claimed.discard())
                 if not isinstance(exc, ProviderError):
                     raise
-                log.warning("extending a pooled sandbox failed; cold path", extra={"job": plan.job})
+                log.warning("extending a pooled sandbox failed; cold path", extra={"job": spec.job})
                 return None
         return claimed
 

@@ -1,9 +1,11 @@
-"""The steps of one run: create its sandbox, record it running, run the job, measure it.
+"""The steps of one run: open its sandbox, record it running, run the job, measure it.
 
-create the sandbox (leaving its context always terminates it) → record it running (a
-moment later, see :data:`RUNNING_WRITE_DELAY_S`) → upload the files and run the command
-within what is left of the timeout → what it cost. Writing the final state, and keeping
-the runs in flight, is the :class:`~relay.runs.runner.Runner`'s.
+open the sandbox through the run's door (leaving it always terminates the sandbox) → record
+it running (a moment later, see :data:`RUNNING_WRITE_DELAY_S`) → upload the files and run
+the command within what is left of the timeout → what it cost. The door is a sandbox source
+(relay/runs/sources.py): a provider, or a provider behind its warm pools; the task never
+knows which, the sandbox's provenance says where it came from. Writing the final state, and
+keeping the runs in flight, is the :class:`~relay.runs.runner.Runner`'s.
 """
 
 from __future__ import annotations
@@ -11,17 +13,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from relay.errors import RelayError
-from relay.providers.contract import OutputSink, Provider, Sandbox
+from relay.providers.contract import OutputSink, Provenance, Sandbox, SandboxSource
 from relay.run_state import RunState, transition
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.planning import Plan
-from relay.runs.pools import Pools
 from relay.settings import Settings
 from relay.store.records import RunRecord, RunValues
 
@@ -42,21 +42,20 @@ class RunTask:
         run: RunRecord,
         *,
         settings: Settings,
-        providers: Mapping[str, Provider],
+        door: SandboxSource,
         events: EventBus,
         costs: CostModel,
         record_running: Callable[[str, RunValues], None],
-        pools: Pools | None = None,
     ) -> None:
         self.plan = plan
         self.run = run
         self.settings = settings
-        self.providers = providers
+        self.door = door
+        """Where the run's sandbox comes from, whatever kind of source it is."""
         self.events = events
         self.costs = costs
         self.record_running = record_running
         """Stores the `running` state (the runner, which keeps track of the write)."""
-        self.pools = pools
         self.sink = OutputSink(
             settings.max_output_bytes,
             lambda stream, data: events.publish(
@@ -64,8 +63,8 @@ class RunTask:
             ),
         )
         self.watch = _Stopwatch()
-        self.pooled = False
-        """Whether the sandbox came from a warm pool."""
+        self.provenance: Provenance | None = None
+        """Where the sandbox came from, once there is one."""
 
     async def steps(self) -> RunValues:
         """Run the job in a sandbox, always terminated; the state it ended in. A failure
@@ -73,8 +72,11 @@ class RunTask:
         final: RunValues = {}
         try:
             self.events.publish(RunEvent(self.run.id, "state", state=RunState.starting))
-            async with await self._open_sandbox() as sandbox:  # leaving it terminates
-                self._sandbox_created()
+            # Billed from here unless a sandbox says otherwise (its create failed, say).
+            self.watch.sandbox_started = time.monotonic()
+            # A create is bounded by the provider's create_timeout_s (SandboxProvider.created).
+            async with self.door.sandbox(self.plan.spec) as sandbox:  # leaving it terminates
+                self._sandbox_created(sandbox.provenance)
                 record = self._mark_running(sandbox.id)
                 try:
                     assert self.run.started_at is not None
@@ -87,25 +89,13 @@ class RunTask:
             final = failure(self.run, self.plan, final, exc)
         return final
 
-    async def _open_sandbox(self) -> AbstractAsyncContextManager[Sandbox]:
-        """The context that creates the sandbox (or serves a warm pool's) and terminates
-        it on exit."""
-        plan, watch = self.plan, self.watch
-        watch.sandbox_started = time.monotonic()
-        claimed = await self.pools.claim(plan) if self.pools is not None else None
-        self.pooled = claimed is not None
-        if claimed is not None:
-            return claimed.serving()
-        # Bounded by the provider's create_timeout_s (SandboxProvider.created).
-        return self.providers[plan.provider].sandbox(plan.spec)
-
-    def _sandbox_created(self) -> None:
-        watch = self.watch
-        if self.pooled:
-            # A warm pool's: its idle time was the pool's cost; the run's starts now.
-            watch.sandbox_started = time.monotonic()
+    def _sandbox_created(self, provenance: Provenance) -> None:
+        """The sandbox exists: billed from when its provenance says (its create call, or
+        a warm pool's claim: its idle time before was the pool's cost)."""
+        self.provenance, watch = provenance, self.watch
+        watch.sandbox_started = provenance.billed_from
         watch.timings["create_ms"] = _ms_since(watch.started)
-        watch.timings["pooled"] = self.pooled
+        watch.timings["pooled"] = provenance.pooled
 
     def _mark_running(self, sandbox_id: str) -> asyncio.TimerHandle:
         """The sandbox exists: the run is running, and its deadline starts now. Returns
@@ -180,7 +170,8 @@ class RunTask:
         # Billed from the create call to the end of terminate: what the provider saw.
         seconds = round(time.monotonic() - watch.sandbox_started, 3)
         resources = plan.spec.resources
-        cost = self.costs.cost(plan.provider, resources.cpu, resources.memory_mb, seconds)
+        provider = self.provenance.provider if self.provenance else plan.provider
+        cost = self.costs.cost(provider, resources.cpu, resources.memory_mb, seconds)
         return {**final, "sandbox_s": seconds, "cost_usd": cost}
 
 
@@ -189,7 +180,7 @@ class _Stopwatch:
     """When a run's steps began (monotonic seconds), and the timings it reports."""
 
     started: float = field(default_factory=time.monotonic)
-    sandbox_started: float | None = None  # the create call: billing starts here
+    sandbox_started: float | None = None  # billing starts here (Provenance.billed_from)
     exec_started: float | None = None
     timings: dict[str, int | bool] = field(default_factory=dict)
 

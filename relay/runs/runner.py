@@ -17,12 +17,11 @@ import time
 from collections.abc import Mapping
 
 from relay.cancellation import shielded
-from relay.providers.contract import OutputSink, Provider
+from relay.providers.contract import OutputSink, SandboxSource
 from relay.run_state import RunState, transition
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.planning import Plan
-from relay.runs.pools import Pools
 from relay.runs.run_task import RunTask, canceled
 from relay.settings import Settings
 from relay.store.database import Store
@@ -78,15 +77,15 @@ class Runner:
         self,
         settings: Settings,
         store: Store,
-        providers: Mapping[str, Provider],
+        sources: Mapping[str, SandboxSource],
         events: EventBus,
         costs: CostModel,
-        pools: Pools | None = None,
     ) -> None:
         self.settings = settings
-        self.pools = pools
         self.store = store
-        self.providers = providers
+        self.sources = sources
+        """Each provider's door (relay/runs/sources.py): the provider, or it behind its
+        warm pools."""
         self.events = events
         self.costs = costs
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -202,17 +201,20 @@ class Runner:
 
     # -- the run -----------------------------------------------------------------------
 
+    def door_for(self, plan: Plan) -> SandboxSource:
+        """Where the plan's run opens its sandbox: its provider's source."""
+        return self.sources[plan.provider]
+
     async def _execute(self, plan: Plan, run: RunRecord) -> None:
         """Run the plan for ``run`` (the run as admitted), then write its final state."""
         task = RunTask(
             plan,
             run,
             settings=self.settings,
-            providers=self.providers,
+            door=self.door_for(plan),
             events=self.events,
             costs=self.costs,
             record_running=self._record_running,
-            pools=self.pools,
         )
         self._output[run.id] = task.sink
         final: RunValues = {}

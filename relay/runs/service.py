@@ -36,6 +36,7 @@ from relay.runs.models import RunRequest
 from relay.runs.planning import Planner, request_hash
 from relay.runs.pools import Pools
 from relay.runs.runner import Runner
+from relay.runs.sources import sources_for
 from relay.settings import Settings
 from relay.store.database import Store, Usage
 from relay.store.deliveries import Deliveries
@@ -86,7 +87,8 @@ class RunService:
             instance_id=self.instance_id,
             clock=clock,
         )
-        self.runner = Runner(settings, store, self.providers, self.events, self.costs, self.pools)
+        self.sources = sources_for(self.providers, self.pools)
+        self.runner = Runner(settings, store, self.sources, self.events, self.costs)
         self._deliveries = Deliveries(store)
         self._reports = Reports(store)
         self._drain_started: float | None = None
