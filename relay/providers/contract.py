@@ -21,7 +21,11 @@ provider by ``tests/contract``:
    provider's body, headers or keys;
 5. output goes through an :class:`OutputSink`, which keeps at most ``limit`` bytes per
    stream and records truncation;
-6. a command that ends as if killed (137, -1, -9, no exit status) in a sandbox the provider
+6. a job's environment has one door, :meth:`Sandbox.exec`'s ``env``, the whole of it (the
+   job's variables, its params', the request's): a provider passes it with the command,
+   never at create, where a spec carries none (a warm pool's sandbox is made before the run
+   that asks for it exists; a route's is made by whichever provider takes the run);
+7. a command that ends as if killed (137, -1, -9, no exit status) in a sandbox the provider
    no longer has is :class:`relay.errors.SandboxLost`, not the job's own exit.
 """
 
@@ -109,7 +113,6 @@ class SandboxSpec:
     image: str | None = None
     resources: Resources = field(default_factory=Resources)
     egress: Egress = field(default_factory=Egress)
-    env: Mapping[str, str] = field(default_factory=dict)
     pip: tuple[str, ...] = ()
     job: str | None = None
     """The declared job the sandbox is for (None: a raw command): a source that keeps
@@ -218,7 +221,8 @@ class Sandbox(Protocol):
         timeout_s: float,
         output: OutputSink,
     ) -> ExecResult:
-        """Run ``argv`` (no shell) and stream its output into ``output``.
+        """Run ``argv`` (no shell) with exactly the variables of ``env`` (the only door a
+        job's environment takes: guarantee 6 above) and stream its output into ``output``.
 
         The caller enforces the deadline by cancelling this call; ``timeout_s`` is passed
         on to the provider's own command timeout as a second line of defence.

@@ -287,7 +287,6 @@ class DaytonaProvider(SandboxProvider["DaytonaSandbox"]):
         common: dict[str, object] = {
             "name": sandbox_name(spec),
             "labels": spec.tags,
-            "env_vars": dict(spec.env),
             "ttl_minutes": minutes,
             "auto_stop_interval": minutes,
             "ephemeral": True,

@@ -199,7 +199,6 @@ class E2BProvider(SandboxProvider["E2BSandbox"]):
                 # The SDK retries a create answered 429/502/503/504; a key of this create
                 # makes a retry return the sandbox a lost answer made, not a second one.
                 idempotency_key=f"relay-{secrets.token_hex(16)}",
-                envs=dict(spec.env) or None,
                 allow_internet_access=internet,
                 network=network,  # type: ignore[arg-type]
                 **self._opts,

@@ -7,7 +7,8 @@ run's error, the bounded listing, :class:`relay.errors.SandboxLost` for a sandbo
 under a command, and every SDK exception mapped through the provider's :data:`ErrorTable`
 (the capability ``check`` is the planner's, run once before any sandbox exists). A provider
 module is a driver: it supplies ``create``, ``destroy`` and ``list_tagged``, a sandbox
-class with ``write_files`` and ``run``, and its :data:`ErrorTable`.
+class with ``write_files`` and ``run``, and its :data:`ErrorTable`. A job's environment
+takes one door: ``run``'s ``env``, passed with the command (a spec carries none to create).
 """
 
 from __future__ import annotations

@@ -228,7 +228,6 @@ class ModalProvider(SandboxProvider[ModalSandbox]):
             "cpu": spec.resources.cpu,
             "memory": spec.resources.memory_mb,
             "tags": {**spec.tags, TAG_CREATED: str(int(time.time()))},
-            "env": dict(spec.env),  # sent as an inline secret, not on a command line
         }
         if spec.egress.none:
             options["block_network"] = True

@@ -335,7 +335,6 @@ class VercelProvider(SandboxProvider[VercelSandbox]):
             ),
             persistent=False,
             network_policy=network_policy_for(spec.egress.hosts),
-            env=dict(spec.env),
             tags=spec.tags,
         )
         self._boxes[box.name] = box

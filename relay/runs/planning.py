@@ -194,7 +194,6 @@ class Planner:
             image=image_for(provider, request.image, job, image),
             resources=Resources(cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb),
             egress=Egress(tuple(egress)),
-            env=env,
             pip=job.pip if job else (),
             job=job.name if job else None,
         )

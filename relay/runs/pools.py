@@ -109,7 +109,6 @@ class Pool:
     provider: AnyProvider
     timeout_s: float
     """The job's longest run: what the sandbox's lifetime must cover after its idle time."""
-    env: Mapping[str, str]
     usd_per_s: float
     ready: dict[str, _Ready] = field(default_factory=dict)
     creating: int = 0
@@ -212,7 +211,6 @@ class Pools:
             target=target,
             provider=provider,
             timeout_s=timeout_s,
-            env=dict(job.env),
             usd_per_s=costs.cost(name, cpu, memory_mb, 1.0),
         )
         try:
@@ -236,7 +234,6 @@ class Pools:
             image=shape.image,
             resources=shape.resources,
             egress=shape.egress,
-            env=pool.env,
             pip=shape.pip,
             job=shape.job,
         )

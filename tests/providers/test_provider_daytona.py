@@ -99,7 +99,6 @@ async def test_the_create_request_carries_lifetime_labels_network_and_size(
         timeout_s=100,
         egress=Egress(("10.1.0.0/16",)),
         resources=Resources(2.0, 4096, 4096),
-        env={"MODE": "x"},
     )
     async with provider.sandbox(job) as box:
         entry = fake.ledger.create_of(box.id)
@@ -112,7 +111,7 @@ async def test_the_create_request_carries_lifetime_labels_network_and_size(
     assert entry["network_allow_list"] == "10.1.0.0/16" and not entry["network_block_all"]
     assert entry["resources"] == {"cpu": 2, "memory": 4, "disk": 4}
     assert "FROM python:3.12-slim" in entry["image"] and entry["target"] == "us"
-    assert entry["env_names"] == ["MODE"]
+    assert entry["env_names"] == []  # a job's env goes with its command, never at create
 
 
 # --- lifetimes and loss ---------------------------------------------------------------------

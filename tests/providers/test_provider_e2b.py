@@ -81,17 +81,17 @@ async def run(
 # --- mapping ------------------------------------------------------------------------
 
 
-async def test_create_carries_lifetime_tags_template_and_env(
+async def test_create_carries_lifetime_tags_and_template_and_no_env(
     provider: E2BProvider, fake: FakeE2B
 ) -> None:
-    the_spec = spec(timeout_s=12.5, grace_s=30, env={"SPEC_VAR": "1"})
+    the_spec = spec(timeout_s=12.5, grace_s=30)
     async with provider.sandbox(the_spec) as box:
         created = fake.ledger.create_of(box.id)
     assert created is not None
     assert created["timeout"] == 43 == the_spec.lifetime_s
     assert created["metadata"] == {TAG_CLUSTER: "relay", TAG_RUN: "run_1"}
     assert created["template"] == "base"
-    assert created["env_names"] == ["SPEC_VAR"]
+    assert created["env_names"] == []  # a job's env goes with its command, never at create
     assert created["auto_pause"] is False  # killed at the hard deadline, never paused
     assert [sandbox_id for sandbox_id, _ in fake.ledger.terminated] == [box.id]
 

@@ -126,17 +126,16 @@ async def test_run_streams_output_files_stdin_and_env(
 async def test_create_request_carries_lifetime_tags_network_resources(
     fake: FakeModal, provider: ModalProvider
 ) -> None:
-    wanted = spec(
-        timeout_s=42.0, grace_s=10.0, resources=Resources(cpu=2.0, memory_mb=2048), env={"K": "v"}
-    )
-    await run(provider, ["true"], sandbox_spec=wanted)
+    wanted = spec(timeout_s=42.0, grace_s=10.0, resources=Resources(cpu=2.0, memory_mb=2048))
+    await run(provider, ["true"], sandbox_spec=wanted, env={"K": "v"})
     entry = fake.ledger.created[-1]
     assert entry["lifetime"] == 52 == wanted.lifetime_s
     assert entry["tags"].pop(TAG_CREATED).isdigit()
     assert entry["tags"] == {TAG_CLUSTER: "test", TAG_RUN: "run_1"}
     assert entry["network"]["type"] == "BLOCKED"
     assert entry["resources"] == {"milli_cpu": 2000, "memory_mb": 2048}
-    assert entry["env"] == ["K"]  # an inline secret, never part of argv
+    assert entry["env"] == []  # a job's env goes with its command, never at create
+    assert fake.ledger.execs[-1]["env"] == ["K"]  # an inline secret, never part of argv
     assert entry["entrypoint"] == []
     assert all("K=v" not in " ".join(ex["argv"]) for ex in fake.ledger.execs)
 

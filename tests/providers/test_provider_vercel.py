@@ -95,12 +95,12 @@ async def run(
 async def test_runs_a_command_with_files_env_and_stdin(
     fake: FakeVercel, provider: VercelProvider
 ) -> None:
-    job = spec(env={"GREETING": "hello"}, image="python:3.12")
+    job = spec(image="python:3.12")
     async with provider.sandbox(job) as box:
         await box.upload({"data.txt": b"from a file\n", "/tmp/abs.txt": b"absolute\n"})
         script = 'cat data.txt "$1"; echo "$GREETING $EXTRA"; pwd; cat; exit 3'
         argv = ["sh", "-c", script, "sh", "/tmp/abs.txt"]
-        code, sink = await run(box, argv, stdin=b"piped\n", env={"EXTRA": "x"})
+        code, sink = await run(box, argv, stdin=b"piped\n", env={"GREETING": "hello", "EXTRA": "x"})
         entry = created(fake, box.id)
     assert code == 3
     lines = sink.text("stdout").splitlines()
@@ -111,7 +111,7 @@ async def test_runs_a_command_with_files_env_and_stdin(
     assert entry["network_policy"] == {"mode": "deny-all"}
     assert entry["resources"] == {"vcpus": 2}
     assert entry["image"] == "python:3.12"
-    assert entry["env_names"] == ["GREETING"]
+    assert entry["env_names"] == []  # a job's env goes with its command, never at create
     assert entry["persistent"] is False
     assert entry["project_id"] == PROJECT and entry["team_id"] == TEAM
     commands = [c for c in fake.ledger.commands if c["sandbox"] == box.id]
