@@ -109,17 +109,22 @@ async def _read_request(request: Request) -> RunRequest:
         # no other look: its parser accepts nothing Python's refuses, and a body of so few
         # brackets cannot nest too deep.
         _check_shape(body)
-        fields = [
-            {
-                "field": ".".join(str(part) for part in err["loc"]) or "body",
-                "message": err["msg"].removeprefix("Value error, "),  # our own validators' text
-            }
-            for err in exc.errors(include_input=False, include_url=False)
-        ]
-        first = fields[0]
-        raise ValidationFailed(
-            f"{first['field']}: {first['message']}", details={"fields": fields}
-        ) from exc
+        raise validation_failed(exc) from exc
+
+
+def validation_failed(exc: ValidationError) -> ValidationFailed:
+    """A request the models refused, as the API answers it (``422 validation_error``): the
+    first field's complaint in the message, every field's in ``fields``, never the input.
+    The one formatter of a refused request (the MCP tools' arguments too)."""
+    fields = [
+        {
+            "field": ".".join(str(part) for part in err["loc"]) or "body",
+            "message": err["msg"].removeprefix("Value error, "),  # our own validators' text
+        }
+        for err in exc.errors(include_input=False, include_url=False)
+    ]
+    first = fields[0]
+    return ValidationFailed(f"{first['field']}: {first['message']}", details={"fields": fields})
 
 
 def _check_shape(body: bytes) -> None:

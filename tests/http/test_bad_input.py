@@ -8,8 +8,16 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
-from relay.runs.models import MAX_ARG_CHARS, MAX_ARGV_ITEMS, MAX_ENV_VARS, MAX_STDIN_BYTES
+from relay.http.routes import validation_failed
+from relay.runs.models import (
+    MAX_ARG_CHARS,
+    MAX_ARGV_ITEMS,
+    MAX_ENV_VARS,
+    MAX_STDIN_BYTES,
+    RunRequest,
+)
 from tests.relay_server import SECRET_CANARY, RelayProcess
 
 ECHO = {"job": "echo", "params": {"message": "x"}}
@@ -233,3 +241,16 @@ def test_bad_list_queries(relay: RelayProcess) -> None:
         answer = relay.get(token, "/v1/runs", **params)
         assert answer.status_code == 400, params
         assert answer.json()["error"]["code"] == "invalid_request"
+
+
+def test_a_refused_request_names_each_field_and_none_of_its_values() -> None:
+    hostile = "sk-" + "x" * 40
+    with pytest.raises(ValidationError) as refused:
+        RunRequest.model_validate({"command": ["a\x00" + hostile], "timeout_s": "soon"})
+    error = validation_failed(refused.value)
+    assert error.code == "validation_error" and error.status == 422
+    fields = error.details["fields"]
+    assert [field["field"] for field in fields] == ["command.0", "timeout_s"]
+    assert error.message == f"command.0: {fields[0]['message']}"
+    assert fields[0]["message"] == "must not contain a NUL character"  # "Value error, " gone
+    assert hostile not in repr(error.details) and hostile not in error.message
