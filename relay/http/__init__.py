@@ -5,7 +5,7 @@ document, and the connection guard the server runs with (connections.py: header 
 deadlines, a connection cap).
 
 A handler parses the request, asks the run service and writes the answer as JSON; errors are
-mapped to JSON once, in app.py. This package may import every layer below it (webhooks,
-runs, providers, store, and the shared auth, settings, errors and logs); nothing below
-imports it.
+mapped to JSON once, in app.py; the app's lifespan enters the runtime (relay/runtime.py),
+which builds and ends everything below. This package may import every layer below it (the
+runtime, webhooks, runs, providers, store, auth and the ground); nothing below imports it.
 """
