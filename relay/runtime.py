@@ -27,6 +27,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass, field
 
 from relay.auth import TokenStore
 from relay.errors import ConfigError
@@ -62,36 +63,26 @@ def check_start(settings: Settings, catalog: Catalog) -> None:
         check_root(sandbox_root(settings))  # refuse an untrusted root before serving
 
 
+@dataclass
 class Relay:
     """One relay process: its parts, their background work, and its ordered shutdown."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        tokens: TokenStore,
-        catalog: Catalog,
-        store: Store,
-        providers: dict[str, Provider],
-        events: EventBus,
-        service: RunService,
-        reaper: Reaper,
-        webhooks: WebhookDispatcher,
-        pruner: Pruner,
-    ) -> None:
-        self.settings = settings
-        self.tokens = tokens
-        self.catalog = catalog
-        self.store = store
-        self.providers = providers
-        self.events = events
-        self.service = service
-        self.reaper = reaper
-        self.webhooks = webhooks
-        self.pruner = pruner
-        self._reaping: asyncio.Task[None] | None = None
-        self._background: list[asyncio.Task[None]] = []  # the dispatcher's and the pruner's
-        self._beside = contextlib.AsyncExitStack()
+    settings: Settings
+    tokens: TokenStore
+    catalog: Catalog
+    store: Store
+    providers: dict[str, Provider]
+    events: EventBus
+    service: RunService
+    reaper: Reaper
+    webhooks: WebhookDispatcher
+    pruner: Pruner
+    _reaping: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    _background: list[asyncio.Task[None]] = field(default_factory=list, init=False, repr=False)
+    """The dispatcher's and the pruner's tasks."""
+    _beside: contextlib.AsyncExitStack = field(
+        default_factory=contextlib.AsyncExitStack, init=False, repr=False
+    )
 
     @property
     def pools(self) -> Pools:
@@ -163,16 +154,7 @@ class Relay:
             store, retention_days=settings.retention_days, interval_s=settings.prune_interval_s
         )
         return cls(
-            settings,
-            tokens=tokens,
-            catalog=catalog,
-            store=store,
-            providers=providers,
-            events=events,
-            service=service,
-            reaper=reaper,
-            webhooks=webhooks,
-            pruner=pruner,
+            settings, tokens, catalog, store, providers, events, service, reaper, webhooks, pruner
         )
 
     async def start(self, *beside: Beside) -> None:
