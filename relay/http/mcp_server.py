@@ -6,7 +6,8 @@ model, the same run service (scopes, params, limits, idempotency, cost, the stor
 the run shows in ``GET /v1/runs`` and ``/metrics`` like any other. While it runs, its
 output goes out as progress notifications; a client that cancels the call cancels the
 run (its sandbox is terminated); a run still going after ``RELAY_MAX_WAIT_S`` is answered
-with its id and state, for ``get_run`` to read later.
+with its id and state, for ``get_run`` to read later. A refusal (bad arguments, a limit, a
+job this token may not run, an unknown run) is a tool error whose text is ``code: message``.
 
 Sessions are stateful (the SDK's default, with SSE answers): the only mode in which both
 progress and a client's cancellation reach the tool in both protocol eras (the 2025
@@ -54,6 +55,7 @@ from relay.http.mcp_tools import (
     job_schema,
     run_request,
     tool_names,
+    unlisted_refusal,
 )
 from relay.http.routes import authenticate, state_of
 from relay.runs.catalog import COMMAND_TOOL, GET_RUN_TOOL, Catalog
@@ -177,7 +179,9 @@ class McpEndpoint:
         principal, state = _caller(ctx)
         name, arguments = params.name, dict(params.arguments or {})
         if name not in tool_names(principal, self.catalog):
-            # Not listed for this token: to it, the tool does not exist.
+            forbidden = unlisted_refusal(name, principal)
+            if forbidden is not None:  # a host's list from before the token lost the job
+                return error_result(forbidden)
             raise MCPError(code=types.INVALID_PARAMS, message=f"unknown tool: {name!r}")
         try:
             if name == GET_RUN_TOOL:
@@ -316,15 +320,17 @@ def run_result(run: RunRecord, deliveries: Any = None) -> types.CallToolResult:
 
 
 def error_result(error: RelayError) -> types.CallToolResult:
-    """A refused call as a tool error: the relay's code and message (and retry hint)."""
-    detail: dict[str, Any] = {"code": error.code, "message": error.message}
+    """A refused call as a tool error the model reads: ``code: message`` as the HTTP API
+    words it (and the retry hint, the run, the other fields at fault). No structured content:
+    a tool's ``outputSchema`` is the Run, and a client checks structured content against it
+    even on errors (the TypeScript SDK's does), so a refusal carries text alone."""
     text = f"{error.code}: {error.message}"
     if error.retry_after is not None:
-        detail["retry_after_s"] = error.retry_after
         text += f" (retry after {max(1, round(error.retry_after))} s)"
-    for key in ("run_id", "fields"):
-        if key in error.details:
-            detail[key] = error.details[key]
-    return types.CallToolResult(
-        content=[types.TextContent(text=text)], structured_content={"error": detail}, is_error=True
-    )
+    run_id = error.details.get("run_id")
+    if isinstance(run_id, str):
+        text += f" (run {run_id})"
+    fields = error.details.get("fields")
+    if isinstance(fields, list) and len(fields) > 1:
+        text += "; also " + "; ".join(f"{f['field']}: {f['message']}" for f in fields[1:])
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
