@@ -14,6 +14,7 @@ import contextlib
 from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -34,6 +35,29 @@ class ProviderSettings(BaseSettings):
 
 
 Section = TypeVar("Section", bound=ProviderSettings)
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(url: str) -> str:
+    """The origin of an http(s) URL as a browser writes it in ``Origin``: lower-case scheme
+    and host, the port only when it is not the scheme's default (``https://a.example``);
+    raises ValueError for anything else."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a URL ({exc})") from None
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme not in DEFAULT_PORTS or not host or parts.username or parts.password:
+        raise ValueError(
+            f"{url!r} is not an http(s) URL with a host, like https://relay.example.com"
+        )
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address, bracketed as in a URL
+    if port is None or port == DEFAULT_PORTS[scheme]:
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
 
 
 class Settings(BaseSettings):
@@ -67,7 +91,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     public_url: str | None = None
-    """Base URL callers use (for ``Location``); defaults to the request's own."""
+    """Base URL callers use (for ``Location``); defaults to the request's own. Its origin is
+    the one a browser page may call ``/mcp`` from (with :attr:`mcp_allowed_origins`)."""
     header_timeout_s: float = Field(10.0, gt=0)
     """A request's headers must be in this long after it began (relay/http/connections.py)."""
     body_timeout_s: float = Field(30.0, gt=0)
@@ -81,6 +106,9 @@ class Settings(BaseSettings):
     tokens_file: Path = Path("tokens.toml")
     auth_header: str = "Authorization"
     jobs_dir: Path = Path("jobs")
+    mcp_allowed_origins: Annotated[list[str], NoDecode] = []
+    """Origins (``scheme://host[:port]``) besides the relay's own whose pages may call
+    ``/mcp``; a request with any other ``Origin`` is refused (DNS rebinding)."""
 
     # State
     database_url: str = "sqlite:///relay.db"
@@ -174,6 +202,31 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            origin_of(value)  # an http(s) URL with a host, or a ValueError saying why
+        return value
+
+    @field_validator("mcp_allowed_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("mcp_allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        origins = [origin_of(url) for url in value]
+        for given, origin in zip(value, origins, strict=True):
+            parts = urlsplit(given.strip())
+            if parts.path not in ("", "/") or parts.query or parts.fragment:
+                # A path would be ignored without a word: an Origin header never has one.
+                raise ValueError(f"{given!r} is not an origin; write it as {origin!r}")
+        return origins
 
     @field_validator("local_egress_allow", mode="before")
     @classmethod

@@ -38,6 +38,7 @@ from relay.http.app_state import AppState
 from relay.http.console_page import console_routes
 from relay.http.docs_page import docs_routes
 from relay.http.mcp_server import McpEndpoint
+from relay.http.mcp_sessions import own_origins
 from relay.http.metrics import Metrics
 from relay.http.operator import operator_routes
 from relay.http.routes import routes
@@ -225,7 +226,9 @@ def create_app(
     metrics = Metrics(metrics_token.get_secret_value() if metrics_token else None)
     logs.redact_settings(settings)  # a key that still reaches a log line reads [redacted]
     # /mcp: a fresh SDK server per app, its sessions per lifespan
-    mcp = McpEndpoint(catalog, refusal_of=_store_refusal)
+    mcp = McpEndpoint(
+        catalog, tokens, allowed_origins=own_origins(settings), refusal_of=_store_refusal
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:

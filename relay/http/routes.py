@@ -67,16 +67,21 @@ def state_of(request: Request) -> AppState:
     return state
 
 
-def authenticate(request: Request) -> Principal:
-    state = state_of(request)
-    header = state.settings.auth_header
+def presented_token(request: Request) -> str | None:
+    """The token the request carries (``RELAY_AUTH_HEADER``), unchecked; None if none."""
+    header = state_of(request).settings.auth_header
     raw = request.headers.get(header)
     if raw is not None and header.lower() == "authorization":
         scheme, _, credentials = raw.partition(" ")
         if scheme.lower() != "bearer" or not credentials.strip():
             raise Unauthorized("use `Authorization: Bearer <token>`")
         raw = credentials.strip()
-    principal = state.tokens.authenticate(raw)
+    return raw
+
+
+def authenticate(request: Request) -> Principal:
+    state = state_of(request)
+    principal = state.tokens.authenticate(presented_token(request))
     request.state.token_name = principal.name
     return principal
 
