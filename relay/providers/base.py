@@ -484,19 +484,24 @@ class SandboxProvider(ABC, Generic[S]):
                 f"{self.label} did not extend the sandbox's lifetime in time"
             ) from exc
 
+    async def left_by_create(self, spec: SandboxSpec) -> list[str]:
+        """The sandboxes a failed create of ``spec`` may have left: by default those listed
+        with its run's tag. A provider whose sandbox is named by the relay before the create
+        (Sprites) answers that name instead, so a listing it can't trust is not needed."""
+        return [ref.sandbox_id for ref in await self.list_owned() if ref.run_id == spec.run_id]
+
     async def _sweep(self, spec: SandboxSpec) -> None:
-        """Terminate what a failed create left tagged with its run (bounded, best effort)."""
+        """Terminate what a failed create left (:meth:`left_by_create`; bounded, best effort)."""
         # Best effort, bounded: what the sweep leaves, the reaper ends.
         with contextlib.suppress(TimeoutError), Deadline(self.sweep_timeout_s):
             try:
-                for ref in await self.list_owned():
-                    if ref.run_id == spec.run_id:
-                        log.warning(
-                            "%s sandbox %s: terminating after a failed create",
-                            self.name,
-                            ref.sandbox_id,
-                        )
-                        await self.terminate(ref.sandbox_id)
+                for sandbox_id in await self.left_by_create(spec):
+                    log.warning(
+                        "%s sandbox %s: terminating after a failed create",
+                        self.name,
+                        sandbox_id,
+                    )
+                    await self.terminate(sandbox_id)
             except ProviderError as exc:
                 log.warning(
                     "%s: sweep after a failed create of run %s failed (%s)",
