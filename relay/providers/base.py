@@ -31,6 +31,7 @@ import contextlib
 import ipaddress
 import logging
 import re
+import shlex
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -48,6 +49,7 @@ from relay.errors import (
     ProviderUnavailable,
     RelayError,
     SandboxLost,
+    ValidationFailed,
 )
 from relay.providers.cancellation import Deadline
 from relay.settings import ProviderSettings
@@ -264,6 +266,17 @@ DOMAIN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}
 """A host name (or ``*.domain``) an egress allow-list may name."""
 KILLED_EXIT_CODES: frozenset[int | None] = frozenset({137, -1, -9, None})
 """How a command killed with its sandbox reads (SIGKILL, a lost status, no status)."""
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def variables_file(env: Mapping[str, str]) -> bytes:
+    """A job's variables as lines a POSIX shell reads with ``set -a; . file`` (``NAME='v'``),
+    for a provider whose API would otherwise carry them on a command line or in a URL:
+    each value quoted whole, so nothing in it is expanded or run."""
+    for name in env:
+        if not ENV_NAME.match(name):
+            raise ValidationFailed(f"env {name!r} is not a variable name")
+    return "".join(f"{name}={shlex.quote(value)}\n" for name, value in env.items()).encode()
 
 
 ErrorMapper = Callable[[BaseException], "ProviderError | type[ProviderError] | None"]

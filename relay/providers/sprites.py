@@ -44,7 +44,6 @@ import os
 import posixpath
 import re
 import secrets
-import shlex
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -99,6 +98,7 @@ from relay.providers.base import (
     SandboxRef,
     SandboxSpec,
     StreamName,
+    variables_file,
 )
 from relay.settings import ProviderSettings, Settings
 
@@ -119,7 +119,6 @@ PAGE_SIZE = 50
 """Sprites per list page: the largest ``max_results`` the API takes (1 to 50)."""
 CONCURRENT_READS = 8
 """Sprites read at once while listing (one ``GET`` each, for its labels)."""
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LIMITS: dict[str, str | bool] = {"hard_lifetime": False, "lifetime": "reaper"}
 """What ``GET /v1/providers`` says: no provider-side lifetime; the reaper deletes sprites."""
 
@@ -219,15 +218,6 @@ def network_policy_for(hosts: tuple[str, ...]) -> NetworkPolicy | None:
     return NetworkPolicy(rules=rules)
 
 
-def env_file(env: Mapping[str, str]) -> bytes:
-    """The job's variables as lines a POSIX shell reads (``NAME='value'``): values are
-    quoted whole, so nothing in them is expanded or run."""
-    for name in env:
-        if not ENV_NAME.match(name):
-            raise ValidationFailed(f"env {name!r} is not a variable name")
-    return "".join(f"{name}={shlex.quote(value)}\n" for name, value in env.items()).encode()
-
-
 def config_for(spec: SandboxSpec) -> SpriteConfig:
     """The create call's size, or :class:`SizeUnsupported` past what the relay asks for."""
     size = spec.resources
@@ -293,7 +283,9 @@ class SpritesSandbox(ProviderSandbox):
             # Not the exec's env (it would replace HOME, PATH… and ride in the URL).
             variables = f"/tmp/{marker}.env"  # noqa: S108 (in the sprite)
             await (
-                self._sprite.filesystem("/").path(variables).write_bytes(env_file(env), mode=0o600)
+                self._sprite.filesystem("/")
+                .path(variables)
+                .write_bytes(variables_file(env), mode=0o600)
             )
         command = self._sprite.command(
             "sh",
