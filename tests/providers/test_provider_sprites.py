@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -525,6 +528,48 @@ def test_e2e_a_killed_relay_leaves_a_sprite_the_next_one_reaps(
         assert orphans <= {name for name, _ in fake.ledger.deleted}
     finally:
         second.stop()
+
+
+def reap(relay: RelayProcess, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``relay reap`` from cron, with the relay's own settings."""
+    return subprocess.run(
+        [sys.executable, "-m", "relay", "reap", *flags],
+        cwd=relay.root, env=relay.env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_e2e_relay_reap_says_what_it_waits_for_and_now_ends_it_at_once(
+    fake: FakeSprites, tmp_path: Path
+) -> None:
+    """Right after a kill -9 the dead relay's heartbeat is fresh: `relay reap` leaves its
+    run and says until when; `relay reap --now` (the operator knows it is dead) ends both."""
+    first = relay_on_fake(fake, tmp_path / "relay")
+    token = first.add_token("ops", command=True)
+    first.start()
+    try:
+        answer = first.post(token, {"command": ["sleep", "60"], "wait": False})
+        run_id = answer.json()["id"]
+        deadline = time.monotonic() + 20
+        while not fake.ledger.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+    finally:
+        first.kill()
+    [sprite] = fake.ledger.alive()
+    waiting = reap(first)
+    assert waiting.returncode == 0, waiting.stderr
+    lines = waiting.stdout.splitlines()
+    assert lines[0] == "found 1 active run(s); sandboxes listed: sprites 1", lines
+    prefix = f"left for now: run {run_id} (sprites sandbox {sprite}): "
+    [left] = [line for line in lines if line.startswith(prefix)]
+    assert "last heartbeat was" in left and re.search(r"\(until \S+Z, in \d+ s\)$", left), left
+    assert lines[-1] == "if you know no relay runs on this database: relay reap --now"
+    assert fake.ledger.alive() == {sprite}
+    now = reap(first, "--now")
+    assert now.returncode == 0, now.stderr
+    assert f"terminated sprites {sprite}" in now.stdout.splitlines(), now.stdout
+    assert f"marked {run_id} lost" in now.stdout.splitlines(), now.stdout
+    assert fake.ledger.alive() == set()
 
 
 def test_the_sdk_tells_fly_nothing_of_the_relays_host(monkeypatch: pytest.MonkeyPatch) -> None:
