@@ -367,7 +367,8 @@ class SandboxProvider(ABC, Generic[S]):
     """The lifecycle every provider shares, written once.
 
     :meth:`sandbox` creates (bounded by ``create_timeout_s``; after a failed or cancelled
-    create it sweeps what the create may have left tagged with the run), yields, then
+    create it sweeps what the create may have left: :meth:`left_by_create`, by default the
+    sandboxes listed with the run's tag), yields, then
     terminates shielded from any number of cancellations. A failed terminate is logged and
     left to the reaper; it is raised only when nothing else went wrong, never in place of
     the run's own error. Every SDK exception is mapped through :attr:`errors`.
