@@ -19,6 +19,11 @@ every argument is quoted, stdin is uploaded and redirected from a file, and outp
 back live over the session's log WebSocket (stdout and stderr apart). A log stream that
 ends before the command did is followed again, skipping what was already seen.
 
+The job's env goes one way: as the sandbox's ``env`` at create, never on the session's
+command line (which the toolbox API shows to anyone with the key). A command whose env
+differs from the one its sandbox was made with (a warm pool's sandbox, a request's own
+variables) gets the difference from an uploaded file its line reads and removes.
+
 Credentials and URLs are handed to the SDK explicitly (key, API URL, target all set), so no
 ``DAYTONA_*`` variable or ``.env`` entry chooses where the key goes. The SDK's socket.io event
 stream is turned off (state is polled instead): one host and one protocol fewer.
@@ -93,6 +98,7 @@ from relay.providers.base import (
     SandboxSpec,
     StreamName,
     shielded,
+    variables_file,
 )
 from relay.settings import ProviderSettings, Settings
 
@@ -305,7 +311,7 @@ class DaytonaProvider(SandboxProvider["DaytonaSandbox"]):
             )
         box = await self._client.create(params, timeout=self.create_timeout_s)
         self._boxes[box.id] = box
-        return DaytonaSandbox(self, box)
+        return DaytonaSandbox(self, box, spec.env)
 
     async def destroy(self, sandbox_id: str) -> None:
         """Delete the sandbox; one already gone (404) or being deleted is success."""
@@ -344,9 +350,13 @@ class DaytonaProvider(SandboxProvider["DaytonaSandbox"]):
 class DaytonaSandbox(ProviderSandbox):
     """A live Daytona sandbox, valid inside :meth:`DaytonaProvider.sandbox`."""
 
-    def __init__(self, provider: DaytonaProvider, box: AsyncSandbox) -> None:
+    def __init__(
+        self, provider: DaytonaProvider, box: AsyncSandbox, env: Mapping[str, str]
+    ) -> None:
         super().__init__(provider, box.id)
         self._box = box
+        self._env = dict(env)
+        """The variables the sandbox was created with: every command has them already."""
 
     async def write_files(self, files: Mapping[str, bytes]) -> None:
         if not files:
@@ -369,10 +379,21 @@ class DaytonaSandbox(ProviderSandbox):
         if not argv:
             raise ProviderError("there is no command to run")
         source = "/dev/null"
+        uploads: list[FileUpload] = []
         if stdin is not None:
             source = f"/tmp/relay-stdin-{secrets.token_hex(8)}"  # noqa: S108 (in the sandbox)
-            await self._box.fs.upload_files([FileUpload(source=stdin, destination=source)])
-        command = command_line(argv, env, _absolute(workdir or DEFAULT_WORKDIR), source, timeout_s)
+            uploads.append(FileUpload(source=stdin, destination=source))
+        # The sandbox has its create-time env; only what differs travels, in a file.
+        extra = {name: value for name, value in env.items() if self._env.get(name) != value}
+        variables = None
+        if extra:
+            variables = f"/tmp/relay-env-{secrets.token_hex(8)}"  # noqa: S108 (in the sandbox)
+            uploads.append(FileUpload(source=variables_file(extra), destination=variables))
+        if uploads:
+            await self._box.fs.upload_files(uploads)
+        unset = sorted(name for name in self._env if name not in env)
+        directory = _absolute(workdir or DEFAULT_WORKDIR)
+        command = command_line(argv, directory, source, timeout_s, variables=variables, unset=unset)
         session = f"relay-{secrets.token_hex(8)}"
         process = self._box.process
         await process.create_session(session)
@@ -437,23 +458,34 @@ class _Replay:
 
 
 def command_line(
-    argv: Sequence[str], env: Mapping[str, str], directory: str, source: str, timeout_s: float
+    argv: Sequence[str],
+    directory: str,
+    source: str,
+    timeout_s: float,
+    *,
+    variables: str | None = None,
+    unset: Sequence[str] = (),
 ) -> str:
     """The shell line for a session: argv quoted word by word, never parsed by a shell.
 
     A subshell, so ``exec`` replaces it and not the session's own shell; ``timeout`` is the
     second line of defence behind the relay's deadline (sessions have no timeout field).
+    No variable's value is on the line: ``variables`` names an uploaded file of them
+    (:func:`variables_file`), read into the environment and removed; ``unset`` names the
+    sandbox's variables the command must not have.
     """
     seconds = math.ceil(timeout_s + TIMEOUT_MARGIN_S)
-    assignments = [f"{name}={value}" for name, value in env.items()]
-    # env runs timeout, never the argv: env takes any word with "=" for an assignment, so
-    # an argv[0] like "./a=b" would be skipped; timeout takes no options after its duration.
-    words = ["env", "--", *assignments, "timeout", "-s", "KILL", str(seconds), *argv]
     quoted = shlex.quote(directory)
-    return (
-        f"(mkdir -p -- {quoted} && cd -- {quoted} && "
-        f"exec {shlex.join(words)} < {shlex.quote(source)})"
-    )
+    steps = [f"mkdir -p -- {quoted}", f"cd -- {quoted}"]
+    if variables is not None:
+        file = shlex.quote(variables)
+        # command -p: the job's own PATH is in force once the file is read.
+        steps += ["set -a", f". {file}", "set +a", f"command -p rm -f -- {file}"]
+    removals = [word for name in unset for word in ("-u", name)]
+    # env runs timeout, never the argv: timeout takes no options after its duration.
+    words = ["env", *removals, "--", "timeout", "-s", "KILL", str(seconds), *argv]
+    steps.append(f"exec {shlex.join(words)} < {shlex.quote(source)}")
+    return f"({' && '.join(steps)})"
 
 
 def _absolute(path: str) -> str:

@@ -393,6 +393,11 @@ class Store:
         query = sa.select(replicas.c.id).where(replicas.c.seen_at >= time.time() - within_s)
         return await self.read(lambda conn: set(conn.scalars(query).all()))
 
+    async def replica_beats(self) -> dict[str, float]:
+        """Each replica's last heartbeat (Unix seconds), for saying when one is judged dead."""
+        query = sa.select(replicas.c.id, replicas.c.seen_at)
+        return await self.read(lambda conn: {row.id: row.seen_at for row in conn.execute(query)})
+
     async def forget_replica(self, replica_id: str) -> None:
         await self.run(
             lambda conn: conn.execute(replicas.delete().where(replicas.c.id == replica_id))
