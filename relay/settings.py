@@ -159,8 +159,8 @@ class Settings(BaseSettings):
     local_open_files: int = Field(128, ge=16)
     """Open files of each process of a local sandbox (``RLIMIT_NOFILE``)."""
     local_max_sandboxes: int = Field(32, ge=1)
-    """Local sandboxes this relay holds at once; with the two above, a bound on the host's
-    file table (relay/providers/local/file_table.py)."""
+    """Local sandboxes running a command at once on this relay; with the two above, a bound
+    on the host's file table (relay/providers/local/file_table.py)."""
     local_uids: Annotated[tuple[int, int], NoDecode] = (700_000_000, 700_065_535)
     """The host uids a root relay gives its sandboxes, one each (``first-last``)."""
     local_network: Literal["auto", "pasta", "slirp4netns", "off"] = "auto"

@@ -3,6 +3,7 @@ share of the host's file table, their cap, and the uids a root relay gives them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from relay.errors import ConfigError, ProviderRateLimited
-from relay.providers.base import SandboxSpec
+from relay.providers.base import OutputSink, Sandbox, SandboxSpec
 from relay.providers.local import file_table, uids
 from relay.providers.local.invocation import bwrap_works
 from relay.providers.local.provider import LocalProvider
@@ -59,17 +60,32 @@ async def test_the_provider_applies_a_lowered_budget(
 
 
 @needs_bwrap
-async def test_the_provider_holds_no_more_sandboxes_than_budgeted(tmp_path: Path) -> None:
+async def test_the_provider_runs_no_more_sandboxes_than_budgeted(tmp_path: Path) -> None:
+    """A sandbox holds processes and files only while its command runs: one that waits
+    (a pooled one) does not count, a second command at once is refused."""
     provider = LocalProvider(
         make_settings(tmp_path, local_isolation="bwrap", local_max_sandboxes=1)
     )
+
+    async def run(box: Sandbox, argv: list[str]) -> int | None:
+        result = await box.exec(
+            argv, stdin=None, env={}, workdir=None, timeout_s=10, output=OutputSink(1024)
+        )
+        return result.exit_code
+
     try:
-        async with provider.sandbox(SandboxSpec("run_first", "test", 5)):
-            with pytest.raises(ProviderRateLimited, match="holds 1 sandboxes at once"):
-                async with provider.sandbox(SandboxSpec("run_second", "test", 5)):
-                    pass
-        async with provider.sandbox(SandboxSpec("run_third", "test", 5)):
-            pass  # the first one's place is free again
+        async with (
+            provider.sandbox(SandboxSpec("run_first", "test", 10)) as first,
+            provider.sandbox(SandboxSpec("run_second", "test", 10)) as second,
+        ):
+            sleeping = asyncio.create_task(run(first, ["sleep", "2"]))
+            while provider._commands == 0:
+                await asyncio.sleep(0.01)
+            with pytest.raises(ProviderRateLimited, match=r"as it may at once \(1\)"):
+                await run(second, ["true"])
+            assert await sleeping == 0
+        async with provider.sandbox(SandboxSpec("run_third", "test", 10)) as third:
+            assert await run(third, ["true"]) == 0  # the place is free again
     finally:
         await provider.aclose()
 

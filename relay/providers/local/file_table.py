@@ -5,8 +5,9 @@ system": the relay deployed as its own user, its database, everything else on th
 Neither the memory limit nor the process limit stops a job from opening files (a struct
 file is a few hundred bytes), so the relay bounds the product: a sandbox holds at most
 ``RELAY_LOCAL_PIDS_MAX`` processes (the cgroup's ``pids.max``, else ``RLIMIT_NPROC``) of
-``RELAY_LOCAL_OPEN_FILES`` each (``RLIMIT_NOFILE``), and the relay holds at most
-``RELAY_LOCAL_MAX_SANDBOXES`` sandboxes (and never more than ``RELAY_MAX_CONCURRENT`` run).
+``RELAY_LOCAL_OPEN_FILES`` each (``RLIMIT_NOFILE``), and the relay runs a command in at
+most ``RELAY_LOCAL_MAX_SANDBOXES`` sandboxes at once (and never more than
+``RELAY_MAX_CONCURRENT`` runs; a sandbox waiting in a pool holds no process).
 :func:`fit` keeps that product at :data:`SHARE` of ``fs.file-max`` or less: when the
 settings pass it, the open files (down to :data:`MIN_OPEN_FILES`), then the processes (down
 to :data:`MIN_PIDS`) of each sandbox are lowered, with one line saying so; where even that

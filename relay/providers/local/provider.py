@@ -119,13 +119,15 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         if self.budget.lowered is not None:
             log.warning(self.budget.lowered)
         self.uids = (
-            uids.for_sandboxes(settings.local_uids, self.max_sandboxes)
+            uids.for_sandboxes(settings.local_uids, self.max_sandboxes + settings.pool_max)
             if self.isolation == "bwrap"
             else None
         )
         self._held: dict[str, uids.HeldUid] = {}
         """The uid each sandbox runs as, released once its cleanup succeeded."""
         self._live: dict[str, LocalSandbox] = {}
+        self._commands = 0
+        """Sandboxes running a command now: only they hold processes and files."""
         self.cleanup_failures = 0
         """Terminates whose cleanup failed (``relay_local_cleanup_failures_total``)."""
         self.tree: cgroups.CgroupTree | None = None
@@ -153,6 +155,20 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
             self.setup_steps.append(_join_group)
             self._sweep_leftovers()
         self.setup_steps.append(_attach_network)
+
+    def start_command(self) -> None:
+        """Count a sandbox's command in, or refuse it past ``max_sandboxes``: the host's
+        file table is budgeted for that many (file_table.py)."""
+        if self._commands >= self.max_sandboxes:
+            raise ProviderRateLimited(
+                "the local provider already runs as many sandboxes as it may at once "
+                f"({self.max_sandboxes})",
+                retry_after=1.0,
+            )
+        self._commands += 1
+
+    def end_command(self) -> None:
+        self._commands -= 1
 
     @property
     def limits(self) -> dict[str, str | bool]:
@@ -239,12 +255,6 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
             )
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
-        if len(self._live) >= self.max_sandboxes:
-            # The host's file table is budgeted for this many (file_table.py).
-            raise ProviderRateLimited(
-                f"the local provider holds {self.max_sandboxes} sandboxes at once",
-                retry_after=1.0,
-            )
         sandbox_id = f"lcl-{spec.run_id.removeprefix('run_')}-{secrets.token_hex(3)}"
         box = LocalSandbox(self, sandbox_id, spec)
         self._live[sandbox_id] = box
@@ -338,6 +348,12 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
     async def aclose(self) -> None:
         for sandbox_id in list(self._live):
             await self.terminate(sandbox_id)
+        # A sandbox whose cleanup failed kept its uid for the reaper's retry; closing, the
+        # relay lets go of it as its death would (the next relay's startup check and its
+        # group sweep see what is left).
+        for held in self._held.values():
+            held.release()
+        self._held.clear()
         if self.tree is not None:  # this root's folder of groups, when no relay uses it
             for parent in self.tree.parents.values():
                 with contextlib.suppress(OSError):

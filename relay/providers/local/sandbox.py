@@ -83,6 +83,8 @@ class ProviderView(SandboxOwner, Protocol):
     @property
     def setup_steps(self) -> Sequence[SetupStep]: ...
     def sizes(self, spec: SandboxSpec) -> tuple[int, int]: ...
+    def start_command(self) -> None: ...
+    def end_command(self) -> None: ...
     def rlimits(self, cpu_s: int, memory_mb: int) -> dict[str, tuple[int, int]]: ...
 
 
@@ -263,7 +265,29 @@ class LocalSandbox(ProviderSandbox):
         # The sandbox's own hard deadline: even a relay that hangs cannot keep it alive.
         left = max(1, int(self.created + self.spec.lifetime_s - time.monotonic()))
         cpu_s = max(1, int(self.spec.lifetime_s))
-        invocation = self.launch(argv, workdir, cpu_s, env, lifetime_s=left)
+        self.provider.start_command()
+        try:
+            code = await self._start(argv, workdir, cpu_s, env, left, stdin, output)
+        finally:
+            self.provider.end_command()
+        if not (self.home / TAGS_FILE).exists() or (self.home / ENDING_FILE).exists():
+            raise SandboxLost("the sandbox was terminated during the run")
+        killed = self.group.oom_kills() if self.group is not None else 0
+        memory_limit = self.memory_mb + self.disk_mb if killed else None
+        return ExecResult(exit_code=code if code >= 0 else 128 - code, memory_limit_mb=memory_limit)
+
+    async def _start(
+        self,
+        argv: Sequence[str],
+        workdir: str,
+        cpu_s: int,
+        env: Mapping[str, str],
+        lifetime_s: int,
+        stdin: bytes | None,
+        output: OutputSink,
+    ) -> int:
+        """Spawn the command and run it to its end (its exit code)."""
+        invocation = self.launch(argv, workdir, cpu_s, env, lifetime_s=lifetime_s)
         try:
             try:
                 process = await spawn(
@@ -277,14 +301,9 @@ class LocalSandbox(ProviderSandbox):
             except OSError as exc:
                 raise ProviderError(f"could not start the command: {exc.strerror}") from exc
             self.processes.append(process)
-            code = await self._run(process, invocation, stdin, output)
+            return await self._run(process, invocation, stdin, output)
         finally:
             invocation.close()
-        if not (self.home / TAGS_FILE).exists() or (self.home / ENDING_FILE).exists():
-            raise SandboxLost("the sandbox was terminated during the run")
-        killed = self.group.oom_kills() if self.group is not None else 0
-        memory_limit = self.memory_mb + self.disk_mb if killed else None
-        return ExecResult(exit_code=code if code >= 0 else 128 - code, memory_limit_mb=memory_limit)
 
     async def _run(
         self, process: Child, invocation: Invocation, stdin: bytes | None, output: OutputSink

@@ -227,7 +227,8 @@ def for_sandboxes(bounds: tuple[int, int], sandboxes: int) -> UidRange | None:
     if found.size < sandboxes:
         raise ConfigError(
             f"RELAY_LOCAL_UIDS holds {found.size} uids, fewer than the {sandboxes} "
-            "sandboxes this relay may hold at once (RELAY_LOCAL_MAX_SANDBOXES)"
+            "sandboxes this relay may hold at once (RELAY_LOCAL_MAX_SANDBOXES, and "
+            "RELAY_POOL_MAX pooled)"
         )
     check_free(found)
     return found
