@@ -91,8 +91,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     public_url: str | None = None
-    """Base URL callers use (for ``Location``); defaults to the request's own. Its origin is
-    the one a browser page may call ``/mcp`` from (with :attr:`mcp_allowed_origins`)."""
+    """Base URL callers use (an absolute ``Location``); unset, ``Location`` is relative: a
+    request's ``Host`` is the caller's and never builds a URL. Its origin is the one a browser
+    page may call ``/mcp`` from (with :attr:`mcp_allowed_origins`)."""
     header_timeout_s: float = Field(10.0, gt=0)
     """A request's headers must be in this long after it began (relay/http/connections.py)."""
     body_timeout_s: float = Field(30.0, gt=0)
@@ -128,6 +129,9 @@ class Settings(BaseSettings):
     max_timeout_s: float = Field(3600.0, gt=0)
     default_timeout_s: float = Field(60.0, gt=0)
     max_concurrent: int = Field(32, ge=1)
+    token_share: float = Field(0.5, gt=0, le=1)
+    """The part of ``max_concurrent`` one token without a ``max_concurrent`` of its own may
+    hold (relay/runs/limits.py): one busy token leaves room for another."""
     max_streams_per_token: int = Field(8, ge=1)
     """Event streams (``GET /v1/runs/{id}/events``) one token may hold open at once."""
     cost_rates: dict[str, dict[str, float]] = {}
@@ -178,8 +182,15 @@ class Settings(BaseSettings):
     """Cap on a local sandbox's memory, whatever its size asks."""
     local_max_disk_mb: int | None = Field(None, ge=1)
     """Cap on a local sandbox's disk (each tmpfs mount), whatever its size asks."""
-    local_pids_max: int = Field(256, ge=8)
+    local_pids_max: int = Field(128, ge=8)
     """Processes and threads one local sandbox may have at once."""
+    local_open_files: int = Field(128, ge=16)
+    """Open files of each process of a local sandbox (``RLIMIT_NOFILE``)."""
+    local_max_sandboxes: int = Field(32, ge=1)
+    """Local sandboxes running a command at once on this relay; with the two above, a bound
+    on the host's file table (relay/providers/local/file_table.py)."""
+    local_uids: Annotated[tuple[int, int], NoDecode] = (700_000_000, 700_065_535)
+    """The host uids a root relay gives its sandboxes, one each (``first-last``)."""
     local_network: Literal["auto", "pasta", "slirp4netns", "off"] = "auto"
     """The user-mode networking of ``egress = ["*"]`` sandboxes; ``off`` refuses them."""
     local_egress_allow: Annotated[list[IPv4Network], NoDecode] = []
@@ -233,6 +244,26 @@ class Settings(BaseSettings):
     def _split_networks(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("local_uids", mode="before")
+    @classmethod
+    def _split_uids(cls, value: object) -> object:
+        if isinstance(value, str):
+            first, dash, last = value.strip().partition("-")
+            if not dash or not first.strip().isdigit() or not last.strip().isdigit():
+                raise ValueError("give a range of uids as FIRST-LAST, like 700000000-700065535")
+            return (int(first), int(last))
+        return value
+
+    @field_validator("local_uids")
+    @classmethod
+    def _sane_uids(cls, value: tuple[int, int]) -> tuple[int, int]:
+        first, last = value
+        # 65535 is the kernel's overflow uid and 2^32-1 its "no uid"; below 1000 are the
+        # system's accounts.
+        if not 1000 <= first <= last < 2**32 - 1 or (first <= 65535 and last >= 65534):
+            raise ValueError("a range FIRST-LAST from 1000 to 4294967294, without 65534-65535")
         return value
 
     @field_validator("cost_rates")

@@ -59,7 +59,13 @@ def _errors(*statuses: int) -> dict[str, Any]:
 
 _AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
 _RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
-_LOCATION = {"Location": {"schema": {"type": "string"}, "description": "the run's URL"}}
+_LOCATION = {
+    "Location": {
+        "schema": {"type": "string"},
+        "description": "the run's URL: under RELAY_PUBLIC_URL, else relative (/v1/runs/{id}); "
+        "never built from the request's Host",
+    }
+}
 _RUN_LINKS = {
     "GetRun": {"operationId": "getRun", "parameters": {"run_id": "$response.body#/id"}},
     "CancelRun": {"operationId": "cancelRun", "parameters": {"run_id": "$response.body#/id"}},
@@ -193,7 +199,8 @@ def _create_run(common: dict[str, Any]) -> dict[str, Any]:
             "200": _json("Run", "the finished run", {**_LOCATION, **_RATE_LIMIT}, _RUN_LINKS),
             "429": _json(
                 "ErrorBody",
-                "error codes: rate_limited, budget_exceeded",
+                "error codes: rate_limited (a limit of the token's, its fair share of the "
+                "relay's runs at once, or the relay's own), budget_exceeded",
                 {**_RETRY, **_RATE_LIMIT},
             ),
             "202": _json(
