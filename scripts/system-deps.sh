@@ -18,6 +18,8 @@ if [ "$mode" = "test" ]; then
     # Static checks of the deploy recipes (tests/test_deploy.py) use these when present.
     command -v caddy >/dev/null 2>&1 || packages+=(caddy)
     command -v kubectl >/dev/null 2>&1 || packages+=(kubectl)
+    # The Cloudflare job Worker's own tests (tests/test_cloudflare_worker.py; Node.js 20+).
+    command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
     docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null 2>&1 \
         || packages+=(docker-compose)
     # Renders the /docs page and drives /console headless (tests/http/test_docs_page.py,
