@@ -53,6 +53,11 @@ export function assertConforms(method: string, path: string, status: number, con
   }
 }
 
+/** Whether a job body is one openapi.yaml's JobRequest allows (its shape, not base64). */
+export function requestValid(body: unknown): boolean {
+  return validatorFor({ $ref: "#/components/schemas/JobRequest" }).validate(body).valid;
+}
+
 export interface Answer {
   status: number;
   headers: Headers;
@@ -78,6 +83,9 @@ export async function call(
   const text = new TextDecoder().decode(await response.arrayBuffer());
   const contentType = response.headers.get("content-type") ?? "";
   assertConforms(method, new URL(`https://jobs.test${path}`).pathname, response.status, contentType, text);
+  if (method === "POST" && response.ok) {
+    expect(requestValid(options.body ?? JSON.parse(options.raw ?? "null")), "the Worker took a body openapi.yaml refuses").toBe(true);
+  }
   const body = contentType.startsWith("application/json") ? JSON.parse(text) : text;
   return { status: response.status, headers: response.headers, text, body };
 }
