@@ -8,6 +8,10 @@
  * - The alarm is set at `created + timeout_s + grace_s` when the job is recorded, and
  *   destroys the container then whatever the caller does. A destroy that fails or hangs
  *   (bounded by DESTROY_TIMEOUT_S) sets the alarm again, 30 s on, until it is confirmed.
+ * - While the command runs, the alarm also beats every 30 s before the deadline: an object
+ *   with no client connected may be evicted (before compatibility date 2026-10-01 a
+ *   pending call to the sandbox does not keep it), and the beat keeps it, and notices
+ *   within 30 s a run that a restart lost.
  * - The container is destroyed as soon as the command ends; `destroyed_at` is written only
  *   once the destroy is confirmed. Once destroyed, nothing here touches the container
  *   again, so probing a finished job never starts one.
@@ -41,8 +45,11 @@ import { instanceTypeNamed } from "./sizes";
 /** How long past `timeout_s` a run may go before it counts as hung (the SDK kills at +5 s). */
 const RUN_SLACK_MS = 15_000;
 const RETRY_MS = 30_000;
+const HEARTBEAT_MS = 30_000;
 const RECORD = "job";
 const EVENT = "event:";
+
+const LOST = { code: "lost", message: "the Worker restarted under the command" };
 
 export type Created = { outcome: "created" | "existing" | "conflict"; job: JobView };
 
@@ -137,7 +144,7 @@ export class Job extends DurableObject<Env> {
         deadline: record.deadline,
       });
       await this.ctx.storage.put(RECORD, record);
-      await this.ctx.storage.setAlarm(record.deadline);
+      await this.ctx.storage.setAlarm(Math.min(record.deadline, now + HEARTBEAT_MS));
       this.record = record;
       this.running = this.execute(record, egress);
     });
@@ -178,10 +185,17 @@ export class Job extends DurableObject<Env> {
       this.events = [];
       return;
     }
-    // At the deadline a run still going has outlived its timeout; with no run here, a
+    const now = Date.now();
+    if (!isFinal(record.state) && this.running !== null && now < record.deadline) {
+      // The run goes on here: beat again, so the object is not evicted under it.
+      return this.ctx.storage.setAlarm(Math.min(record.deadline, now + HEARTBEAT_MS));
+    }
+    // A run still going at the deadline has outlived its timeout; with no run here, a
     // restart lost it.
-    await this.end(this.running === null ? "lost" : "timed_out", null);
-    await this.destroy("alarm");
+    const lost = !isFinal(record.state) && this.running === null;
+    if (lost) await this.end("lost", null, LOST);
+    else await this.end("timed_out", null);
+    await this.destroy(lost ? "lost" : "alarm");
   }
 
   // --- what the event stream reads ----------------------------------------------------------
@@ -266,8 +280,7 @@ export class Job extends DurableObject<Env> {
   private noticeLost(): void {
     const record = this.record;
     if (record === null || isFinal(record.state) || this.running !== null) return;
-    const lost = { code: "lost", message: "the Worker restarted under the command" };
-    this.ctx.waitUntil(this.end("lost", null, lost).then(() => this.destroy("lost")));
+    this.ctx.waitUntil(this.end("lost", null, LOST).then(() => this.destroy("lost")));
   }
 
   // --- the container's end ------------------------------------------------------------------

@@ -11,23 +11,24 @@ const listed = async (id: string) =>
   (await call("GET", `/v1/jobs?tag=relay-run=${id}`)).body.jobs.map((entry: { id: string }) => entry.id);
 
 describe("the deadline alarm", () => {
-  it("destroys the container of a job still running, whatever the caller does", async () => {
-    await call("POST", "/v1/jobs", { body: job("run_overdue", { argv: ["sleep"], timeout_s: 60 }) });
-    await eventually(async () => standIn.started("run_overdue").length === 1);
+  it("destroys the container of a job still running at the deadline, whatever the caller does", async () => {
+    // A command that outlives its timeout (an exec that hangs): only the alarm ends it.
+    const created = await call("POST", "/v1/jobs", { body: job("run_overdue", { argv: ["sleep"], timeout_s: 0.1, grace_s: 0.2 }) });
     expect(await listed("run_overdue")).toEqual(["run_overdue"]);
-    expect(await runDurableObjectAlarm(stubOf("run_overdue"))).toBe(true);
-    const after = await call("GET", "/v1/jobs/run_overdue");
-    expect(after.body).toMatchObject({ state: "timed_out", destroyed_by: "alarm", destroy_pending: false });
-    expect(after.body.destroyed_at).not.toBeNull();
+    const after = await eventually(async () => {
+      const answer = await call("GET", "/v1/jobs/run_overdue");
+      return answer.body.destroyed_at !== null ? answer.body : null;
+    });
+    expect(after).toMatchObject({ state: "timed_out", exit_code: null, destroyed_by: "alarm", destroy_pending: false });
+    expect(Date.parse(after.destroyed_at)).toBeGreaterThanOrEqual(Date.parse(created.body.deadline));
     expect(standIn.started("run_overdue")[0].destroyed).toBe(true);
     expect(await listed("run_overdue")).toEqual([]);
   });
 
   it("tries again until the destroy is confirmed", async () => {
-    await call("POST", "/v1/jobs", { body: job("run_retry", { argv: ["sleep"] }) });
-    await eventually(async () => standIn.started("run_retry").length === 1);
     standIn.destroyFailures = 2;
-    await runDurableObjectAlarm(stubOf("run_retry"));
+    await call("POST", "/v1/jobs", { body: job("run_retry", { argv: ["sleep"], timeout_s: 0.05, grace_s: 0.05 }) });
+    await eventually(async () => standIn.started("run_retry")[0]?.destroyCalls === 1);
     expect((await call("GET", "/v1/jobs/run_retry")).body).toMatchObject({ destroyed_at: null, destroy_pending: true });
     expect(await listed("run_retry")).toEqual(["run_retry"]);
     const retry = await runInDurableObject(stubOf("run_retry"), (_, state) => state.storage.getAlarm());
@@ -69,5 +70,15 @@ describe("a Worker restarted under a command", () => {
     });
     expect(after).toMatchObject({ state: "lost", destroyed_by: "lost", error: { code: "lost" } });
     expect(await listed("run_restart")).toEqual([]);
+  });
+
+  it("is noticed by the next beat of the alarm, with no request", async () => {
+    await call("POST", "/v1/jobs", { body: job("run_unwatched", { argv: ["sleep"], timeout_s: 600 }) });
+    await eventually(async () => standIn.started("run_unwatched").length === 1);
+    await abortAllDurableObjects();
+    expect(await runDurableObjectAlarm(stubOf("run_unwatched"))).toBe(true);
+    const record = await runInDurableObject(stubOf("run_unwatched"), (_, state) => state.storage.get<Record<string, unknown>>("job"));
+    expect(record).toMatchObject({ state: "lost", destroyed_by: "lost" });
+    expect(await listed("run_unwatched")).toEqual([]);
   });
 });

@@ -48,12 +48,25 @@ describe("creating a job", () => {
   });
 
   it("sets the alarm at created + timeout + grace", async () => {
-    const created = await call("POST", "/v1/jobs", { body: job("run_deadline", { argv: ["sleep"], timeout_s: 60, grace_s: 15 }) });
+    const created = await call("POST", "/v1/jobs", { body: job("run_deadline", { argv: ["sleep"], timeout_s: 10, grace_s: 5 }) });
     const alarm = await runInDurableObject(stubOf("run_deadline"), (_, state) => state.storage.getAlarm());
     const createdAt = Date.parse(created.body.created_at);
-    expect(alarm).toBe(createdAt + 75_000);
-    expect(Date.parse(created.body.deadline)).toBe(createdAt + 75_000);
+    expect(alarm).toBe(createdAt + 15_000);
+    expect(Date.parse(created.body.deadline)).toBe(createdAt + 15_000);
     await call("DELETE", "/v1/jobs/run_deadline");
+  });
+
+  it("beats every 30 s before a later deadline, and the beat leaves a healthy run alone", async () => {
+    const created = await call("POST", "/v1/jobs", { body: job("run_beat", { argv: ["sleep"], timeout_s: 60, grace_s: 15 }) });
+    const alarmOf = () => runInDurableObject(stubOf("run_beat"), (_, state) => state.storage.getAlarm());
+    expect(await alarmOf()).toBe(Date.parse(created.body.created_at) + 30_000);
+    await eventually(async () => standIn.started("run_beat").length === 1);
+    expect(await runDurableObjectAlarm(stubOf("run_beat"))).toBe(true);
+    const after = await call("GET", "/v1/jobs/run_beat");
+    expect(after.body).toMatchObject({ state: "running", destroyed_at: null });
+    expect(await alarmOf()).toBeLessThanOrEqual(Math.min(Date.now() + 30_000, Date.parse(created.body.deadline)));
+    expect(standIn.started("run_beat")[0].destroyCalls).toBe(0);
+    await call("DELETE", "/v1/jobs/run_beat");
   });
 
   it("reports a command's own failure as exited with its code", async () => {
