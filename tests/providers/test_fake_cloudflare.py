@@ -212,7 +212,6 @@ def test_the_alarm_destroys_the_container_at_the_deadline(
 def test_a_delete_answers_200_once_destroyed_and_202_while_the_destroy_fails(
     fake: FakeCloudflare, worker: Worker
 ) -> None:
-    fake.world.destroy_retry_s = 0.2
     worker.call("POST", "/v1/jobs", json=job("run_stuck", argv=["sleep", "30"]))
     eventually(lambda: worker.job("run_stuck")["state"] == "running")
     fake.faults.terminate_failures = 1
@@ -222,10 +221,20 @@ def test_a_delete_answers_200_once_destroyed_and_202_while_the_destroy_fails(
     assert fake.ledger.alive() == {"run_stuck"}
     listed = worker.call("GET", "/v1/jobs").json()["jobs"]
     assert [entry["id"] for entry in listed] == ["run_stuck"]
+    fake.call("alarm", "run_stuck")  # the retry the fake has set, now
     done = worker.finished("run_stuck", seconds=3)
     assert (done["state"], done["destroyed_by"]) == ("canceled", "alarm")
     confirmed = worker.call("DELETE", "/v1/jobs/run_stuck")
     assert confirmed.status_code == 200 and confirmed.json()["destroy_pending"] is False
+
+
+def test_a_failed_destroy_is_retried_until_it_is_done(fake: FakeCloudflare, worker: Worker) -> None:
+    fake.world.destroy_retry_s = 0.1
+    fake.faults.terminate_failures = 3
+    worker.call("POST", "/v1/jobs", json=job("run_retried", argv=["true"]))
+    done = worker.finished("run_retried", seconds=5)
+    assert (done["state"], done["destroyed_by"]) == ("exited", "alarm")
+    assert fake.faults.terminate_failures == 0 and fake.ledger.alive() == set()
 
 
 def test_a_delete_ends_a_running_job_and_confirms_its_destroy(
@@ -293,7 +302,7 @@ def test_output_streams_as_ndjson_and_a_cut_stream_resumes(
 
 def test_a_quiet_stream_sends_pings(fake: FakeCloudflare, worker: Worker) -> None:
     fake.world.heartbeat_s = 0.1
-    worker.call("POST", "/v1/jobs", json=job("run_quiet", argv=["sleep", "0.35"]))
+    worker.call("POST", "/v1/jobs", json=job("run_quiet", argv=["sleep", "1"]))
     lines = worker.events("run_quiet")
     assert {"type": "ping"} in lines and lines[-1]["type"] == "end"
 

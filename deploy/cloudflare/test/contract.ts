@@ -96,7 +96,7 @@ export function job(id: string, fields: Record<string, unknown> = {}): Record<st
 }
 
 /** Wait (briefly) until `check` holds: the job runs beside the request that started it. */
-export async function eventually<T>(check: () => Promise<T | undefined | null | false>, ms = 2000): Promise<T> {
+export async function eventually<T>(check: () => Promise<T | undefined | null | false>, ms = 5000): Promise<T> {
   const until = Date.now() + ms;
   for (;;) {
     const value = await check();
