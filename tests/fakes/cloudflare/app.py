@@ -30,7 +30,8 @@ from tests.fakes.cloudflare.contract import (
     instance_type_for,
     job_id_ok,
 )
-from tests.fakes.cloudflare.world import FakeJob, World, iso
+from tests.fakes.cloudflare.job import FakeJob, iso
+from tests.fakes.cloudflare.world import World
 
 BODY_MARKER = "fake-cloudflare-body-7d2a"
 BAD_KEY = "bad-key"
