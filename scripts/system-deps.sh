@@ -23,8 +23,9 @@ if [ "$mode" = "test" ]; then
     # Renders the /docs page and drives /console headless (tests/http/test_docs_page.py,
     # tests/http/test_console.py, through Playwright with this browser: no download).
     command -v chromium >/dev/null 2>&1 || packages+=(chromium)
-    # Run the MCP clients nobody here wrote (the TypeScript SDK, the Inspector CLI) against
-    # /mcp (tests/http/test_mcp_clients.py; npm ci of tests/mcp_client's committed lock).
+    # Node.js 20+ and npm: the MCP clients nobody here wrote (tests/http/test_mcp_clients.py)
+    # and the Cloudflare job Worker's own tests (tests/test_cloudflare_worker.py), each
+    # `npm ci` from its committed lock.
     command -v node >/dev/null 2>&1 || packages+=(nodejs)
     command -v npm >/dev/null 2>&1 || packages+=(npm)
 fi
