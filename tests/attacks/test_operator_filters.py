@@ -29,12 +29,13 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
 def test_odd_filters_are_refused_not_internal(relay: RelayProcess, name: str) -> None:
     token = relay.tokens[name]
     asked = [("/v1/spend", {"days": value}) for value in ODD]
+    asked += [("/v1/outcomes", {"hours": value}) for value in ODD]
     asked += [("/v1/runs", {"limit": value}) for value in ODD]
     asked += [("/v1/runs", {key: value}) for key in ("since", "until") for value in MOMENTS]
     asked += [
         ("/v1/runs", {key: value})
-        for key in ("token", "provider", "job", "cursor", "state")
-        for value in ["\x00", "ß" * 300, "'", "%"]
+        for key in ("token", "provider", "job", "cursor", "state", "q")
+        for value in ["\x00", "ß" * 300, "'", "%", "\\", "_", "run_", ",", "failed,,lost", "\ud7ff"]
     ]
     for path, query in asked:
         answer = httpx.get(relay.url + path, headers=relay.headers(token), params=query, timeout=30)

@@ -20,6 +20,7 @@ import pytest
 
 from relay.http.console_page import ASSETS, CONTENT_SECURITY_POLICY
 from relay.http.operator import MAX_SPEND_DAYS
+from relay.runs.models import MAX_OUTCOME_HOURS, MAX_SEARCH_CHARS
 from tests.relay_server import REPO, RelayProcess
 
 CHROMIUM = "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else shutil.which("chromium")
@@ -29,6 +30,7 @@ needs_chromium = pytest.mark.skipif(
 XSS = "<img src=x onerror=alert(1)><script>alert(2)</script>"
 RATE = 0.01
 """USD per vCPU-second of the local provider here, so spend has something to add up."""
+FAILURES = "failed,timed_out,error,lost"
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +97,66 @@ def test_admin_scope_reads_every_token_and_the_rest_stays_per_token(relay: Relay
     assert relay.get(admin, "/v1/spend", days="0").status_code == 400
     assert relay.get(admin, "/v1/spend", days=str(MAX_SPEND_DAYS)).status_code == 200
     assert relay.get(admin, "/v1/spend", days=str(MAX_SPEND_DAYS + 1)).status_code == 400
+
+
+def test_list_entries_carry_their_request_and_are_found_by_id_text_and_states(
+    relay: RelayProcess,
+) -> None:
+    admin, nightly = relay.tokens["ops"], relay.tokens["nightly"]
+    asked = {"job": "params", "params": {"name": "listed", "tags": ["a", "b"]}}
+    run = relay.post(nightly, asked).json()
+    broken = relay.post(
+        nightly,
+        {"job": "python", "stdin": "raise SystemExit(3)", "env": {"API_KEY": "secret-env-value"}},
+    ).json()
+    assert broken["state"] == "failed" and broken["exit_code"] == 3
+    listed = _list(relay, nightly, q=run["id"])
+    (entry,) = listed.json()["runs"]
+    assert entry["request"] == run["request"]  # what GET /v1/runs/{id} shows
+    assert entry["request"]["params"] == asked["params"] and "stdout" not in entry
+    secretive = _list(relay, nightly, q=broken["id"])
+    assert secretive.json()["runs"][0]["request"]["env"] == ["API_KEY"]
+    assert "secret-env-value" not in secretive.text
+    # Several states at once; a text in the job's or token's name, in any case.
+    ended = _list(relay, admin, state=FAILURES, token="nightly").json()["runs"]
+    assert broken["id"] in [r["id"] for r in ended] and {r["state"] for r in ended} <= set(
+        FAILURES.split(",")
+    )
+    assert {r["job"] for r in _list(relay, admin, q="PARAM").json()["runs"]} == {"params"}
+    assert {r["token"] for r in _list(relay, admin, q="ightl").json()["runs"]} == {"nightly"}
+    assert _list(relay, admin, q=run["id"][:-1]).json()["runs"] == []  # an id only whole
+    assert _list(relay, nightly, q="reports").json()["runs"] == []  # its own runs only
+    for odd in (
+        {"state": "failed,nope"},
+        {"state": "failed,"},
+        {"q": "x" * (MAX_SEARCH_CHARS + 1)},
+    ):
+        refused = _list(relay, admin, **odd)
+        assert refused.status_code == 400, odd
+        assert refused.json()["error"]["code"] == "invalid_request"
+    assert _list(relay, admin, q="a\x00b").status_code == 400
+
+
+def test_outcomes_per_job_and_provider_are_for_admin_tokens(relay: RelayProcess) -> None:
+    admin, nightly = relay.tokens["ops"], relay.tokens["nightly"]
+    relay.post(nightly, {"job": "python", "stdin": "raise SystemExit(5)"})
+    report = relay.get(admin, "/v1/outcomes", hours="1")
+    assert report.status_code == 200, report.text
+    body = report.json()
+    assert body["hours"] == 1 and body["omitted"] == 0
+    python = next(group for group in body["jobs"] if group["name"] == "python")
+    assert python["failed"] >= 1 and python["failures"].get("exit 5", 0) >= 1
+    assert python["last_failure"]["state"] == "failed"
+    assert python["p50_ms"] is not None and python["p95_ms"] >= python["p50_ms"]
+    local = next(group for group in body["providers"] if group["name"] == "local")
+    assert local["runs"] >= python["runs"]
+    assert relay.get(nightly, "/v1/outcomes").status_code == 403
+    for hours in ("0", str(MAX_OUTCOME_HOURS + 1), "²", "1.5"):
+        assert relay.get(admin, "/v1/outcomes", hours=hours).status_code == 400, hours
+    assert relay.get(admin, "/v1/outcomes", days="1").status_code == 400
+    health = relay.get(admin, "/v1/health").json()
+    (provider,) = health["providers"]
+    assert provider["failed"] >= python["failed"] > 0  # every failure, not just error/lost
 
 
 def test_pages_and_assets_answer_under_a_strict_policy(relay: RelayProcess) -> None:
