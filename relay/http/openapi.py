@@ -30,6 +30,7 @@ from relay.runs.models import (
 
 _REF = "#/components/schemas/{model}"
 _STATE = "(" + "|".join(state.value for state in RunState) + ")"
+_FILTER = {"type": "string", "maxLength": 255, "description": "printable characters only"}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -224,7 +225,7 @@ def _list_runs(common: dict[str, Any]) -> dict[str, Any]:
                 "`failed,timed_out,error,lost` lists every failure.",
                 "schema": {"type": "string", "pattern": f"^{_STATE}(,{_STATE})*$"},
             },
-            {"name": "job", "in": "query", "schema": {"type": "string"}},
+            {"name": "job", "in": "query", "schema": _FILTER},
             {
                 "name": "q",
                 "in": "query",
@@ -237,14 +238,14 @@ def _list_runs(common: dict[str, Any]) -> dict[str, Any]:
                 "in": "query",
                 "schema": {"type": "integer", "minimum": 1, "maximum": 200},
             },
-            {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+            {"name": "cursor", "in": "query", "schema": _FILTER},
             {
                 "name": "token",
                 "in": "query",
                 "description": "Only this token's runs (another token's: admin tokens only).",
-                "schema": {"type": "string"},
+                "schema": _FILTER,
             },
-            {"name": "provider", "in": "query", "schema": {"type": "string"}},
+            {"name": "provider", "in": "query", "schema": _FILTER},
             *(
                 {
                     "name": name,

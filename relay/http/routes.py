@@ -50,6 +50,8 @@ from relay.runs.models import (
 from relay.runs.service import DeliveryRecord, RunRecord
 from relay.runs.view import run_model, run_summary, usage_window
 
+MAX_FILTER_CHARS = 255
+"""Longest ``job``, ``token``, ``provider`` or ``cursor`` of ``GET /v1/runs``."""
 MAX_JSON_DEPTH = 32
 """Deepest nesting of a request body; a run request needs four levels at most."""
 RATE_LIMITED_RETRY_AFTER_S = 10.0
@@ -257,6 +259,11 @@ async def list_runs(request: Request) -> Response:
     unknown = sorted(set(query) - known)
     if unknown:
         raise InvalidRequest(f"unknown query parameter {unknown[0]!r}")
+    for name in ("job", "token", "provider", "cursor"):
+        value = query.get(name)
+        # A NUL is no name, and PostgreSQL refuses it in a query (a store error, not a 4xx).
+        if value is not None and (len(value) > MAX_FILTER_CHARS or not value.isprintable()):
+            raise InvalidRequest(f"{name} must be at most {MAX_FILTER_CHARS} printable characters")
     states = _states(query.get("state"))
     search = query.get("q")
     if search is not None and (len(search) > MAX_SEARCH_CHARS or not search.isprintable()):

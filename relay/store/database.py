@@ -205,6 +205,8 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         created, run_id = raw.split("|", 1)
+        if not run_id.isprintable():  # a NUL: PostgreSQL would refuse the query
+            raise ValueError(run_id)
         return float(created), run_id
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest("cursor is not one this relay gave out") from exc
