@@ -11,10 +11,13 @@ from relay import __version__
 from relay.errors import ERROR_CLASSES
 from relay.runs.models import (
     MAX_IDEMPOTENCY_KEY_CHARS,
+    MAX_OUTCOME_HOURS,
+    MAX_SEARCH_CHARS,
     ErrorBody,
     Health,
     JobList,
     OperatorHealth,
+    OutcomeReport,
     ProviderList,
     Run,
     RunList,
@@ -26,6 +29,8 @@ from relay.runs.models import (
 )
 
 _REF = "#/components/schemas/{model}"
+_STATE = "(" + "|".join(state.value for state in RunState) + ")"
+_FILTER = {"type": "string", "maxLength": 255, "description": "printable characters only"}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -126,6 +131,7 @@ _SERIALIZED = (
     UsageReport,
     SpendReport,
     OperatorHealth,
+    OutcomeReport,
 )
 """The answers' models, described as the relay writes them."""
 
@@ -222,22 +228,31 @@ def _list_runs(common: dict[str, Any]) -> dict[str, Any]:
             {
                 "name": "state",
                 "in": "query",
-                "schema": {"type": "string", "enum": [s.value for s in RunState]},
+                "description": "One state, or several separated by commas (any of them): "
+                "`failed,timed_out,error,lost` lists every failure.",
+                "schema": {"type": "string", "pattern": f"^{_STATE}(,{_STATE})*$"},
             },
-            {"name": "job", "in": "query", "schema": {"type": "string"}},
+            {"name": "job", "in": "query", "schema": _FILTER},
+            {
+                "name": "q",
+                "in": "query",
+                "description": "A run's whole id, or text found in its job's or its token's "
+                "name (any case); combine it with `since` on a large store.",
+                "schema": {"type": "string", "maxLength": MAX_SEARCH_CHARS},
+            },
             {
                 "name": "limit",
                 "in": "query",
                 "schema": {"type": "integer", "minimum": 1, "maximum": 200},
             },
-            {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+            {"name": "cursor", "in": "query", "schema": _FILTER},
             {
                 "name": "token",
                 "in": "query",
                 "description": "Only this token's runs (another token's: admin tokens only).",
-                "schema": {"type": "string"},
+                "schema": _FILTER,
             },
-            {"name": "provider", "in": "query", "schema": {"type": "string"}},
+            {"name": "provider", "in": "query", "schema": _FILTER},
             *(
                 {
                     "name": name,
@@ -252,7 +267,8 @@ def _list_runs(common: dict[str, Any]) -> dict[str, Any]:
             "200": _json(
                 "RunList",
                 "a page of run summaries: no stdout/stderr (read them through "
-                "GET /v1/runs/{run_id}), their sizes in stdout_bytes/stderr_bytes",
+                "GET /v1/runs/{run_id}), their sizes in stdout_bytes/stderr_bytes; "
+                "`request` as the run shows it, unless it is over 4096 characters",
             ),
             **_errors(400, 403),
             **_STORE_DOWN,
@@ -363,6 +379,28 @@ def _reference_paths(common: dict[str, Any]) -> dict[str, Any]:
                 "responses": {
                     "200": _json("SpendReport", "spend per day"),
                     **_errors(400),
+                    **_STORE_DOWN,
+                    **common,
+                },
+            }
+        },
+        "/v1/outcomes": {
+            "get": {
+                "summary": "How every token's runs ended, per job and per provider, over the "
+                "last `hours` (admin tokens only)",
+                "operationId": "getOutcomes",
+                "security": _AUTH,
+                "parameters": [
+                    {
+                        "name": "hours",
+                        "in": "query",
+                        "description": "How many hours back from now (default 24).",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_OUTCOME_HOURS},
+                    }
+                ],
+                "responses": {
+                    "200": _json("OutcomeReport", "what the console's jobs page shows"),
+                    **_errors(400, 403),
                     **_STORE_DOWN,
                     **common,
                 },
