@@ -6,7 +6,10 @@ Prints, across the in-memory schedules: sandboxes created, terminated by the run
 terminated by the reaper, gone by themselves (the injected "vanished" fault), leaked (must
 be 0), runs left open (must be 0), and the worst time from a run's deadline to its sandbox's
 end. Then, for each cloud provider whose fake is here (``tests.chaos.FAKE_SETTINGS``), a few
-shorter schedules through its real SDK: sandboxes created and leaked (must be 0).
+shorter schedules through its real SDK: sandboxes created and leaked (must be 0). Last, the
+faults that leak on a provider with no lifetime of its own (``tests/sprites_faults.py``, on
+the Sprites fake): a late create answer, a failing network-policy call and a relay killed
+mid-run and mid-create, each with 0 sprites left after the next sweep.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests import sprites_faults
 from tests.chaos import FAKE_SETTINGS, Report, fake_backend, run_many, run_schedule
 
 
@@ -71,6 +75,7 @@ def main(schedules: int = 200, fake_schedules: int = 2) -> int:
         reports = asyncio.run(run_many(range(schedules), Path(folder)))
         print(summarize(reports, time.monotonic() - began))
         reports += on_fakes(fake_schedules, Path(folder))
+        reports += sprites_faults.every_fault(Path(folder))
     return 0 if all(r.ok for r in reports) else 1
 
 

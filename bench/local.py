@@ -11,11 +11,13 @@ Three ways, interleaved so that drift on a shared machine hits them alike:
   which adds the sandbox's tag file and its terminate sweep), no HTTP and no store;
 * **relay** — ``POST /v1/runs`` with ``{"job": "echo"}`` on a running relay.
 
-And what two parts of a sandbox cost to create, measured on their own (rows that are no way
-of running echo): **cgroup** — a sandbox's cgroup made, limited and removed (only where
-cgroups can be used); **provider, egress star** — the provider's echo with ``egress = ["*"]``,
-whose difference from **provider** is the private network (pasta or slirp4netns) attached
-and closed (only where such a tool is installed).
+And what three parts of a sandbox cost to create, measured on their own (rows that are no
+way of running echo): **cgroup** — a sandbox's cgroup made, limited and removed (only where
+cgroups can be used); **uid** — a sandbox's own host uid taken and released (a relay
+running as root; direct takes its uid outside its timing, as it makes no cgroup, while the
+provider and the relay pay both); **provider, egress star** — the provider's echo with
+``egress = ["*"]``, whose difference from **provider** is the private network (pasta or
+slirp4netns) attached and closed (only where such a tool is installed).
 """
 
 from __future__ import annotations
@@ -74,11 +76,18 @@ def _spec(run_id: str, grace_s: float) -> SandboxSpec:
 
 
 async def _direct_once(provider: LocalProvider, grace_s: float) -> float:
-    started = time.perf_counter()
     sandbox_id = f"direct-{secrets.token_hex(6)}"
     box = LocalSandbox(provider, sandbox_id, _spec(sandbox_id, grace_s))
+    # As root, the sandbox's own uid, taken outside the timing like its cgroup (row "uid").
+    box.uid = provider.uids.take() if provider.uids is not None else None
+    started = time.perf_counter()
     left = max(1, int(box.spec.lifetime_s))
-    invocation = box.launch(ECHO, "/workspace", left, {}, lifetime_s=left)
+    try:
+        invocation = box.launch(ECHO, "/workspace", left, {}, lifetime_s=left)
+    except BaseException:
+        if box.uid is not None:
+            box.uid.release()
+        raise
     try:
         process = await asyncio.create_subprocess_exec(
             *invocation.argv,
@@ -97,10 +106,20 @@ async def _direct_once(provider: LocalProvider, grace_s: float) -> float:
         stdout, _ = await process.communicate()
     finally:
         invocation.close()
+        if box.uid is not None:
+            box.uid.release()
     elapsed = (time.perf_counter() - started) * 1000
     if process.returncode != 0 or stdout.decode().strip() != MESSAGE:
         raise RuntimeError(f"direct bwrap echo failed: exit {process.returncode}")
     return elapsed
+
+
+def _uid_once(provider: LocalProvider) -> float:
+    """A sandbox's own uid taken and released (a relay running as root)."""
+    assert provider.uids is not None
+    started = time.perf_counter()
+    provider.uids.take().release()
+    return (time.perf_counter() - started) * 1000
 
 
 def _cgroup_once(provider: LocalProvider) -> float:
@@ -153,6 +172,8 @@ def run(url: str, token: str, *, rounds: int, grace_s: float = 30.0) -> list[Tim
     samples: dict[str, list[float]] = {"direct": [], "provider": [], "relay": []}
     if provider.tree is not None:
         samples["cgroup"] = []
+    if provider.uids is not None:
+        samples["uid"] = []
     if provider.network is not None:
         samples["provider, egress *"] = []
     loop = asyncio.new_event_loop()
@@ -164,6 +185,8 @@ def run(url: str, token: str, *, rounds: int, grace_s: float = 30.0) -> list[Tim
             extra: dict[str, float] = {}
             if "cgroup" in samples:
                 extra["cgroup"] = _cgroup_once(provider)
+            if "uid" in samples:
+                extra["uid"] = _uid_once(provider)
             if "provider, egress *" in samples:
                 extra["provider, egress *"] = loop.run_until_complete(
                     _provider_once(provider, grace_s, open_egress=True)

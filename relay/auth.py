@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,9 +140,22 @@ class TokenStore:
         self.path = path
         self._entries: list[_Entry] = []
         self._seen: tuple[int, int, int] | None = None
+        self._listeners: list[Callable[[], None]] = []
         self.problem: str | None = None
         """Why the file on disk is not what the relay uses (None while they agree)."""
         self.load()
+
+    def on_reload(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after each reload of a changed file (and when the file is gone):
+        what holds on to a token's value (an ``/mcp`` session) lets go of revoked ones."""
+        self._listeners.append(listener)
+
+    def _reloaded(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:  # one listener's fault must not fail the request that reloaded
+                log.exception("a token file reload listener failed")
 
     def load(self) -> None:
         try:
@@ -179,11 +193,14 @@ class TokenStore:
         try:
             seen = _signature(self.path.stat())
         except FileNotFoundError:
-            if self._entries or self.problem is None:
+            revoked = bool(self._entries)
+            if revoked or self.problem is None:
                 log.error("token file %s is gone: every token is revoked", self.path)
             self._entries = []
             self._seen = None
             self.problem = "the token file is gone: every token is revoked"
+            if revoked:
+                self._reloaded()
             return
         except OSError:
             seen = None
@@ -201,6 +218,7 @@ class TokenStore:
             log.error("token file reload failed, %s: %s", self.problem, exc.message)
         else:
             log.info("token file reloaded: %d token(s)", len(self._entries))
+            self._reloaded()
 
     def authenticate(self, token: str | None) -> Principal:
         """The principal for ``token``; compares every hash so timing reveals nothing."""
@@ -227,6 +245,11 @@ class TokenStore:
     @property
     def principals(self) -> list[Principal]:
         return [entry.principal for entry in self._entries]
+
+    def holds_value(self, digest: str) -> bool:
+        """Whether a token with this value's SHA-256 (hex, as :func:`hash_token`) is in use."""
+        wanted = bytes.fromhex(digest)
+        return any(hmac.compare_digest(wanted, entry.digest) for entry in self._entries)
 
 
 def _signature(stat: os.stat_result) -> tuple[int, int, int]:

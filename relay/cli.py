@@ -12,6 +12,7 @@ import contextlib
 import difflib
 import errno
 import json
+import math
 import os
 import re
 import secrets
@@ -20,6 +21,7 @@ import shutil
 import sqlite3
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -471,7 +473,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _reap(settings: Settings, dry_run: bool) -> int:
+async def _reap(settings: Settings, dry_run: bool, now: bool = False) -> int:
     from relay.providers.registry import load_providers
     from relay.runs.reaper import Reaper
 
@@ -490,11 +492,13 @@ async def _reap(settings: Settings, dry_run: bool) -> int:
         beats_before_judging=0,
     )
     try:
-        report = await reaper.sweep(dry_run=dry_run)
+        report = await reaper.sweep(dry_run=dry_run, judge_now=now)
     finally:
         for provider in providers.values():
             await provider.aclose()
         await store.close()
+    listed = ", ".join(f"{name} {count}" for name, count in report.listed.items())
+    print(f"found {report.active_runs} active run(s); sandboxes listed: {listed or 'none'}")
     verb = "would terminate" if dry_run else "terminated"
     for provider_name, sandbox_id in report.terminated:
         print(f"{verb} {provider_name} {sandbox_id}")
@@ -502,7 +506,19 @@ async def _reap(settings: Settings, dry_run: bool) -> int:
         print(f"{'would mark' if dry_run else 'marked'} {run_id} lost")
     for provider_name, sandbox_id in report.failures:
         print(f"failed to terminate {provider_name} {sandbox_id}", file=sys.stderr)
+    for waiting in report.waiting:
+        print(f"left for now: {waiting.subject}: {waiting.reason}{_until(waiting.until)}")
+    if any(waiting.subject.startswith("run ") for waiting in report.waiting) and not now:
+        print("if you know no relay runs on this database: relay reap --now")
     return 1 if report.failures else 0
+
+
+def _until(moment: float | None) -> str:
+    """`` (until <UTC time>, in N s)`` for a report line; nothing for no time."""
+    if moment is None:
+        return ""
+    at = datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f" (until {at}, in {max(0, math.ceil(moment - time.time()))} s)"
 
 
 async def _prune(settings: Settings, older_than_days: float, dry_run: bool) -> int:
@@ -585,7 +601,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_reap(args: argparse.Namespace) -> int:
-    return asyncio.run(_reap(_settings(), args.dry_run))
+    return asyncio.run(_reap(_settings(), args.dry_run, args.now))
 
 
 DESCRIPTION = """\
@@ -683,6 +699,12 @@ def parser() -> argparse.ArgumentParser:
     probe.set_defaults(func=cmd_probe)
     reap = sub.add_parser("reap", help="one reaper sweep: terminate what outlived its run")
     reap.add_argument("--dry-run", action="store_true", help="only say what it would do")
+    reap.add_argument(
+        "--now",
+        action="store_true",
+        help="count every relay on this database dead now, not after its missed heartbeats "
+        "(only when you know none runs: their runs are marked lost, their sandboxes ended)",
+    )
     reap.set_defaults(func=cmd_reap)
     prune = sub.add_parser(
         "prune", help="delete final runs older than RELAY_RETENTION_DAYS (and their deliveries)"

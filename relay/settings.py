@@ -14,6 +14,7 @@ import contextlib
 from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -34,6 +35,29 @@ class ProviderSettings(BaseSettings):
 
 
 Section = TypeVar("Section", bound=ProviderSettings)
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(url: str) -> str:
+    """The origin of an http(s) URL as a browser writes it in ``Origin``: lower-case scheme
+    and host, the port only when it is not the scheme's default (``https://a.example``);
+    raises ValueError for anything else."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a URL ({exc})") from None
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme not in DEFAULT_PORTS or not host or parts.username or parts.password:
+        raise ValueError(
+            f"{url!r} is not an http(s) URL with a host, like https://relay.example.com"
+        )
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address, bracketed as in a URL
+    if port is None or port == DEFAULT_PORTS[scheme]:
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
 
 
 class Settings(BaseSettings):
@@ -67,7 +91,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     public_url: str | None = None
-    """Base URL callers use (for ``Location``); defaults to the request's own."""
+    """Base URL callers use (an absolute ``Location``); unset, ``Location`` is relative: a
+    request's ``Host`` is the caller's and never builds a URL. Its origin is the one a browser
+    page may call ``/mcp`` from (with :attr:`mcp_allowed_origins`)."""
     header_timeout_s: float = Field(10.0, gt=0)
     """A request's headers must be in this long after it began (relay/http/connections.py)."""
     body_timeout_s: float = Field(30.0, gt=0)
@@ -81,6 +107,9 @@ class Settings(BaseSettings):
     tokens_file: Path = Path("tokens.toml")
     auth_header: str = "Authorization"
     jobs_dir: Path = Path("jobs")
+    mcp_allowed_origins: Annotated[list[str], NoDecode] = []
+    """Origins (``scheme://host[:port]``) besides the relay's own whose pages may call
+    ``/mcp``; a request with any other ``Origin`` is refused (DNS rebinding)."""
 
     # State
     database_url: str = "sqlite:///relay.db"
@@ -100,6 +129,9 @@ class Settings(BaseSettings):
     max_timeout_s: float = Field(3600.0, gt=0)
     default_timeout_s: float = Field(60.0, gt=0)
     max_concurrent: int = Field(32, ge=1)
+    token_share: float = Field(0.5, gt=0, le=1)
+    """The part of ``max_concurrent`` one token without a ``max_concurrent`` of its own may
+    hold (relay/runs/limits.py): one busy token leaves room for another."""
     max_streams_per_token: int = Field(8, ge=1)
     """Event streams (``GET /v1/runs/{id}/events``) one token may hold open at once."""
     cost_rates: dict[str, dict[str, float]] = {}
@@ -150,8 +182,15 @@ class Settings(BaseSettings):
     """Cap on a local sandbox's memory, whatever its size asks."""
     local_max_disk_mb: int | None = Field(None, ge=1)
     """Cap on a local sandbox's disk (each tmpfs mount), whatever its size asks."""
-    local_pids_max: int = Field(256, ge=8)
+    local_pids_max: int = Field(128, ge=8)
     """Processes and threads one local sandbox may have at once."""
+    local_open_files: int = Field(128, ge=16)
+    """Open files of each process of a local sandbox (``RLIMIT_NOFILE``)."""
+    local_max_sandboxes: int = Field(32, ge=1)
+    """Local sandboxes running a command at once on this relay; with the two above, a bound
+    on the host's file table (relay/providers/local/file_table.py)."""
+    local_uids: Annotated[tuple[int, int], NoDecode] = (700_000_000, 700_065_535)
+    """The host uids a root relay gives its sandboxes, one each (``first-last``)."""
     local_network: Literal["auto", "pasta", "slirp4netns", "off"] = "auto"
     """The user-mode networking of ``egress = ["*"]`` sandboxes; ``off`` refuses them."""
     local_egress_allow: Annotated[list[IPv4Network], NoDecode] = []
@@ -175,11 +214,56 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            origin_of(value)  # an http(s) URL with a host, or a ValueError saying why
+        return value
+
+    @field_validator("mcp_allowed_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("mcp_allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        origins = [origin_of(url) for url in value]
+        for given, origin in zip(value, origins, strict=True):
+            parts = urlsplit(given.strip())
+            if parts.path not in ("", "/") or parts.query or parts.fragment:
+                # A path would be ignored without a word: an Origin header never has one.
+                raise ValueError(f"{given!r} is not an origin; write it as {origin!r}")
+        return origins
+
     @field_validator("local_egress_allow", mode="before")
     @classmethod
     def _split_networks(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("local_uids", mode="before")
+    @classmethod
+    def _split_uids(cls, value: object) -> object:
+        if isinstance(value, str):
+            first, dash, last = value.strip().partition("-")
+            if not dash or not first.strip().isdigit() or not last.strip().isdigit():
+                raise ValueError("give a range of uids as FIRST-LAST, like 700000000-700065535")
+            return (int(first), int(last))
+        return value
+
+    @field_validator("local_uids")
+    @classmethod
+    def _sane_uids(cls, value: tuple[int, int]) -> tuple[int, int]:
+        first, last = value
+        # 65535 is the kernel's overflow uid and 2^32-1 its "no uid"; below 1000 are the
+        # system's accounts.
+        if not 1000 <= first <= last < 2**32 - 1 or (first <= 65535 and last >= 65534):
+            raise ValueError("a range FIRST-LAST from 1000 to 4294967294, without 65534-65535")
         return value
 
     @field_validator("cost_rates")

@@ -23,6 +23,11 @@ if [ "$mode" = "test" ]; then
     # Renders the /docs page and drives /console headless (tests/http/test_docs_page.py,
     # tests/http/test_console.py, through Playwright with this browser: no download).
     command -v chromium >/dev/null 2>&1 || packages+=(chromium)
+    # Node.js 20+ and npm: the MCP clients nobody here wrote (tests/http/test_mcp_clients.py)
+    # and the Cloudflare job Worker's own tests (tests/test_cloudflare_worker.py), each
+    # `npm ci` from its committed lock.
+    command -v node >/dev/null 2>&1 || packages+=(nodejs)
+    command -v npm >/dev/null 2>&1 || packages+=(npm)
 fi
 [ ${#packages[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then

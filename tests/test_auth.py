@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.auth import TokenStore, new_token
+from relay.auth import TokenStore, hash_token, new_token, rotate_token
 from relay.errors import ConfigError, Unauthorized
 
 
@@ -91,3 +91,29 @@ def test_an_unknown_table_is_refused(tmp_path: Path) -> None:
     path.write_text(f'[token.x]\nsha256 = "{"0" * 64}"\n')
     with pytest.raises(ConfigError, match=re.escape("token: unknown key (did you mean 'tokens'?)")):
         TokenStore(path)
+
+
+def test_a_reload_tells_what_holds_token_values_which_are_still_in_use(tmp_path: Path) -> None:
+    """What keeps a token's value (an /mcp session) hears of each reload of a changed file,
+    and of the file going, to let go of values no longer in it; a reload that fails keeps the
+    last good tokens and tells nothing."""
+    path = tmp_path / "tokens.toml"
+    old = new_token(path, "a")
+    store = TokenStore(path)
+    heard: list[tuple[bool, bool]] = []
+    values = [hash_token(old)]
+    store.on_reload(
+        lambda: heard.append((store.holds_value(values[0]), store.holds_value(values[-1])))
+    )
+    store.refresh()
+    assert heard == []  # unchanged
+    values.append(hash_token(rotate_token(path, "a")))
+    store.refresh()
+    assert heard == [(False, True)]
+    path.write_text("[tokens.a\n")
+    store.refresh()
+    assert heard == [(False, True)]
+    path.unlink()
+    store.refresh()
+    store.refresh()
+    assert heard == [(False, True), (False, False)]

@@ -28,7 +28,12 @@ def _texts() -> list[Path]:
         for name in ("README.md", "CHANGELOG.md", "pyproject.toml", "Dockerfile", "Makefile")
     ]
     for folder, pattern in (("docs", "*.md"), ("deploy", "*"), ("relay", "*.py")):
-        found += [path for path in (REPO / folder).rglob(pattern) if path.is_file()]
+        found += [
+            path
+            for path in (REPO / folder).rglob(pattern)
+            # deploy/cloudflare's packages, installed by its tests, are not ours to read.
+            if path.is_file() and "node_modules" not in path.parts
+        ]
     return [path for path in found if path.exists()]
 
 

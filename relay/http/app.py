@@ -36,6 +36,7 @@ from relay.http.app_state import AppState
 from relay.http.console_page import console_routes
 from relay.http.docs_page import docs_routes
 from relay.http.mcp_server import McpEndpoint
+from relay.http.mcp_sessions import own_origins
 from relay.http.metrics import Metrics
 from relay.http.operator import operator_routes
 from relay.http.routes import routes
@@ -114,10 +115,30 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return error_response(request, RelayError())
 
 
+OUTPUT_PATHS = ("/v1/", "/mcp")
+"""Answers that carry a job's output (runs, their list and events, /mcp tool results)."""
+
+
+def _no_store(headers: list[tuple[bytes, bytes]], path: str) -> list[tuple[bytes, bytes]]:
+    """``Cache-Control: no-store`` on every answer that names no caching of its own, and on
+    every answer under :data:`OUTPUT_PATHS` whatever it named: no cache between the caller
+    and the relay may keep a job's output. (The MCP SDK's event streams say ``no-cache``,
+    which lets a cache store them; its ``no-transform`` is kept.)"""
+    own = [value for name, value in headers if name.lower() == b"cache-control"]
+    if not own:
+        return [*headers, (b"cache-control", b"no-store")]
+    if b"no-store" in own[0] or not path.startswith(OUTPUT_PATHS):
+        return headers
+    kept = [(name, value) for name, value in headers if name.lower() != b"cache-control"]
+    transform = b", no-transform" if b"no-transform" in own[0] else b""
+    return [*kept, (b"cache-control", b"no-store" + transform)]
+
+
 class RequestContext:
     """The outermost of the relay's own middleware, as raw ASGI: each request starts with
     fresh log ids and a request id (a sane ``X-Request-Id`` is honoured), its body is held
-    to the size limit, and its line and metrics sample are written as it ends
+    to the size limit, every answer is ``Cache-Control: no-store`` unless it says
+    otherwise, and its line and metrics sample are written as it ends
     (relay/http/access_log.py), whatever it answered.
 
     The limit is enforced while the body streams in, so an oversized body is refused
@@ -166,17 +187,17 @@ class RequestContext:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 sent = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                names = {name.lower() for name, _ in sent}
                 # A handler's headers for whatever it answers, an error included (the
                 # RateLimit fields of POST /v1/runs); the answer's own win.
                 extra: dict[str, str] = scope["state"].get("extra_headers") or {}
                 if extra:
-                    names = {name.lower() for name, _ in sent}
                     sent += [
                         (name.lower().encode(), value.encode())
                         for name, value in extra.items()
                         if name.lower().encode() not in names
                     ]
-                message["headers"] = sent
+                message["headers"] = _no_store(sent, scope["path"])
             await send(message)
 
         try:
@@ -210,7 +231,9 @@ def create_app(
     metrics = Metrics(metrics_token.get_secret_value() if metrics_token else None)
     logs.redact_settings(settings)  # a key that still reaches a log line reads [redacted]
     # /mcp: a fresh SDK server per app, its sessions per lifespan
-    mcp = McpEndpoint(catalog, refusal_of=_store_refusal)
+    mcp = McpEndpoint(
+        catalog, tokens, allowed_origins=own_origins(settings), refusal_of=_store_refusal
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:

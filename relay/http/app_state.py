@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from starlette.requests import Request
 
@@ -17,13 +16,6 @@ from relay.runs.service import RunService
 from relay.runtime import Relay
 from relay.settings import Settings
 from relay.store.database import Store
-
-MAX_BASE_URLS = 64
-"""Ways of reaching the relay whose URL is remembered; a Host header is the caller's, so
-past this many the oldest is forgotten (a caller sending many Hosts can't keep the relay's
-usual one out for good, nor grow the cache)."""
-MAX_REMEMBERED_HOST_CHARS = 255
-"""A longer Host header (no host name is) is never remembered: its URL is built each time."""
 
 
 @dataclass
@@ -39,7 +31,6 @@ class AppState:
     reaper: Reaper | None = None
     events: EventBus | None = None
     live: LiveRuns | None = None
-    _base_urls: dict[tuple[Any, ...], str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, relay: Relay) -> AppState:
@@ -56,24 +47,12 @@ class AppState:
         )
 
     def base_url(self, request: Request) -> str:
-        """The relay's URL: ``RELAY_PUBLIC_URL``, else as this request reached it."""
+        """The start of the relay's URLs in answers (a run's ``Location``):
+        ``RELAY_PUBLIC_URL``, else none, so the URL is relative (RFC 9110 allows it) under
+        the server's root path. Never the request's ``Host``: the caller sends it, and a
+        URL built from it points wherever the caller (or whoever rewrote the request)
+        chose, and is cached or followed as the relay's."""
         if self.settings.public_url:
             return self.settings.public_url.rstrip("/")
-        scope = request.scope
-        # Built once per way the relay is reached (a few): URL parsing is not free, and
-        # every run's answer carries it in its Location.
-        host = request.headers.get("host")
-        key = (
-            scope.get("scheme"),
-            repr(scope.get("server")),  # a tuple from uvicorn, a list from some servers
-            scope.get("root_path", ""),
-            host,
-        )
-        found = self._base_urls.get(key)
-        if found is None:
-            found = str(request.base_url).rstrip("/")
-            if host is None or len(host) <= MAX_REMEMBERED_HOST_CHARS:
-                if len(self._base_urls) >= MAX_BASE_URLS:
-                    del self._base_urls[next(iter(self._base_urls))]
-                self._base_urls[key] = found
-        return found
+        root_path: str = request.scope.get("root_path", "")
+        return root_path.rstrip("/")

@@ -1,4 +1,4 @@
-"""``/console``: the operator's pages (runs, one run, spend, health), served by the relay.
+"""``/console``: the operator's pages (runs, one run, jobs, spend, health), served by the relay.
 
 The pages are Jinja2 templates rendered here: the layout, navigation, filters and empty
 tables. Their data comes from the JSON API alone, read by ``console.js`` with an admin
@@ -46,6 +46,7 @@ HEADERS = {
 }
 PAGES = {
     "runs": "Runs",
+    "jobs": "Jobs",
     "spend": "Spend",
     "health": "Health",
 }
@@ -70,7 +71,7 @@ def _page(request: Request, name: str, **context: object) -> Response:
 
 
 async def runs_page(request: Request) -> Response:
-    return _page(request, "runs", states=_STATES)
+    return _page(request, "runs", states=_STATES, state_groups=_STATE_GROUPS)
 
 
 async def run_page(request: Request) -> Response:
@@ -78,6 +79,10 @@ async def run_page(request: Request) -> Response:
     if not RUN_ID.match(run_id):
         raise NotFound("no such run")
     return _page(request, "run", run_id=run_id)
+
+
+async def jobs_page(request: Request) -> Response:
+    return _page(request, "jobs", windows=_WINDOWS)
 
 
 async def spend_page(request: Request) -> Response:
@@ -96,10 +101,20 @@ async def console_asset(request: Request) -> Response:
 
 
 _STATES = tuple(state.value for state in RunState)
+_ENDED = tuple(state.value for state in RunState if state.final)
+_STATE_GROUPS = {
+    "every failure": tuple(state for state in _ENDED if state not in ("succeeded", "canceled")),
+    "every end state": _ENDED,
+    "active": tuple(state.value for state in RunState if not state.final),
+}
+"""The state filter's choices of several states (``GET /v1/runs?state=a,b``)."""
+_WINDOWS = {1: "last hour", 24: "last 24 hours", 168: "last 7 days", 720: "last 30 days"}
+"""The jobs page's windows, in hours (``GET /v1/outcomes?hours=``)."""
 
 console_routes = [
     Route("/console", runs_page, methods=["GET"]),
     Route("/console/runs/{run_id}", run_page, methods=["GET"]),
+    Route("/console/jobs", jobs_page, methods=["GET"]),
     Route("/console/spend", spend_page, methods=["GET"]),
     Route("/console/health", health_page, methods=["GET"]),
     Route("/console/static/{name}", console_asset, methods=["GET"]),

@@ -6,31 +6,29 @@ model, the same run service (scopes, params, limits, idempotency, cost, the stor
 the run shows in ``GET /v1/runs`` and ``/metrics`` like any other. While it runs, its
 output goes out as progress notifications; a client that cancels the call cancels the
 run (its sandbox is terminated); a run still going after ``RELAY_MAX_WAIT_S`` is answered
-with its id and state, for ``get_run`` to read later.
+with its id and state, for ``get_run`` to read later. A refusal (bad arguments, a limit, a
+job this token may not run, an unknown run) is a tool error whose text is ``code: message``.
 
 Sessions are stateful (the SDK's default, with SSE answers): the only mode in which both
 progress and a client's cancellation reach the tool in both protocol eras (the 2025
 handshake clients most connectors speak, and 2026-07-28). The cost is process-local
 sessions, so replicas behind one host need a balancer that keeps a client on one replica
 (2026-era requests carry no session and go anywhere). Auth is the relay's own, per request: the
-token of every POST is checked before the SDK sees it, and the SDK pins a session to the
-token's name.
+Origin and the token of every request are checked before the SDK sees it, and the SDK pins a
+session to the token value that opened it (mcp_sessions.py: the Origin rule, the per-value cap).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
 import mcp.types as types
 from mcp.server import Server, ServerRequestContext
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
-from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
@@ -41,9 +39,10 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from relay import __version__
-from relay.auth import Principal
-from relay.errors import InvalidRequest, RateLimited, RelayError, Unauthorized
+from relay.auth import Principal, TokenStore
+from relay.errors import InvalidRequest, RelayError, Unauthorized
 from relay.http.app_state import AppState
+from relay.http.mcp_sessions import SessionOwners, check_origin
 from relay.http.mcp_tools import (
     COMMAND_DESCRIPTION,
     COMMAND_SCHEMA,
@@ -54,8 +53,9 @@ from relay.http.mcp_tools import (
     job_schema,
     run_request,
     tool_names,
+    unlisted_refusal,
 )
-from relay.http.routes import authenticate, state_of
+from relay.http.routes import authenticate, presented_token
 from relay.runs.catalog import COMMAND_TOOL, GET_RUN_TOOL, Catalog
 from relay.runs.models import RunState
 from relay.runs.service import RunRecord
@@ -69,11 +69,6 @@ CHECK_S = 1.0
 """How often a call silent meanwhile looks whether its run ended without telling it."""
 CANCEL_S = 30.0
 """Longest wait for a canceled call's run to be stopped."""
-MAX_SESSIONS_PER_TOKEN = 32
-"""Open sessions one token may hold: a session lives until it idles 30 minutes, and the
-SDK's room (10 000) is shared, so one token must not fill it and lock the others out."""
-OWNER_SEPARATOR = "#"
-"""Between a session owner's token name and its credential's digest (names hold no '#')."""
 
 
 class McpEndpoint:
@@ -82,9 +77,13 @@ class McpEndpoint:
     def __init__(
         self,
         catalog: Catalog,
+        tokens: TokenStore,
+        *,
+        allowed_origins: frozenset[str],
         refusal_of: Callable[[Exception], RelayError | None] = lambda exc: None,
     ) -> None:
         self.catalog = catalog
+        self.allowed_origins = allowed_origins
         # What a failure (the store away) answers on /v1 too; None: an internal error.
         self.refusal_of = refusal_of
         self.server: Server[Any] = Server(
@@ -98,21 +97,31 @@ class McpEndpoint:
         )
         self.manager = StreamableHTTPSessionManager(app=self.server)
         self.transport = StreamableHTTPASGIApp(self.manager)
+        self.owners = SessionOwners(self.manager, tokens)
 
-    def running(self) -> contextlib.AbstractAsyncContextManager[None]:
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
         """The sessions' task group: entered once, for the app's lifetime."""
-        return self.manager.run()
+        async with self.manager.run(), anyio.create_task_group() as closing:
+            self.owners.closing = closing
+            try:
+                yield
+            finally:
+                self.owners.closing = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Authenticate like ``/v1`` (a RelayError becomes the usual JSON answer), then
-        hand the request to the SDK."""
+        """Check the Origin, authenticate like ``/v1`` (a RelayError becomes the usual JSON
+        answer), then hand the request to the SDK."""
         request = Request(scope, receive)
+        # Before anything else: a page elsewhere learns nothing, not even whether a token works.
+        check_origin(request.headers.get("origin"), self.allowed_origins)
         try:
             principal = authenticate(request)
         except Unauthorized as exc:
             raise Unauthorized(
                 exc.message, headers={"WWW-Authenticate": 'Bearer realm="relay"'}
             ) from None
+        token = presented_token(request) or ""
         # What opens a session: a 2025-era POST without one (2026-era requests hold none).
         era = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
         opening = (
@@ -120,31 +129,12 @@ class McpEndpoint:
             and MCP_SESSION_ID_HEADER not in request.headers
             and (era is None or era in HANDSHAKE_PROTOCOL_VERSIONS)
         )
-        if opening and self.sessions_of(principal.name) >= MAX_SESSIONS_PER_TOKEN:
-            raise RateLimited(
-                f"this token has {MAX_SESSIONS_PER_TOKEN} open MCP sessions; end one "
-                "(DELETE /mcp) or let one idle out"
-            )
+        if opening:
+            self.owners.refuse_past_cap(token)
         scope[PRINCIPAL_KEY] = principal
-        # An AuthenticatedUser lets the SDK pin each session to the token that opened it:
-        # its name and its value's digest, so a rotated token (or a new one given a revoked
-        # token's name) does not inherit the sessions the old value opened.
-        credential = request.headers.get(state_of(request).settings.auth_header, "")
-        digest = hashlib.sha256(credential.encode()).hexdigest()[:32]
-        owner = f"{principal.name}{OWNER_SEPARATOR}{digest}"
-        token = AccessToken(token=owner, client_id=owner, scopes=[])
-        scope["user"] = AuthenticatedUser(token)
+        scope["user"] = self.owners.user(principal, token)
         scope["auth"] = AuthCredentials([])
         await self.transport(scope, receive, send)
-
-    def sessions_of(self, name: str) -> int:
-        """The open sessions the token ``name`` started (the SDK pins each to its owner)."""
-        owners = self.manager._session_owners
-        return sum(
-            1
-            for owner in owners.values()
-            if str(owner["client_id"]).rpartition(OWNER_SEPARATOR)[0] == name
-        )
 
     # -- handlers ------------------------------------------------------------------------
 
@@ -177,7 +167,9 @@ class McpEndpoint:
         principal, state = _caller(ctx)
         name, arguments = params.name, dict(params.arguments or {})
         if name not in tool_names(principal, self.catalog):
-            # Not listed for this token: to it, the tool does not exist.
+            forbidden = unlisted_refusal(name, principal)
+            if forbidden is not None:  # a host's list from before the token lost the job
+                return error_result(forbidden)
             raise MCPError(code=types.INVALID_PARAMS, message=f"unknown tool: {name!r}")
         try:
             if name == GET_RUN_TOOL:
@@ -316,15 +308,17 @@ def run_result(run: RunRecord, deliveries: Any = None) -> types.CallToolResult:
 
 
 def error_result(error: RelayError) -> types.CallToolResult:
-    """A refused call as a tool error: the relay's code and message (and retry hint)."""
-    detail: dict[str, Any] = {"code": error.code, "message": error.message}
+    """A refused call as a tool error the model reads: ``code: message`` as the HTTP API
+    words it (and the retry hint, the run, the other fields at fault). No structured content:
+    a tool's ``outputSchema`` is the Run, and a client checks structured content against it
+    even on errors (the TypeScript SDK's does), so a refusal carries text alone."""
     text = f"{error.code}: {error.message}"
     if error.retry_after is not None:
-        detail["retry_after_s"] = error.retry_after
         text += f" (retry after {max(1, round(error.retry_after))} s)"
-    for key in ("run_id", "fields"):
-        if key in error.details:
-            detail[key] = error.details[key]
-    return types.CallToolResult(
-        content=[types.TextContent(text=text)], structured_content={"error": detail}, is_error=True
-    )
+    run_id = error.details.get("run_id")
+    if isinstance(run_id, str):
+        text += f" (run {run_id})"
+    fields = error.details.get("fields")
+    if isinstance(fields, list) and len(fields) > 1:
+        text += "; also " + "; ".join(f"{f['field']}: {f['message']}" for f in fields[1:])
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)

@@ -12,10 +12,10 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from relay.auth import Principal
-from relay.errors import InvalidParams, InvalidRequest, ValidationFailed
+from relay.errors import Forbidden, InvalidParams, InvalidRequest, ValidationFailed
 from relay.runs.catalog import COMMAND_TOOL, GET_RUN_TOOL, Catalog, JobSpec, ParamSpec
 from relay.runs.models import (
     MAX_ARG_CHARS,
@@ -25,6 +25,7 @@ from relay.runs.models import (
     MAX_FILES,
     MAX_IDEMPOTENCY_KEY_CHARS,
     MAX_STDIN_BYTES,
+    JobName,
     Run,
     RunRequest,
     Size,
@@ -171,6 +172,25 @@ def tool_names(principal: Principal, catalog: Catalog) -> list[str]:
     if principal.command:
         names.append(COMMAND_TOOL)
     return [*names, GET_RUN_TOOL]
+
+
+_JOB_NAME: TypeAdapter[str] = TypeAdapter(JobName)
+
+
+def unlisted_refusal(name: str, principal: Principal) -> Forbidden | None:
+    """Why a tool ``principal`` was not given is refused, as ``POST /v1/runs`` refuses it:
+    ``run_command`` without the command scope, or any job name this token may not run,
+    whether such a job exists or not (so a refusal tells nothing of other tokens' jobs).
+    None: no such tool (a protocol error)."""
+    if name == COMMAND_TOOL:
+        return Forbidden("this token may not run a raw command")
+    try:
+        _JOB_NAME.validate_python(name)
+    except ValidationError:
+        return None
+    if principal.may_run_job(name):
+        return None  # a job it may run that is not there
+    return Forbidden(f"this token may not run job {name!r}")
 
 
 def input_schema(name: str, catalog: Catalog) -> dict[str, Any] | None:

@@ -12,10 +12,13 @@ from relay.errors import ERROR_CLASSES
 from relay.run_state import RunState
 from relay.runs.models import (
     MAX_IDEMPOTENCY_KEY_CHARS,
+    MAX_OUTCOME_HOURS,
+    MAX_SEARCH_CHARS,
     ErrorBody,
     Health,
     JobList,
     OperatorHealth,
+    OutcomeReport,
     ProviderList,
     Run,
     RunList,
@@ -26,6 +29,8 @@ from relay.runs.models import (
 )
 
 _REF = "#/components/schemas/{model}"
+_STATE = "(" + "|".join(state.value for state in RunState) + ")"
+_FILTER = {"type": "string", "maxLength": 255, "description": "printable characters only"}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -59,7 +64,13 @@ def _errors(*statuses: int) -> dict[str, Any]:
 
 _AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
 _RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}
-_LOCATION = {"Location": {"schema": {"type": "string"}, "description": "the run's URL"}}
+_LOCATION = {
+    "Location": {
+        "schema": {"type": "string"},
+        "description": "the run's URL: under RELAY_PUBLIC_URL, else relative (/v1/runs/{id}); "
+        "never built from the request's Host",
+    }
+}
 _RUN_LINKS = {
     "GetRun": {"operationId": "getRun", "parameters": {"run_id": "$response.body#/id"}},
     "CancelRun": {"operationId": "cancelRun", "parameters": {"run_id": "$response.body#/id"}},
@@ -120,6 +131,7 @@ _SERIALIZED = (
     UsageReport,
     SpendReport,
     OperatorHealth,
+    OutcomeReport,
 )
 """The answers' models, described as the relay writes them."""
 
@@ -193,7 +205,8 @@ def _create_run(common: dict[str, Any]) -> dict[str, Any]:
             "200": _json("Run", "the finished run", {**_LOCATION, **_RATE_LIMIT}, _RUN_LINKS),
             "429": _json(
                 "ErrorBody",
-                "error codes: rate_limited, budget_exceeded",
+                "error codes: rate_limited (a limit of the token's, its fair share of the "
+                "relay's runs at once, or the relay's own), budget_exceeded",
                 {**_RETRY, **_RATE_LIMIT},
             ),
             "202": _json(
@@ -215,22 +228,31 @@ def _list_runs(common: dict[str, Any]) -> dict[str, Any]:
             {
                 "name": "state",
                 "in": "query",
-                "schema": {"type": "string", "enum": [s.value for s in RunState]},
+                "description": "One state, or several separated by commas (any of them): "
+                "`failed,timed_out,error,lost` lists every failure.",
+                "schema": {"type": "string", "pattern": f"^{_STATE}(,{_STATE})*$"},
             },
-            {"name": "job", "in": "query", "schema": {"type": "string"}},
+            {"name": "job", "in": "query", "schema": _FILTER},
+            {
+                "name": "q",
+                "in": "query",
+                "description": "A run's whole id, or text found in its job's or its token's "
+                "name (any case); combine it with `since` on a large store.",
+                "schema": {"type": "string", "maxLength": MAX_SEARCH_CHARS},
+            },
             {
                 "name": "limit",
                 "in": "query",
                 "schema": {"type": "integer", "minimum": 1, "maximum": 200},
             },
-            {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+            {"name": "cursor", "in": "query", "schema": _FILTER},
             {
                 "name": "token",
                 "in": "query",
                 "description": "Only this token's runs (another token's: admin tokens only).",
-                "schema": {"type": "string"},
+                "schema": _FILTER,
             },
-            {"name": "provider", "in": "query", "schema": {"type": "string"}},
+            {"name": "provider", "in": "query", "schema": _FILTER},
             *(
                 {
                     "name": name,
@@ -245,7 +267,8 @@ def _list_runs(common: dict[str, Any]) -> dict[str, Any]:
             "200": _json(
                 "RunList",
                 "a page of run summaries: no stdout/stderr (read them through "
-                "GET /v1/runs/{run_id}), their sizes in stdout_bytes/stderr_bytes",
+                "GET /v1/runs/{run_id}), their sizes in stdout_bytes/stderr_bytes; "
+                "`request` as the run shows it, unless it is over 4096 characters",
             ),
             **_errors(400, 403),
             **_STORE_DOWN,
@@ -356,6 +379,28 @@ def _reference_paths(common: dict[str, Any]) -> dict[str, Any]:
                 "responses": {
                     "200": _json("SpendReport", "spend per day"),
                     **_errors(400),
+                    **_STORE_DOWN,
+                    **common,
+                },
+            }
+        },
+        "/v1/outcomes": {
+            "get": {
+                "summary": "How every token's runs ended, per job and per provider, over the "
+                "last `hours` (admin tokens only)",
+                "operationId": "getOutcomes",
+                "security": _AUTH,
+                "parameters": [
+                    {
+                        "name": "hours",
+                        "in": "query",
+                        "description": "How many hours back from now (default 24).",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_OUTCOME_HOURS},
+                    }
+                ],
+                "responses": {
+                    "200": _json("OutcomeReport", "what the console's jobs page shows"),
+                    **_errors(400, 403),
                     **_STORE_DOWN,
                     **common,
                 },

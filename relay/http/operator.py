@@ -1,11 +1,14 @@
-"""The admin side of the API, what ``/console`` reads: spend across tokens, and health.
+"""The admin side of the API, what ``/console`` reads: spend across tokens, health, and how
+runs ended per job and provider.
 
 ``GET /v1/spend`` answers any token (its own rows; an admin's: every token's);
-``GET /v1/health`` answers admin tokens only. Both read through the run service.
+``GET /v1/health`` and ``GET /v1/outcomes`` answer admin tokens only. All read through the
+run service.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 
@@ -23,16 +26,23 @@ from relay.http.routes import (
     token_limits,
 )
 from relay.runs.models import (
+    MAX_OUTCOME_HOURS,
+    ErrorInfo,
+    LastFailure,
     OperatorHealth,
+    Outcome,
+    OutcomeReport,
     PoolHealth,
     ProviderHealth,
     ReaperHealth,
+    RunState,
     SpendDay,
     SpendReport,
     TokenSpend,
     WebhookHealth,
 )
 from relay.runs.pools import Pools
+from relay.runs.service import GroupOutcome
 from relay.runs.view import usage_window
 
 
@@ -58,16 +68,20 @@ def _iso(stamp: float | None) -> str | None:
 MAX_SPEND_DAYS = 92
 
 
+def _whole_number(request: Request, name: str, default: str, most: int) -> int:
+    raw = request.query_params.get(name, default)
+    # ASCII first: "²" is a digit to str.isdigit, and int() then raises (a 500).
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= most:
+        raise InvalidRequest(f"{name} must be an integer from 1 to {most}")
+    return int(raw)
+
+
 async def spend(request: Request) -> Response:
     """Runs and USD per day, token, provider (every token's for an admin token), and
     each token's standing today against its limits."""
     principal = authenticate(request)
     state = state_of(request)
-    raw = request.query_params.get("days", "30")
-    # ASCII first: "²" is a digit to str.isdigit, and int() then raises (a 500).
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_SPEND_DAYS:
-        raise InvalidRequest(f"days must be an integer from 1 to {MAX_SPEND_DAYS}")
-    days = int(raw)
+    days = _whole_number(request, "days", "30", MAX_SPEND_DAYS)
     first_day = int(time.time() // 86_400) - days + 1
     rows = await state.service.spend(principal, first_day * 86_400.0)
     shown = state.tokens.principals if principal.admin else [principal]
@@ -108,13 +122,14 @@ async def operator_health(request: Request) -> Response:
     providers = []
     for name, provider in state.providers.items():
         problem = getattr(provider, "problem", None)
-        runs, errors = outcomes.get(name, (0, 0))
+        runs, errors, failed = outcomes.get(name, (0, 0, 0))
         providers.append(
             ProviderHealth(
                 name=name,
                 problem=problem() if callable(problem) else None,
                 runs=runs,
                 errors=errors,
+                failed=failed,
             )
         )
     reaper = state.reaper
@@ -141,6 +156,61 @@ async def operator_health(request: Request) -> Response:
     return json_answer(answer)
 
 
+async def outcomes(request: Request) -> Response:
+    """How every token's runs of the last ``hours`` ended, per job and per provider."""
+    authenticate_admin(request)
+    unknown = sorted(set(request.query_params) - {"hours"})
+    if unknown:
+        raise InvalidRequest(f"unknown query parameter {unknown[0]!r}")
+    hours = _whole_number(request, "hours", "24", MAX_OUTCOME_HOURS)
+    service = state_of(request).service
+    until = time.time()
+    since = until - hours * 3600
+    jobs, providers = await asyncio.gather(
+        service.outcomes("job", since, until), service.outcomes("provider", since, until)
+    )
+    report = OutcomeReport(
+        hours=hours,
+        since=_iso(since) or "",
+        until=_iso(until) or "",
+        jobs=[_outcome(group) for group in jobs.groups],
+        providers=[_outcome(group) for group in providers.groups],
+        omitted=jobs.omitted,
+    )
+    return json_answer(report)
+
+
+def _outcome(group: GroupOutcome) -> Outcome:
+    ended = group.succeeded + group.failed
+    last = group.last_failure
+    last_failure = None
+    if last is not None:
+        error = None
+        if last.error_code:
+            error = ErrorInfo(code=last.error_code, message=last.error_message or "")
+        last_failure = LastFailure(
+            run_id=last.run_id,
+            state=RunState(last.state),
+            created_at=_iso(last.created_at) or "",
+            exit_code=last.exit_code,
+            error=error,
+        )
+    return Outcome(
+        name=group.name,
+        runs=group.runs,
+        active=group.active,
+        succeeded=group.succeeded,
+        failed=group.failed,
+        canceled=group.canceled,
+        success_rate=round(group.succeeded / ended, 4) if ended else None,
+        failures=group.causes,
+        p50_ms=group.duration_ms.get(50),
+        p95_ms=group.duration_ms.get(95),
+        usd=round(group.usd, 6),
+        last_failure=last_failure,
+    )
+
+
 def _pool_health(pools: Pools) -> PoolHealth:
     stats = pools.stats
     return PoolHealth(
@@ -158,4 +228,5 @@ def _pool_health(pools: Pools) -> PoolHealth:
 operator_routes = [
     Route("/v1/spend", spend, methods=["GET"]),
     Route("/v1/health", operator_health, methods=["GET"]),
+    Route("/v1/outcomes", outcomes, methods=["GET"]),
 ]

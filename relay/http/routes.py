@@ -35,6 +35,7 @@ from relay.http.run_stream import follow_run
 from relay.run_state import RunState
 from relay.runs.models import (
     MAX_IDEMPOTENCY_KEY_CHARS,
+    MAX_SEARCH_CHARS,
     Health,
     JobInfo,
     JobList,
@@ -49,6 +50,8 @@ from relay.runs.models import (
 from relay.runs.service import DeliveryRecord, RunRecord
 from relay.runs.view import run_model, run_summary, usage_window
 
+MAX_FILTER_CHARS = 255
+"""Longest ``job``, ``token``, ``provider`` or ``cursor`` of ``GET /v1/runs``."""
 MAX_JSON_DEPTH = 32
 """Deepest nesting of a request body; a run request needs four levels at most."""
 RATE_LIMITED_RETRY_AFTER_S = 10.0
@@ -67,16 +70,21 @@ def state_of(request: Request) -> AppState:
     return state
 
 
-def authenticate(request: Request) -> Principal:
-    state = state_of(request)
-    header = state.settings.auth_header
+def presented_token(request: Request) -> str | None:
+    """The token the request carries (``RELAY_AUTH_HEADER``), unchecked; None if none."""
+    header = state_of(request).settings.auth_header
     raw = request.headers.get(header)
     if raw is not None and header.lower() == "authorization":
         scheme, _, credentials = raw.partition(" ")
         if scheme.lower() != "bearer" or not credentials.strip():
             raise Unauthorized("use `Authorization: Bearer <token>`")
         raw = credentials.strip()
-    principal = state.tokens.authenticate(raw)
+    return raw
+
+
+def authenticate(request: Request) -> Principal:
+    state = state_of(request)
+    principal = state.tokens.authenticate(presented_token(request))
     request.state.token_name = principal.name
     return principal
 
@@ -257,13 +265,19 @@ async def cancel_run(request: Request) -> Response:
 async def list_runs(request: Request) -> Response:
     principal = authenticate(request)
     query = request.query_params
-    known = {"state", "job", "limit", "cursor", "token", "provider", "since", "until"}
+    known = {"state", "job", "limit", "cursor", "token", "provider", "since", "until", "q"}
     unknown = sorted(set(query) - known)
     if unknown:
         raise InvalidRequest(f"unknown query parameter {unknown[0]!r}")
-    state_filter = query.get("state")
-    if state_filter is not None and state_filter not in {s.value for s in RunState}:
-        raise InvalidRequest(f"state must be one of {[s.value for s in RunState]}")
+    for name in ("job", "token", "provider", "cursor"):
+        value = query.get(name)
+        # A NUL is no name, and PostgreSQL refuses it in a query (a store error, not a 4xx).
+        if value is not None and (len(value) > MAX_FILTER_CHARS or not value.isprintable()):
+            raise InvalidRequest(f"{name} must be at most {MAX_FILTER_CHARS} printable characters")
+    states = _states(query.get("state"))
+    search = query.get("q")
+    if search is not None and (len(search) > MAX_SEARCH_CHARS or not search.isprintable()):
+        raise InvalidRequest(f"q must be at most {MAX_SEARCH_CHARS} printable characters")
     try:
         limit = int(query.get("limit", "50"))
     except ValueError as exc:
@@ -273,7 +287,7 @@ async def list_runs(request: Request) -> Response:
     service = state_of(request).service
     page, cursor = await service.list(
         principal,
-        state=state_filter,
+        state=states,
         job=query.get("job"),
         limit=limit,
         cursor=query.get("cursor"),
@@ -281,10 +295,22 @@ async def list_runs(request: Request) -> Response:
         provider=query.get("provider"),
         since=_moment(query, "since"),
         until=_moment(query, "until"),
+        search=search or None,
     )
     found = await service.deliveries(page)
     runs = [run_summary(run, found.get(run.id)) for run in page]
     return json_answer(RunList(runs=runs, next_cursor=cursor))
+
+
+def _states(raw: str | None) -> tuple[str, ...] | None:
+    """``state=``: one state, or several separated by commas (any of them)."""
+    if raw is None:
+        return None
+    names = tuple(dict.fromkeys(raw.split(",")))
+    known = [state.value for state in RunState]
+    if not all(name in known for name in names):
+        raise InvalidRequest(f"state must be one or more of {known}, separated by commas")
+    return names
 
 
 async def list_jobs(request: Request) -> Response:

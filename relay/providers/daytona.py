@@ -19,6 +19,10 @@ every argument is quoted, stdin is uploaded and redirected from a file, and outp
 back live over the session's log WebSocket (stdout and stderr apart). A log stream that
 ends before the command did is followed again, skipping what was already seen.
 
+The job's env goes one way: with the command, in an uploaded file its line reads and
+removes before the job starts; never at create (the sandbox has no env of the job's), never
+on the session's command line (which the toolbox API shows to anyone with the key).
+
 Credentials and URLs are handed to the SDK explicitly (key, API URL, target all set), so no
 ``DAYTONA_*`` variable or ``.env`` entry chooses where the key goes. The SDK's socket.io event
 stream is turned off (state is polled instead): one host and one protocol fewer.
@@ -95,6 +99,7 @@ from relay.providers.lifecycle import (
     ErrorTable,
     ProviderSandbox,
     SandboxProvider,
+    variables_file,
 )
 from relay.settings import ProviderSettings, Settings
 
@@ -370,10 +375,19 @@ class DaytonaSandbox(ProviderSandbox):
         if not argv:
             raise ProviderError("there is no command to run")
         source = "/dev/null"
+        uploads: list[FileUpload] = []
         if stdin is not None:
             source = f"/tmp/relay-stdin-{secrets.token_hex(8)}"  # noqa: S108 (in the sandbox)
-            await self._box.fs.upload_files([FileUpload(source=stdin, destination=source)])
-        command = command_line(argv, env, _absolute(workdir or DEFAULT_WORKDIR), source, timeout_s)
+            uploads.append(FileUpload(source=stdin, destination=source))
+        # The whole env travels in a file: a command line is shown by the toolbox API.
+        variables = None
+        if env:
+            variables = f"/tmp/relay-env-{secrets.token_hex(8)}"  # noqa: S108 (in the sandbox)
+            uploads.append(FileUpload(source=variables_file(env), destination=variables))
+        if uploads:
+            await self._box.fs.upload_files(uploads)
+        directory = _absolute(workdir or DEFAULT_WORKDIR)
+        command = command_line(argv, directory, source, timeout_s, variables=variables)
         session = f"relay-{secrets.token_hex(8)}"
         process = self._box.process
         await process.create_session(session)
@@ -438,23 +452,31 @@ class _Replay:
 
 
 def command_line(
-    argv: Sequence[str], env: Mapping[str, str], directory: str, source: str, timeout_s: float
+    argv: Sequence[str],
+    directory: str,
+    source: str,
+    timeout_s: float,
+    *,
+    variables: str | None = None,
 ) -> str:
     """The shell line for a session: argv quoted word by word, never parsed by a shell.
 
     A subshell, so ``exec`` replaces it and not the session's own shell; ``timeout`` is the
     second line of defence behind the relay's deadline (sessions have no timeout field).
+    No variable's value is on the line: ``variables`` names an uploaded file of them
+    (:func:`variables_file`), read into the environment and removed before the job starts.
     """
     seconds = math.ceil(timeout_s + TIMEOUT_MARGIN_S)
-    assignments = [f"{name}={value}" for name, value in env.items()]
-    # env runs timeout, never the argv: env takes any word with "=" for an assignment, so
-    # an argv[0] like "./a=b" would be skipped; timeout takes no options after its duration.
-    words = ["env", "--", *assignments, "timeout", "-s", "KILL", str(seconds), *argv]
     quoted = shlex.quote(directory)
-    return (
-        f"(mkdir -p -- {quoted} && cd -- {quoted} && "
-        f"exec {shlex.join(words)} < {shlex.quote(source)})"
-    )
+    steps = [f"mkdir -p -- {quoted}", f"cd -- {quoted}"]
+    if variables is not None:
+        file = shlex.quote(variables)
+        # command -p: the job's own PATH is in force once the file is read.
+        steps += ["set -a", f". {file}", "set +a", f"command -p rm -f -- {file}"]
+    # env runs timeout, never the argv: timeout takes no options after its duration.
+    words = ["env", "--", "timeout", "-s", "KILL", str(seconds), *argv]
+    steps.append(f"exec {shlex.join(words)} < {shlex.quote(source)}")
+    return f"({' && '.join(steps)})"
 
 
 def _absolute(path: str) -> str:

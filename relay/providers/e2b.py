@@ -150,6 +150,10 @@ class E2BProvider(SandboxProvider["E2BSandbox"]):
             "domain": domain,
             "api_url": config.api_url or f"https://api.{domain}",
             "debug": False,
+            # The SDK's own default, given so E2B_HTTP_VERSION can't change it. (Its pool
+            # sizes and connection retries come from E2B_* variables read at import, with
+            # no argument to pass instead: the relay sets none; the README says so.)
+            "http_version": "2",
             "request_timeout": settings.create_timeout_s,
         }
         if config.sandbox_url:

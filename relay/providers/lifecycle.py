@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import shlex
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -31,6 +32,7 @@ from relay.errors import (
     ProviderUnavailable,
     RelayError,
     SandboxLost,
+    ValidationFailed,
 )
 from relay.providers.contract import (
     ExecResult,
@@ -51,6 +53,17 @@ DOMAIN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}
 """A host name (or ``*.domain``) an egress allow-list may name."""
 KILLED_EXIT_CODES: frozenset[int | None] = frozenset({137, -1, -9, None})
 """How a command killed with its sandbox reads (SIGKILL, a lost status, no status)."""
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def variables_file(env: Mapping[str, str]) -> bytes:
+    """A job's variables as lines a POSIX shell reads with ``set -a; . file`` (``NAME='v'``),
+    for a provider whose API would otherwise carry them on a command line or in a URL:
+    each value quoted whole, so nothing in it is expanded or run."""
+    for name in env:
+        if not ENV_NAME.match(name):
+            raise ValidationFailed(f"env {name!r} is not a variable name")
+    return "".join(f"{name}={shlex.quote(value)}\n" for name, value in env.items()).encode()
 
 
 ErrorMapper = Callable[[BaseException], "ProviderError | type[ProviderError] | None"]
@@ -144,7 +157,8 @@ class SandboxProvider(ABC, Generic[S]):
     """The lifecycle every provider shares, written once.
 
     :meth:`sandbox` creates (bounded by ``create_timeout_s``; after a failed or cancelled
-    create it sweeps what the create may have left tagged with the run), yields, then
+    create it sweeps what the create may have left: :meth:`left_by_create`, by default the
+    sandboxes listed with the run's tag), yields, then
     terminates shielded from any number of cancellations. A failed terminate is logged and
     left to the reaper; it is raised only when nothing else went wrong, never in place of
     the run's own error. Every SDK exception is mapped through :attr:`errors`.
@@ -278,19 +292,24 @@ class SandboxProvider(ABC, Generic[S]):
                 f"{self.label} did not extend the sandbox's lifetime in time"
             ) from exc
 
+    async def left_by_create(self, spec: SandboxSpec) -> list[str]:
+        """The sandboxes a failed create of ``spec`` may have left: by default those listed
+        with its run's tag. A provider whose sandbox is named by the relay before the create
+        (Sprites) answers that name instead, so a listing it can't trust is not needed."""
+        return [ref.sandbox_id for ref in await self.list_owned() if ref.run_id == spec.run_id]
+
     async def _sweep(self, spec: SandboxSpec) -> None:
-        """Terminate what a failed create left tagged with its run (bounded, best effort)."""
+        """Terminate what a failed create left (:meth:`left_by_create`; bounded, best effort)."""
         # Best effort, bounded: what the sweep leaves, the reaper ends.
         with contextlib.suppress(TimeoutError), Deadline(self.sweep_timeout_s):
             try:
-                for ref in await self.list_owned():
-                    if ref.run_id == spec.run_id:
-                        log.warning(
-                            "%s sandbox %s: terminating after a failed create",
-                            self.name,
-                            ref.sandbox_id,
-                        )
-                        await self.terminate(ref.sandbox_id)
+                for sandbox_id in await self.left_by_create(spec):
+                    log.warning(
+                        "%s sandbox %s: terminating after a failed create",
+                        self.name,
+                        sandbox_id,
+                    )
+                    await self.terminate(sandbox_id)
             except ProviderError as exc:
                 log.warning(
                     "%s: sweep after a failed create of run %s failed (%s)",

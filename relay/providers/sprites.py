@@ -3,27 +3,40 @@
 A Sprite is a persistent Linux computer; the relay uses each as a short-lived sandbox:
 one sprite per run, deleted when the run ends. Mapping (see docs/providers/sprites.md):
 
-* name: ``<cluster>-<run id>-<random>``, chosen by the relay, so a lost create answer
-  still leaves a sprite the sweep can find; the name prefix is the only filter the list
-  call has, so labels (``relay-cluster=…``, ``relay-run=…``, ``relay-lifetime=…``) are
-  checked here too;
+* name: ``<cluster>-<run id>-<hash of the run id>``, chosen by the relay before it calls
+  create, so a create that failed or answered late is swept by that name, never by a
+  listing; labels (``relay-cluster=…``, ``relay-run=…``, ``relay-lifetime=…``,
+  ``relay-created=…``) mark the sprite as the relay's;
+* the reaper's listing: the name prefix ``<cluster>-`` is the only filter of the list call,
+  and a list item is ``{name, org_slug, updated_at}`` only (the docs), so each listed sprite
+  is read once (``GET /v1/sprites/{name}``) for its labels; pages of :data:`PAGE_SIZE`
+  (the API takes 1 to 50);
 * **no provider-side hard lifetime**: the Sprites API has no TTL, auto-stop or
   auto-delete field, so a sprite lives until it is deleted. Every command runs under an
   in-sprite ``timeout -s KILL`` (the run's timeout plus a margin), so its processes die
   on their own even if the relay vanishes, and the relay's reaper is what deletes a
   sprite the relay forgot: it is the only guarantee (:data:`LIMITS`, ``/v1/providers``);
 * egress ``()`` → a network policy denying ``*``; a list of host names (or ``*.domain``)
-  → deny ``*`` and allow each; ``("*",)`` → no policy. IP addresses and CIDR ranges are
-  refused (the policy has domain rules only);
+  → allow each, then deny ``*`` (the docs' order: their example lists the allows first,
+  and nothing documents another precedence); ``("*",)`` → no policy. IP addresses and
+  CIDR ranges are refused (the policy has domain rules only);
+* env: the docs say an exec's ``env`` *replaces* the sprite's default environment (HOME,
+  PATH gone), and it would travel in the exec WebSocket's URL; the job's variables are
+  written to a file in the sprite instead (a file-write body), which the command's wrapper
+  reads into the default environment and removes before the job starts;
 * size → ``cpus``, ``ram_mb`` and ``storage_gb`` of the create call.
 
 The token goes to the SDK only as an argument (the SDK reads no variable of its own for
 it); the base URL comes from settings so a fake can stand in. Commands go over the
-exec WebSocket as an argv list; output is written to the sink frame by frame.
+exec WebSocket as an argv list; output is written to the sink frame by frame. One
+variable is set in the relay's own process: ``SPRITES_CLIENT_SIGNALS=0`` (unless the
+operator set it), the SDK's only switch for its ``Fly-Client-*`` headers.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import io
 import logging
 import math
@@ -87,6 +100,7 @@ from relay.providers.lifecycle import (
     ErrorTable,
     ProviderSandbox,
     SandboxProvider,
+    variables_file,
 )
 from relay.settings import ProviderSettings, Settings
 
@@ -103,15 +117,23 @@ MAX_MEMORY_MB = 16_384
 """The largest size the relay asks for (an assumption: the SDK documents no limits)."""
 MAX_RECONNECTS = 3
 """A command stream that breaks is attached to again this many times."""
+PAGE_SIZE = 50
+"""Sprites per list page: the largest ``max_results`` the API takes (1 to 50)."""
+CONCURRENT_READS = 8
+"""Sprites read at once while listing (one ``GET`` each, for its labels)."""
 LIMITS: dict[str, str | bool] = {"hard_lifetime": False, "lifetime": "reaper"}
 """What ``GET /v1/providers`` says: no provider-side lifetime; the reaper deletes sprites."""
 
 # The job's argv runs as "$@" of this script: no shell ever parses it. $0 is a marker
-# that names the exec session (to attach to it again), $1 the KILL timeout, $2 the workdir.
+# that names the exec session (to attach to it again), $1 the workdir, $2 the file of the
+# job's variables (or ""): read into the sprite's default environment (set -a exports
+# them), then removed. No shell variable of the script's own: a job's could overwrite it.
+# LIMIT is the KILL timeout, a number the relay writes in.
 _WRAPPER = (
-    'cd -- "$2" 2>/dev/null || { mkdir -p -- "$2" 2>/dev/null'
-    ' || sudo -n install -d -m 0777 -- "$2"; } && cd -- "$2" || exit 126; '
-    'limit=$1; shift 2; exec timeout -s KILL "$limit" "$@"'
+    'cd -- "$1" 2>/dev/null || { mkdir -p -- "$1" 2>/dev/null'
+    ' || sudo -n install -d -m 0777 -- "$1"; } && cd -- "$1" || exit 126; '
+    'if [ -n "$2" ]; then set -a && . "$2" && set +a && command -p rm -f -- "$2" || exit 126; fi; '
+    'shift 2; exec timeout -s KILL LIMIT "$@"'
 )
 _STATUS = re.compile(r"\(status (\d{3})\)")
 
@@ -154,9 +176,13 @@ ERRORS: ErrorTable = (
 
 
 def sprite_name(spec: SandboxSpec) -> str:
-    """A unique name under the cluster's prefix (a DNS label: at most 63 characters)."""
+    """The run's name under the cluster's prefix (a DNS label: at most 63 characters).
+
+    Made from the run id alone, so what a failed create may have left is found by name,
+    whatever the create answered (a run creates one sprite)."""
     run = re.sub(r"[^a-z0-9]+", "-", spec.run_id.lower()).strip("-")[:14].strip("-")
-    return f"{spec.cluster}-{run or 'run'}-{secrets.token_hex(3)}"
+    digest = hashlib.sha256(spec.run_id.encode()).hexdigest()[:6]
+    return f"{spec.cluster}-{run or 'run'}-{digest}"
 
 
 def labels_for(spec: SandboxSpec) -> list[str]:
@@ -178,10 +204,11 @@ def created_at_of(tags: Mapping[str, str]) -> datetime | None:
 
 
 def network_policy_for(hosts: tuple[str, ...]) -> NetworkPolicy | None:
-    """``()`` → deny all, ``("*",)`` → no policy, else deny all but the named domains."""
+    """``()`` → deny all, ``("*",)`` → no policy, else the named domains allowed, then
+    ``*`` denied (the docs' order; a first-match reading keeps it meaning what it says)."""
     if hosts == ("*",):
         return None
-    rules = [PolicyRule(domain="*", action="deny")]
+    rules: list[PolicyRule] = []
     for host in hosts:
         if host == "*" or not DOMAIN.match(host):
             raise EgressUnsupported(
@@ -189,6 +216,7 @@ def network_policy_for(hosts: tuple[str, ...]) -> NetworkPolicy | None:
                 'CIDR ranges, or "*" next to other hosts'
             )
         rules.append(PolicyRule(domain=host.lower(), action="allow"))
+    rules.append(PolicyRule(domain="*", action="deny"))
     return NetworkPolicy(rules=rules)
 
 
@@ -252,15 +280,23 @@ class SpritesSandbox(ProviderSandbox):
         marker = f"relay-exec-{secrets.token_hex(6)}"
         limit_s = math.ceil(timeout_s + TIMEOUT_MARGIN_S)
         deadline = anyio.current_time() + limit_s
+        variables = ""
+        if env:
+            # Not the exec's env (it would replace HOME, PATH… and ride in the URL).
+            variables = f"/tmp/{marker}.env"  # noqa: S108 (in the sprite)
+            await (
+                self._sprite.filesystem("/")
+                .path(variables)
+                .write_bytes(variables_file(env), mode=0o600)
+            )
         command = self._sprite.command(
             "sh",
             "-c",
-            _WRAPPER,
+            _WRAPPER.replace("LIMIT", str(limit_s)),
             marker,
-            str(limit_s),
             directory,
+            variables,
             *argv,
-            env=dict(env),
             timeout=limit_s,
             stdin=io.BytesIO(stdin) if stdin is not None else None,
             stdout=_sink(output, "stdout"),
@@ -370,6 +406,11 @@ class SpritesProvider(SandboxProvider[SpritesSandbox]):
             await sprite.update_network_policy(policy)
         return SpritesSandbox(self, sprite)
 
+    async def left_by_create(self, spec: SandboxSpec) -> list[str]:
+        """The name the create asked for: it exists if the create got that far, whatever
+        it answered (late, an error, nothing); deleting a name never made is a 404."""
+        return [sprite_name(spec)]
+
     async def destroy(self, sandbox_id: str) -> None:
         """Delete the sprite (its processes and disk); one already gone (404) is success."""
         await self._client.destroy_sprite(sandbox_id)
@@ -384,21 +425,39 @@ class SpritesProvider(SandboxProvider[SpritesSandbox]):
         return False
 
     async def list_tagged(self) -> list[SandboxRef]:
-        owned: list[SandboxRef] = []
+        """Every sprite named under ``<cluster>-`` whose labels say it is this cluster's
+        (a cluster named ``<cluster>-x`` shares the prefix): listed, then each one read."""
+        names = await self._names(f"{self._cluster}-")
+        gate = asyncio.Semaphore(CONCURRENT_READS)
+        refs = await asyncio.gather(*(self._owned(name, gate) for name in names))
+        return [ref for ref in refs if ref is not None]
+
+    async def _names(self, prefix: str) -> list[str]:
+        """The names of every sprite under ``prefix``, page by page."""
+        names: list[str] = []
         token: str | None = None
         while True:
             page = await self._client.list_sprites(
-                ListOptions(prefix=f"{self._cluster}-", max_results=100, continuation_token=token)
+                ListOptions(prefix=prefix, max_results=PAGE_SIZE, continuation_token=token)
             )
-            for info in page.sprites:
-                tags = tags_of(info.labels)
-                if tags.get(TAG_CLUSTER) != self._cluster:
-                    continue  # the prefix is shared with clusters named <cluster>-…
-                created: datetime | None = info.created_at or created_at_of(tags)
-                owned.append(SandboxRef(info.name, tags.get(TAG_RUN), created_at=created))
+            names += [info.name for info in page.sprites if info.name.startswith(prefix)]
             if not page.has_more or not page.next_continuation_token:
-                return owned
+                return names
             token = page.next_continuation_token
+
+    async def _owned(self, name: str, gate: asyncio.Semaphore) -> SandboxRef | None:
+        """The sprite as the reaper sees it, if it is this cluster's (None: not ours, or
+        deleted since it was listed)."""
+        async with gate:
+            try:
+                sprite = await self._client.get_sprite(name)
+            except NotFoundError:
+                return None
+        tags = tags_of(sprite.labels)
+        if tags.get(TAG_CLUSTER) != self._cluster:
+            return None
+        created: datetime | None = sprite.created_at or created_at_of(tags)
+        return SandboxRef(sprite.name, tags.get(TAG_RUN), created_at=created)
 
     async def aclose(self) -> None:
         await self._client.aclose()

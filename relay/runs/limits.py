@@ -20,6 +20,18 @@ quota or what is left, are rounded down).
 ``t`` is the seconds until the policy's quota is back: midnight UTC for the daily ones; for
 runs at once, given only when none is left, the expected end of the soonest running run.
 A 429 adds ``Retry-After``, the ``t`` of the limit that refused.
+
+**Fair share.** A token with no ``max_concurrent`` of its own may hold at most
+``RELAY_TOKEN_SHARE`` (half) of ``RELAY_MAX_CONCURRENT``, rounded down, at least one. The
+relay has no queue: a run that finds no slot is refused at once, and a slot is never taken
+back from a running job. So the only way to keep room for a second tenant is to leave it
+free beforehand: with half, one busy token leaves the other half to everyone else, and a
+token that arrives while another fills its share still starts. A lone token gets half the
+relay, not all of it: a relay serving one tenant sets ``RELAY_TOKEN_SHARE=1`` or gives the
+token its own ``max_concurrent``, which wins over the share (up to the relay's limit). Many
+busy tokens can still fill the relay between them: give each its own ``max_concurrent``.
+Decided in the database with the other limits, so it holds across replicas; its 429 says
+``Retry-After`` the soonest of the token's runs is expected to end.
 """
 
 from __future__ import annotations
@@ -42,7 +54,14 @@ def admission_for(principal: Principal, settings: Settings, now: float) -> Admis
         runs_per_day=principal.runs_per_day,
         usd_per_day=principal.usd_per_day,
         now=now,
+        token_share=fair_share(settings),
     )
+
+
+def fair_share(settings: Settings) -> int | None:
+    """Runs at once a token without its own ``max_concurrent`` may hold (``None``: all)."""
+    share = max(1, math.floor(settings.max_concurrent * settings.token_share))
+    return share if share < settings.max_concurrent else None
 
 
 def cents(usd: float) -> int:
@@ -92,6 +111,8 @@ def refusal(limit: LimitReached, admission: Admission, reserved_usd: float) -> R
         )
     what = {
         "concurrency": f"{limit.limit:g} runs at once",
+        "fair_share": f"{limit.limit:g} runs at once, this token's share of the relay's "
+        f"{admission.global_concurrent}",
         "runs_per_day": f"{limit.limit:g} runs a day",
     }[limit.kind]
     return RateLimited(f"limit reached: {what}", retry_after=retry_after, headers=headers)

@@ -36,6 +36,10 @@ MAX_PATH_PARTS = 32
 """Deepest ``files`` path or ``workdir``, in names (its folders and the file)."""
 MAX_NAME_BYTES = 255
 """Longest single file or folder name (UTF-8 bytes), as every Linux file system has it."""
+MAX_SEARCH_CHARS = 64
+"""Longest ``q`` of ``GET /v1/runs``: a run id, or a job's or token's name or part of one."""
+MAX_OUTCOME_HOURS = 720
+"""The longest window ``GET /v1/outcomes`` reads (30 days): its cost follows the runs in it."""
 
 JobName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
@@ -227,6 +231,25 @@ class Delivery(BaseModel):
     next_attempt_at: str | None = Field(None, description="When a pending delivery is retried.")
 
 
+class RequestEcho(BaseModel):
+    """What a run was asked to do, without secrets: env variables and files by name only,
+    stdin by its size, no callback URL."""
+
+    job: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    command: list[str] | None = None
+    provider: str = "auto"
+    image: str | None = None
+    size: Any = None
+    env: list[str] = Field(default_factory=list, description="Names only, never values.")
+    files: list[str] = Field(default_factory=list, description="Paths only.")
+    stdin_bytes: int = 0
+    workdir: str | None = None
+    timeout_s: float | None = None
+    egress: list[str] | None = None
+    wait: bool = True
+
+
 class RunSummary(BaseModel):
     """A run in a listing: every field of :class:`Run` but its output, and the output's
     size in bytes (read the output through ``GET /v1/runs/{id}``)."""
@@ -253,25 +276,12 @@ class RunSummary(BaseModel):
     deliveries: list[Delivery] = Field(
         default_factory=list, description="Webhook deliveries (runs with a `callback_url`)."
     )
-
-
-class RequestEcho(BaseModel):
-    """What a run was asked to do, without secrets: env variables and files by name only,
-    stdin by its size, no callback URL."""
-
-    job: str | None = None
-    params: dict[str, Any] = Field(default_factory=dict)
-    command: list[str] | None = None
-    provider: str = "auto"
-    image: str | None = None
-    size: Any = None
-    env: list[str] = Field(default_factory=list, description="Names only, never values.")
-    files: list[str] = Field(default_factory=list, description="Paths only.")
-    stdin_bytes: int = 0
-    workdir: str | None = None
-    timeout_s: float | None = None
-    egress: list[str] | None = None
-    wait: bool = True
+    request: RequestEcho | None = Field(
+        None,
+        description="What was asked, as `GET /v1/runs/{run_id}` shows it; null for a run "
+        "made before schema 8, and for a request over 4096 characters (large params: read "
+        "it through the run).",
+    )
 
 
 class Run(BaseModel):
@@ -433,6 +443,11 @@ class ProviderHealth(BaseModel):
     problem: str | None = Field(None, description="Why the provider cannot serve, if so.")
     runs: int = Field(description="Runs on it in the last 24 hours.")
     errors: int = Field(description="Of those, runs that ended in `error` or `lost`.")
+    failed: int = Field(
+        0,
+        description="Of those, runs that ended in any failure: `failed` (a non-zero exit), "
+        "`timed_out`, `error` or `lost`.",
+    )
 
 
 class ReaperHealth(BaseModel):
@@ -470,3 +485,48 @@ class OperatorHealth(BaseModel):
     webhooks: WebhookHealth
     active_runs: int
     pools: PoolHealth
+
+
+class LastFailure(BaseModel):
+    """The newest run of a job (or provider) in the window that ended in a failure."""
+
+    run_id: str
+    state: RunState
+    created_at: str
+    exit_code: int | None = None
+    error: ErrorInfo | None = None
+
+
+class Outcome(BaseModel):
+    """How one job's (or one provider's) runs created in the window ended."""
+
+    name: str | None = Field(description="The job (null: raw-command runs) or the provider.")
+    runs: int
+    active: int = Field(description="Still queued, starting or running.")
+    succeeded: int
+    failed: int = Field(description="Ended in `failed`, `timed_out`, `error` or `lost`.")
+    canceled: int
+    success_rate: float | None = Field(
+        description="succeeded / (succeeded + failed): canceled and active runs left out; "
+        "null when no run ended so."
+    )
+    failures: dict[str, int] = Field(
+        description="Failures per cause, most first: the run's `error.code`, else "
+        "`exit N` (a non-zero exit), else its state (`timed_out`)."
+    )
+    p50_ms: int | None = Field(description="Median duration of the ended runs (nearest rank).")
+    p95_ms: int | None = Field(description="95th percentile of the same.")
+    usd: float
+    last_failure: LastFailure | None
+
+
+class OutcomeReport(BaseModel):
+    """``GET /v1/outcomes`` (admin tokens): every token's runs created in the window, per
+    job and per provider, busiest first (200 of each at most)."""
+
+    hours: int
+    since: str
+    until: str
+    jobs: list[Outcome]
+    providers: list[Outcome]
+    omitted: int = Field(0, description="Jobs past the 200 busiest, left out.")

@@ -18,12 +18,12 @@ Each sweep (at startup and every ``RELAY_REAP_INTERVAL_S``):
    terminated only once older than the longest lifetime this relay gives
    (``RELAY_CREATE_TIMEOUT_S`` + ``RELAY_MAX_TIMEOUT_S`` + ``RELAY_GRACE_S``): younger, it
    may be another relay's sharing the cluster name. A ``relay probe`` sandbox (run id
-   ``probe_…``) ends itself; it is terminated once past a probe's lifetime. A provider
-   that reports no creation time (Modal) gets its unknown sandboxes left alone, each
-   counted (``relay_reaper_unknown_age_total``) and logged; its own hard lifetime ends
-   them. A provider with no hard lifetime of its own (Sprites: its ``limits`` say
-   ``hard_lifetime: false``) relies on this step alone: nothing else ever deletes a
-   sandbox a crashed relay left there.
+   ``probe_…``) ends itself; it is terminated once past a probe's lifetime. A sandbox
+   whose age neither the provider nor the relay's ``relay-created`` tag gives (on Modal,
+   one an older relay made) is left alone, counted (``relay_reaper_unknown_age_total``)
+   and logged; its own hard lifetime ends it. A provider with no hard lifetime of its own
+   (Sprites: its ``limits`` say ``hard_lifetime: false``) relies on this step alone:
+   nothing else ever deletes a sandbox a crashed relay left there.
 
 Warm pools' sandboxes (run tag ``pool_…``, relay/runs/pools.py) are judged by their rows
 in the store (relay/store/pools.py), not by a run: the rows of a replica that died (on
@@ -34,7 +34,11 @@ at all once older than the longest a pooled sandbox lives (``pool_unknown_expire
 rows this replica holds are its own pools' to end.
 
 Every termination is logged (provider, sandbox, run, reason) and counted by reason
-(``relay_reaper_terminations_total{reason}``).
+(``relay_reaper_terminations_total{reason}``). A sweep's :class:`SweepReport` also says
+what it found and what it left for now, why and until when (:class:`Waiting`), for
+``relay reap`` to print. ``sweep(judge_now=True)`` (``relay reap --now``, for an operator
+who knows no other relay runs on this database) counts every other replica dead at once,
+instead of after its missed heartbeats.
 
 On PostgreSQL one replica sweeps at a time (an advisory lock); terminate is idempotent,
 so an overlap would be harmless anyway. A terminate that fails is counted, logged
@@ -75,11 +79,26 @@ store before it calls another replica dead: after a database outage every replic
 beat is old, and the others need as long as the rule gives them to write a new one."""
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """Something a sweep found and left alone for now: why, and until when it is left
+    (Unix seconds; None: no rule of the reaper will end it)."""
+
+    subject: str
+    reason: str
+    until: float | None
+
+
 @dataclass
 class SweepReport:
     terminated: list[tuple[str, str]] = field(default_factory=list)
     lost_runs: list[str] = field(default_factory=list)
     failures: list[tuple[str, str]] = field(default_factory=list)
+    active_runs: int = 0
+    """Runs not final when the sweep looked."""
+    listed: dict[str, int] = field(default_factory=dict)
+    """Sandboxes each provider listed as this cluster's."""
+    waiting: list[Waiting] = field(default_factory=list)
 
 
 class Reaper:
@@ -223,24 +242,33 @@ class Reaper:
                 row.provider, row.sandbox_id, report, run_id=row.id, reason="pool_orphaned"
             )
 
-    async def sweep(self, *, dry_run: bool = False) -> SweepReport:
+    async def sweep(self, *, dry_run: bool = False, judge_now: bool = False) -> SweepReport:
+        """One sweep; ``judge_now``: every other replica counts as dead at once (an
+        operator who knows none runs), not only after its missed heartbeats."""
         async with self.store.sweep_lock() as got:
             if not got:
                 return SweepReport()
-            report = await self._sweep(dry_run)
+            report = await self._sweep(dry_run, judge_now)
             if not dry_run:
                 self.last_sweep_at = self.clock()
             return report
 
-    async def _sweep(self, dry_run: bool) -> SweepReport:
+    async def _sweep(self, dry_run: bool, judge_now: bool = False) -> SweepReport:
         self._sweeps += 1
         report = SweepReport()
         now = self.clock()
-        live = await self.store.live_replicas(MISSED_BEATS * self.heartbeat_s + 1)
-        judging = self.beats >= self.beats_before_judging
+        window_s = MISSED_BEATS * self.heartbeat_s + 1
+        if judge_now:
+            live, judging = {self.instance_id}, True
+        else:
+            live = await self.store.live_replicas(window_s)
+            judging = self.beats >= self.beats_before_judging
         live.add(self.instance_id)
         lost: list[tuple[RunRecord, bool]] = []
-        for run in await self.store.runs_in_states(ACTIVE):
+        active = await self.store.runs_in_states(ACTIVE)
+        report.active_runs = len(active)
+        beats = await self.store.replica_beats() if active else {}
+        for run in active:
             if self.holds(run.id):
                 continue
             if self.single_replica or run.owner == self.instance_id:
@@ -250,6 +278,9 @@ class Reaper:
             else:
                 orphaned = judging and run.owner not in live
             if not orphaned and run.deadline + self.grace_s > now:
+                report.waiting.append(
+                    _run_waiting(run, beats.get(run.owner), self, window_s, judging)
+                )
                 continue
             report.lost_runs.append(run.id)
             lost.append((run, orphaned))
@@ -274,6 +305,7 @@ class Reaper:
                     extra={"provider": name, "error_class": type(exc).__name__},
                 )
                 continue
+            report.listed[name] = len(owned)
             tags = [ref.run_id or "" for ref in owned]
             pooled = await self.pool_rows.by_id(
                 [tag for tag in tags if tag.startswith(POOL_PREFIX)]
@@ -283,6 +315,7 @@ class Reaper:
             runs = await self.store.runs_by_id(ids)
             ending: list[Awaitable[bool]] = []
             for ref in owned:
+                record: PoolRecord | None = None
                 if (ref.run_id or "").startswith(POOL_PREFIX):
                     record = pooled.get(ref.run_id or "")
                     known = runs.get(record.run_id or "") if record is not None else None
@@ -293,6 +326,8 @@ class Reaper:
                 if known is not None and self.holds(known.id):
                     continue
                 if why is None:
+                    if known is None or known.state in FINAL:  # an active run's is said above
+                        report.waiting.append(self._sandbox_waiting(name, ref, record, now))
                     continue
                 if dry_run:
                     report.terminated.append((name, ref.sandbox_id))
@@ -302,6 +337,33 @@ class Reaper:
                     )
             await self._bounded(ending)
         return report
+
+    def _sandbox_waiting(
+        self, provider: str, ref: SandboxRef, row: PoolRecord | None, now: float
+    ) -> Waiting:
+        """Why a listed sandbox of no active run is left for now, and until when."""
+        subject = f"{provider} sandbox {ref.sandbox_id}"
+        if row is not None:
+            return Waiting(subject, f"a warm pool's ({row.state}) of relay {row.holder}", None)
+        if ref.created_at is None:
+            return Waiting(
+                subject,
+                "of no known run, and the provider gives no creation time: "
+                "its own hard lifetime ends it",
+                None,
+            )
+        tag = ref.run_id or ""
+        if tag.startswith(POOL_PREFIX):
+            lifetime_s, what = self.pool_lifetime_s, "a warm pool's of no known row"
+        elif tag.startswith(PROBE_PREFIX):
+            lifetime_s, what = self.probe_lifetime_s, "a probe's"
+        else:
+            lifetime_s, what = self.max_lifetime_s, "of no known run (maybe another relay's)"
+        return Waiting(
+            subject,
+            f"{what}; ended once older than {lifetime_s:.0f} s",
+            _seconds(ref.created_at) + lifetime_s,
+        )
 
     async def _bounded(self, work: Iterable[Awaitable[Any]]) -> None:
         """Await every item, at most :data:`CONCURRENT_TERMINATES` at a time (hundreds of
@@ -364,6 +426,29 @@ class Reaper:
     @property
     def degraded(self) -> bool:
         return bool(self.failing)
+
+
+def _run_waiting(
+    run: RunRecord, beat: float | None, reaper: Reaper, window_s: float, judging: bool
+) -> Waiting:
+    """Why an active run is left for now: its relay looks alive (or is not judged yet)
+    and its deadline + grace has not passed; ended at the earlier of the two."""
+    expires = run.deadline + reaper.grace_s
+    subject = f"run {run.id}"
+    if run.sandbox_id:
+        subject += f" ({run.provider} sandbox {run.sandbox_id})"
+    if not judging:
+        reason = (
+            f"owned by relay {run.owner}, not judged until this relay has written "
+            f"{reaper.beats_before_judging} heartbeats; lost past its deadline + grace"
+        )
+        return Waiting(subject, reason, expires)
+    age_s = max(0.0, reaper.clock() - (beat or 0.0))
+    reason = (
+        f"owned by relay {run.owner}, whose last heartbeat was {age_s:.0f} s ago; lost once "
+        f"that relay has missed {MISSED_BEATS} beats or its deadline + grace is past"
+    )
+    return Waiting(subject, reason, min(expires, (beat or 0.0) + window_s))
 
 
 def _seconds(moment: datetime | float) -> float:

@@ -41,10 +41,11 @@ from relay.settings import Settings
 from relay.store.database import Store, Usage
 from relay.store.deliveries import Deliveries
 from relay.store.limits import DuplicateKey, LimitReached, day_start, month_start
+from relay.store.outcomes import Grouping, GroupOutcome, GroupOutcomes, Outcomes
 from relay.store.records import DeliveryRecord, RunRecord, RunValues
 from relay.store.reports import Backlog, Reports, SpendRow
 
-__all__ = ["DeliveryRecord", "RunRecord", "RunService", "new_run_id"]
+__all__ = ["DeliveryRecord", "GroupOutcome", "RunRecord", "RunService", "new_run_id"]
 
 log = logging.getLogger("relay.service")
 
@@ -91,6 +92,7 @@ class RunService:
         self.runner = Runner(settings, store, self.sources, self.events, self.costs)
         self._deliveries = Deliveries(store)
         self._reports = Reports(store)
+        self._outcomes = Outcomes(store)
         self._drain_started: float | None = None
 
     async def submit(
@@ -205,7 +207,7 @@ class RunService:
         self,
         principal: Principal,
         *,
-        state: str | None,
+        state: str | Sequence[str] | None,
         job: str | None,
         limit: int,
         cursor: str | None,
@@ -213,9 +215,11 @@ class RunService:
         provider: str | None = None,
         since: float | None = None,
         until: float | None = None,
+        search: str | None = None,
     ) -> tuple[builtins.list[RunRecord], str | None]:
         """A page of ``principal``'s runs (an admin's: every token's, or ``token``'s),
-        newest first, without their output, and the cursor of the next page."""
+        newest first, without their output, and the cursor of the next page; ``state``
+        one state or any of several, ``search`` a run id or text in the job or token."""
         if not principal.admin:
             if token is not None and token != principal.name:
                 raise Forbidden("only an admin token lists another token's runs")
@@ -229,6 +233,7 @@ class RunService:
             provider=provider,
             since=since,
             until=until,
+            search=search,
         )
 
     async def deliveries(
@@ -303,9 +308,15 @@ class RunService:
         admin, else ``principal``'s own."""
         return await self._reports.spend(since, None if principal.admin else principal.name)
 
-    async def provider_outcomes(self, since: float) -> dict[str, tuple[int, int]]:
-        """Per provider, runs since ``since`` and how many ended in error or lost."""
+    async def provider_outcomes(self, since: float) -> dict[str, tuple[int, int, int]]:
+        """Per provider, runs since ``since``, how many ended in error or lost, and how
+        many in any failure (those, failed and timed_out)."""
         return await self._reports.provider_outcomes(since)
+
+    async def outcomes(self, by: Grouping, since: float, until: float) -> GroupOutcomes:
+        """How every token's runs created from ``since`` to ``until`` ended, per job or
+        per provider (the admin's jobs page)."""
+        return await self._outcomes.report(by, since, until)
 
     async def webhook_backlog(self) -> Backlog:
         return await self._reports.webhook_backlog()

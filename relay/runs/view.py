@@ -79,10 +79,12 @@ def _run_fields(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None) -> 
 
 
 def run_summary(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None = None) -> RunSummary:
-    """A listed run (no output, its sizes: ``Store.list_runs``) as a listing shows it."""
+    """A listed run (no output, its sizes; its request when short: ``Store.list_runs``) as a
+    listing shows it."""
     return RunSummary(
         stdout_bytes=run.stdout_bytes or 0,
         stderr_bytes=run.stderr_bytes or 0,
+        request=_echo(run.request) if run.request else None,
         **_run_fields(run, deliveries),
     )
 

@@ -98,15 +98,21 @@ def _byte_length_sqlite(element: OctetLength, compiler: Any, **options: Any) -> 
     return f"length(CAST({compiler.process(element.clauses, **options)} AS BLOB))"
 
 
+MAX_LISTED_REQUEST_CHARS = 4096
+"""Longest request a listing carries (the echo of a run's request: a few hundred characters
+unless its params are large); a longer one is read through the run alone."""
 _OUTPUT = ("stdout", "stderr", "stdout_bytes", "stderr_bytes", "request")
 _SUMMARY_COLUMNS = (
     *(column for column in runs.c if column.name not in _OUTPUT),
     # Measured only for a run written without its sizes (by a relay before version 7).
     sa.func.coalesce(runs.c.stdout_bytes, OctetLength(runs.c.stdout)).label("stdout_bytes"),
     sa.func.coalesce(runs.c.stderr_bytes, OctetLength(runs.c.stderr)).label("stderr_bytes"),
+    sa.case((sa.func.length(runs.c.request) <= MAX_LISTED_REQUEST_CHARS, runs.c.request)).label(
+        "request"
+    ),
 )
-"""What a listing reads of a run: everything but its output (and request), and the
-output's sizes."""
+"""What a listing reads of a run: everything but its output, the output's sizes, and its
+request when that is short (so a page's memory still follows its ``limit``)."""
 
 
 def with_sizes(values: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -198,6 +204,8 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         created, run_id = raw.split("|", 1)
+        if not run_id.isprintable():  # a NUL: PostgreSQL would refuse the query
+            raise ValueError(run_id)
         return float(created), run_id
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest("cursor is not one this relay gave out") from exc
@@ -393,6 +401,11 @@ class Store:
         query = sa.select(replicas.c.id).where(replicas.c.seen_at >= time.time() - within_s)
         return await self.read(lambda conn: set(conn.scalars(query).all()))
 
+    async def replica_beats(self) -> dict[str, float]:
+        """Each replica's last heartbeat (Unix seconds), for saying when one is judged dead."""
+        query = sa.select(replicas.c.id, replicas.c.seen_at)
+        return await self.read(lambda conn: {row.id: row.seen_at for row in conn.execute(query)})
+
     async def forget_replica(self, replica_id: str) -> None:
         await self.write(
             lambda conn: conn.execute(replicas.delete().where(replicas.c.id == replica_id))
@@ -479,23 +492,37 @@ class Store:
         self,
         token: str | None,
         *,
-        state: str | None,
+        state: str | Sequence[str] | None,
         job: str | None,
         limit: int,
         cursor: str | None,
         provider: str | None = None,
         since: float | None = None,
         until: float | None = None,
+        search: str | None = None,
     ) -> tuple[list[RunRecord], str | None]:
         """A page of the token's runs (every token's: ``token=None``), newest first,
         without their output (its sizes only: a page's memory follows ``limit``, not what
-        the runs printed), and the cursor of the next page (None: this is the last).
-        ``since``/``until`` bound the creation time (from inclusive, to exclusive)."""
+        the runs printed) and with their request when it is short, and the cursor of the
+        next page (None: this is the last). ``state`` is one state or any of several;
+        ``since``/``until`` bound the creation time (from inclusive, to exclusive);
+        ``search`` is a run's id, or text in its job's or token's name (any case)."""
         query = sa.select(*_SUMMARY_COLUMNS)
         if token is not None:
             query = query.where(runs.c.token == token)
-        if state:
+        if isinstance(state, str):
             query = query.where(runs.c.state == state)
+        elif state:
+            query = query.where(runs.c.state.in_(list(state)))
+        if search:
+            text = search.lower()
+            query = query.where(
+                sa.or_(
+                    runs.c.id == search,
+                    sa.func.lower(runs.c.job).contains(text, autoescape=True),
+                    sa.func.lower(runs.c.token).contains(text, autoescape=True),
+                )
+            )
         if job:
             query = query.where(runs.c.job == job)
         if provider:
@@ -513,9 +540,12 @@ class Store:
                 )
             )
         query = query.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit + 1)
-        records = await self.read(
-            lambda conn: [RunRecord.from_row(row._mapping) for row in conn.execute(query)]
-        )
+
+        def work(conn: Connection) -> list[RunRecord]:
+            return [RunRecord.from_row(row._mapping) for row in conn.execute(query)]
+
+        # A search may read far back for a page of matches: on SQLite, off the event loop.
+        records = await (self.read_aside(work) if search else self.read(work))
         next_cursor = None
         if len(records) > limit:
             records = records[:limit]

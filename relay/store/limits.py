@@ -2,11 +2,12 @@
 
 Per token: runs at once, runs a day, USD a day (the worst case of active runs counts, the
 measured cost of ended ones; both read from one ``token_days`` row, which triggers keep);
-per relay: runs at once. ``Store.admit_run`` calls
-:func:`check_limits` between the idempotency check and the insert, under an advisory lock
-on PostgreSQL, so the limits hold across replicas, and raises :class:`LimitReached`; what
-the caller is told of it (the 429) is the run service's (relay/runs/limits.py). Days and
-months are UTC (:func:`day_start`, :func:`month_start`).
+per relay: runs at once, and a token without a limit of runs at once of its own holds at
+most its fair share of them (``token_share``, relay/runs/limits.py says why).
+``Store.admit_run`` calls :func:`check_limits` between the idempotency check and the
+insert, under an advisory lock on PostgreSQL, so the limits hold across replicas, and
+raises :class:`LimitReached`; what the caller is told of it (the 429) is the run service's
+(relay/runs/limits.py). Days and months are UTC (:func:`day_start`, :func:`month_start`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Admission:
     runs_per_day: int | None
     usd_per_day: float | None
     now: float
+    token_share: int | None = None
+    """Runs at once of a token with no ``token_concurrent``: its share of the relay's."""
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,18 @@ _TODAY = sa.select(
 def check_limits(conn: Connection, run: RunRecord, admission: Admission) -> Standing:
     """Raise :class:`LimitReached` if inserting ``run`` would pass a limit; else the
     token's standing before ``run`` (for the RateLimit headers of the answer)."""
+    everyone: int | None = None
     if admission.global_concurrent is not None:
-        (count,) = fast_path.row(conn, _ACTIVE_ALL, {})
-        if count >= admission.global_concurrent:
+        (everyone,) = fast_path.row(conn, _ACTIVE_ALL, {})
+        if everyone >= admission.global_concurrent:
             frees_in = _frees_in(conn, None, admission.now)
             raise LimitReached("concurrency", admission.global_concurrent, frees_in)
+    share = admission.token_share if admission.token_concurrent is None else None
+    # Fewer runs in all than the share: this token cannot be at it (no second count).
+    if share is not None and (everyone is None or everyone >= share):
+        (count,) = fast_path.row(conn, _ACTIVE_MINE, {"token": run.token})
+        if count >= share:
+            raise LimitReached("fair_share", share, _frees_in(conn, run.token, admission.now))
     standing = Standing()
     if admission.token_concurrent is not None:
         (count,) = fast_path.row(conn, _ACTIVE_MINE, {"token": run.token})

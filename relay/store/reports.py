@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 
 from relay.run_state import RunState
 from relay.store.database import Store
+from relay.store.outcomes import FAILURES
 from relay.store.schema import deliveries, runs, state_in
 
 DAY_S = 86_400
@@ -76,19 +77,22 @@ class Reports:
 
         return await self.store.read_aside(work)
 
-    async def provider_outcomes(self, since: float) -> dict[str, tuple[int, int]]:
-        """Per provider: runs created since ``since``, and how many of them ended in
-        ``error`` or ``lost``."""
-        failed = runs.c.state.in_(state_in((RunState.error, RunState.lost)))
+    async def provider_outcomes(self, since: float) -> dict[str, tuple[int, int, int]]:
+        """Per provider: runs created since ``since``, how many of them ended in ``error``
+        or ``lost`` (the provider's or the relay's fault), and how many ended in any
+        failure (those, and ``failed``, ``timed_out``: the job's exit or its timeout)."""
+        errors = runs.c.state.in_(state_in((RunState.error, RunState.lost)))
+        failures = runs.c.state.in_(state_in(FAILURES))
         query = sa.select(
             runs.c.provider,
             sa.func.count(),
-            sa.func.coalesce(sa.func.sum(sa.case((failed, 1), else_=0)), 0),
+            sa.func.coalesce(sa.func.sum(sa.case((errors, 1), else_=0)), 0),
+            sa.func.coalesce(sa.func.sum(sa.case((failures, 1), else_=0)), 0),
         ).where(runs.c.created_at >= since)
         query = query.group_by(runs.c.provider)
 
-        def work(conn: Connection) -> dict[str, tuple[int, int]]:
-            return {name: (int(n), int(e)) for name, n, e in conn.execute(query)}
+        def work(conn: Connection) -> dict[str, tuple[int, int, int]]:
+            return {name: (int(n), int(e), int(f)) for name, n, e, f in conn.execute(query)}
 
         return await self.store.read_aside(work)
 

@@ -11,16 +11,22 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from relay.http.console_page import ASSETS, CONTENT_SECURITY_POLICY
 from relay.http.operator import MAX_SPEND_DAYS
+from relay.runs.models import MAX_OUTCOME_HOURS, MAX_SEARCH_CHARS
+from relay.store.schema import deliveries, runs
+from tests.receiver import Receiver
 from tests.relay_server import REPO, RelayProcess
+from tests.rows import run_row
 
 CHROMIUM = "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(
@@ -29,6 +35,7 @@ needs_chromium = pytest.mark.skipif(
 XSS = "<img src=x onerror=alert(1)><script>alert(2)</script>"
 RATE = 0.01
 """USD per vCPU-second of the local provider here, so spend has something to add up."""
+FAILURES = "failed,timed_out,error,lost"
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +44,12 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
         tmp_path_factory.mktemp("console"),
         cost_rates=json.dumps({"local": {"vcpu_s": RATE, "gib_s": 0}}),
         pool_warm=json.dumps({"echo": 1}),  # a warm pool the health page shows
+        # Callbacks to a receiver on this machine, tried soon and retried much later.
+        webhook_secret="console-test-webhook-secret",
+        webhook_allow_http="true",
+        webhook_allow_private="true",
+        webhook_poll_s=0.2,
+        webhook_backoff_s=600,
     )
     server.add_token("ops", admin=True)
     server.add_token("nightly", limits={"runs_per_day": 50, "usd_per_day": 5})
@@ -97,10 +110,76 @@ def test_admin_scope_reads_every_token_and_the_rest_stays_per_token(relay: Relay
     assert relay.get(admin, "/v1/spend", days=str(MAX_SPEND_DAYS + 1)).status_code == 400
 
 
+def test_list_entries_carry_their_request_and_are_found_by_id_text_and_states(
+    relay: RelayProcess,
+) -> None:
+    admin, nightly = relay.tokens["ops"], relay.tokens["nightly"]
+    asked = {"job": "params", "params": {"name": "listed", "tags": ["a", "b"]}}
+    run = relay.post(nightly, asked).json()
+    broken = relay.post(
+        nightly,
+        {"job": "python", "stdin": "raise SystemExit(3)", "env": {"API_KEY": "secret-env-value"}},
+    ).json()
+    assert broken["state"] == "failed" and broken["exit_code"] == 3
+    listed = _list(relay, nightly, q=run["id"])
+    (entry,) = listed.json()["runs"]
+    assert entry["request"] == run["request"]  # what GET /v1/runs/{id} shows
+    assert entry["request"]["params"] == asked["params"] and "stdout" not in entry
+    secretive = _list(relay, nightly, q=broken["id"])
+    assert secretive.json()["runs"][0]["request"]["env"] == ["API_KEY"]
+    assert "secret-env-value" not in secretive.text
+    # Several states at once; a text in the job's or token's name, in any case.
+    ended = _list(relay, admin, state=FAILURES, token="nightly").json()["runs"]
+    assert broken["id"] in [r["id"] for r in ended] and {r["state"] for r in ended} <= set(
+        FAILURES.split(",")
+    )
+    assert {r["job"] for r in _list(relay, admin, q="PARAM").json()["runs"]} == {"params"}
+    assert {r["token"] for r in _list(relay, admin, q="ightl").json()["runs"]} == {"nightly"}
+    assert _list(relay, admin, q=run["id"][:-1]).json()["runs"] == []  # an id only whole
+    assert _list(relay, nightly, q="reports").json()["runs"] == []  # its own runs only
+    for odd in (
+        {"state": "failed,nope"},
+        {"state": "failed,"},
+        {"q": "x" * (MAX_SEARCH_CHARS + 1)},
+    ):
+        refused = _list(relay, admin, **odd)
+        assert refused.status_code == 400, odd
+        assert refused.json()["error"]["code"] == "invalid_request"
+    assert _list(relay, admin, q="a\x00b").status_code == 400
+
+
+def test_outcomes_per_job_and_provider_are_for_admin_tokens(relay: RelayProcess) -> None:
+    admin, nightly = relay.tokens["ops"], relay.tokens["nightly"]
+    relay.post(nightly, {"job": "python", "stdin": "raise SystemExit(5)"})
+    report = relay.get(admin, "/v1/outcomes", hours="1")
+    assert report.status_code == 200, report.text
+    body = report.json()
+    assert body["hours"] == 1 and body["omitted"] == 0
+    python = next(group for group in body["jobs"] if group["name"] == "python")
+    assert python["failed"] >= 1 and python["failures"].get("exit 5", 0) >= 1
+    assert python["last_failure"]["state"] == "failed"
+    assert python["p50_ms"] is not None and python["p95_ms"] >= python["p50_ms"]
+    local = next(group for group in body["providers"] if group["name"] == "local")
+    assert local["runs"] >= python["runs"]
+    assert relay.get(nightly, "/v1/outcomes").status_code == 403
+    for hours in ("0", str(MAX_OUTCOME_HOURS + 1), "²", "1.5"):
+        assert relay.get(admin, "/v1/outcomes", hours=hours).status_code == 400, hours
+    assert relay.get(admin, "/v1/outcomes", days="1").status_code == 400
+    health = relay.get(admin, "/v1/health").json()
+    (provider,) = health["providers"]
+    assert provider["failed"] >= python["failed"] > 0  # every failure, not just error/lost
+
+
 def test_pages_and_assets_answer_under_a_strict_policy(relay: RelayProcess) -> None:
     assert "script-src 'self'" in CONTENT_SECURITY_POLICY
     assert "unsafe" not in CONTENT_SECURITY_POLICY
-    for path in ("/console", "/console/spend", "/console/health", "/console/runs/run_0ab"):
+    for path in (
+        "/console",
+        "/console/jobs",
+        "/console/spend",
+        "/console/health",
+        "/console/runs/run_0ab",
+    ):
         page = relay.get(None, path)
         assert page.status_code == 200, path
         assert page.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
@@ -172,8 +251,17 @@ def _log_in(page: Any, relay: RelayProcess, token: str, path: str = "/console") 
     page.keyboard.press("Enter")
 
 
+def _refused(status: int) -> str:
+    """What Chromium logs of an API call the relay refused (the page says why itself)."""
+    reason = {403: "Forbidden", 422: "Unprocessable Entity"}[status]
+    return f"Failed to load resource: the server responded with a status of {status} ({reason})"
+
+
 def _docs_picture(page: Any, name: str) -> None:
+    from playwright.sync_api import expect
+
     if os.environ.get("CONSOLE_SCREENSHOTS") == "docs":
+        expect(page.locator("body[data-ready]")).to_be_attached()  # its data drawn
         page.screenshot(path=str(REPO / "docs" / name), full_page=True)
 
 
@@ -246,7 +334,212 @@ def test_spend_chart_adds_up(relay: RelayProcess, page: Any) -> None:
 
 
 @needs_chromium
-def test_output_and_params_render_as_text(relay: RelayProcess, page: Any) -> None:
+def test_the_runs_list_says_how_runs_ended_and_pages_past_the_newest(
+    relay: RelayProcess, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    nightly = relay.tokens["nightly"]
+    broken = relay.post(nightly, {"job": "python", "stdin": "raise SystemExit(7)"}).json()
+    slow = relay.post(
+        nightly, {"job": "python", "stdin": "import time; time.sleep(30)", "timeout_s": 0.5}
+    ).json()
+    assert (broken["state"], slow["state"]) == ("failed", "timed_out")
+    _log_in(page, relay, relay.tokens["ops"], f"/console?state={FAILURES}")
+    row = page.locator(f"tr[data-run-id='{broken['id']}']")
+    expect(row.locator(".cell-ending")).to_have_text("exit 7")
+    expect(page.locator(f"tr[data-run-id='{slow['id']}'] .cell-ending")).to_have_text("timed out")
+    expect(page.locator("select[name=state]")).to_have_value(FAILURES)
+    states = set(page.locator("#runs .cell-state").all_inner_texts())
+    assert states and states <= set(FAILURES.split(","))
+    # A whole run id finds that run; text finds runs by their job's or token's name.
+    page.fill("input[name=q]", broken["id"])
+    page.select_option("select[name=state]", "")
+    page.keyboard.press("Enter")
+    expect(page.locator("#runs tbody tr")).to_have_count(1)
+    expect(row).to_be_visible()
+    page.goto(relay.url + "/console?q=arams")
+    expect(page.locator("#runs tbody tr").first).to_be_visible()
+    assert set(page.locator("#runs .cell-job").all_inner_texts()) == {"params"}
+    expect(page.locator("#runs .cell-asked").first).to_contain_text('"name":')  # what was asked
+    # Past the newest page, by the API's cursor, and back.
+    newest = [r["id"] for r in _list(relay, relay.tokens["ops"], limit="4").json()["runs"]]
+    page.goto(relay.url + "/console?limit=2")
+    expect(page.locator("#runs tbody tr")).to_have_count(2)
+    expect(page.locator("#newest")).to_be_hidden()
+    page.locator("#older").click()
+    expect(page.locator("#runs tbody tr").first).to_have_attribute("data-run-id", newest[2])
+    assert page.locator("#runs tbody tr").nth(1).get_attribute("data-run-id") == newest[3]
+    assert "cursor=" in page.url and "limit=2" in page.url
+    page.locator("#newest").click()
+    expect(page.locator("#runs tbody tr").first).to_have_attribute("data-run-id", newest[0])
+    # A phone: each run says its state, job and age, the columns around them fold away.
+    page.set_viewport_size({"width": 360, "height": 740})
+    page.goto(relay.url + f"/console?state={FAILURES}")
+    card = page.locator(f"tr[data-run-id='{broken['id']}']")
+    for part in (".cell-state", ".cell-job", ".cell-age", ".cell-id"):
+        box = card.locator(part).bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 360, part
+    expect(card.locator(".cell-job")).to_have_text("python")
+    expect(card.locator(".cell-age")).to_have_text(re.compile(r"^\d+ (s|min) ago$"))
+    expect(card.locator(".cell-token")).to_be_hidden()
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 360
+    _docs_picture(page, "console-phone.png")
+    assert page.problems == []
+
+
+@needs_chromium
+def test_the_jobs_page_answers_what_is_failing(relay: RelayProcess, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    broken = relay.post(relay.tokens["nightly"], {"job": "python", "stdin": "exit(9)"}).json()
+    command = relay.post(relay.tokens["reports"], {"command": ["sh", "-c", "exit 4"]}).json()
+    assert (broken["exit_code"], command["exit_code"]) == (9, 4)
+    _log_in(page, relay, relay.tokens["ops"], "/console/jobs")
+    python = page.locator("#jobs tr[data-name='python']")
+    expect(python.locator(".causes")).to_contain_text("exit 9 \N{MULTIPLICATION SIGN} 1")
+    report = relay.get(relay.tokens["ops"], "/v1/outcomes", hours="24").json()
+    counted = next(group for group in report["jobs"] if group["name"] == "python")
+    rate = round(counted["success_rate"] * 100)
+    expect(python.locator("td").nth(1)).to_have_text(f"{rate}%")
+    expect(page.locator("#jobs tr[data-name='']")).to_contain_text("(command)")
+    expect(page.locator("#jobs tr[data-name=''] .causes")).to_contain_text(
+        "exit 4 \N{MULTIPLICATION SIGN} 1"
+    )
+    expect(page.locator("#job-providers tr[data-name='local']")).to_be_visible()
+    _docs_picture(page, "console-jobs.png")
+    # The last failure leads to its run; the failure count to the runs that failed.
+    python.locator("td").last.locator("a").click()
+    expect(page.locator("#run-state")).to_have_text("failed")
+    assert page.url.endswith("/console/runs/" + broken["id"])
+    page.go_back()
+    python.locator("td").nth(2).locator("a").click()
+    expect(page.locator("select[name=state]")).to_have_value(FAILURES)
+    expect(page.locator("input[name=job]")).to_have_value("python")
+    assert set(page.locator("#runs .cell-job").all_inner_texts()) == {"python"}
+    page.goto(relay.url + "/console/jobs?hours=1")  # another window
+    expect(page.locator("select[name=hours]")).to_have_value("1")
+    expect(page.locator("#jobs tr[data-name='python']")).to_be_visible()
+    assert page.problems == []
+
+
+@needs_chromium
+def test_a_run_page_shows_its_deliveries_and_counts_a_running_run_live(
+    relay: RelayProcess, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    with Receiver(statuses=[503]) as receiver:
+        started = relay.post(
+            relay.tokens["nightly"],
+            {
+                "job": "sleep",
+                "params": {"seconds": 2},
+                "wait": False,
+                "callback_url": receiver.url,
+            },
+        ).json()
+        _log_in(page, relay, relay.tokens["ops"], f"/console/runs/{started['id']}")
+        shown = page.locator("#run-duration")
+        expect(shown).to_be_visible()
+        first = shown.inner_text()
+        expect(shown).not_to_have_text(first)  # it counts while the run runs
+        expect(page.locator("#run-state")).to_have_text("succeeded", timeout=30_000)
+        receiver.wait_for(started["id"])
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # the attempt is recorded after its answer
+            run = relay.get(relay.tokens["nightly"], f"/v1/runs/{started['id']}").json()
+            if run["deliveries"] and run["deliveries"][0]["attempts"]:
+                break
+            time.sleep(0.1)
+        page.reload()
+        delivery = page.locator("#deliveries tbody tr")
+        expect(delivery).to_have_count(1)
+        expect(delivery.locator(".state")).to_have_text("pending")
+        expect(delivery.locator("td").nth(2)).to_have_text("1")
+        expect(delivery.locator(".attempts")).to_contain_text("HTTP 503")
+        expected = run["deliveries"][0]["next_attempt_at"].replace("T", " ")[:16]
+        expect(delivery.locator("td").nth(3)).to_contain_text(expected)  # the next retry
+    page.goto(relay.url + f"/console/runs/{run['id']}")
+    _docs_picture(page, "console-run.png")
+    assert page.problems == []
+
+
+@needs_chromium
+def test_an_admin_re_runs_a_request_that_keeps_no_secret_and_is_told_why_not_otherwise(
+    relay: RelayProcess, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    admin, nightly = relay.tokens["ops"], relay.tokens["nightly"]
+    asked = {"job": "sleep", "params": {"seconds": 0}, "timeout_s": 20}
+    original = relay.post(nightly, asked).json()
+    _log_in(page, relay, admin, f"/console/runs/{original['id']}")
+    expect(page.locator("#rerun-note")).to_contain_text("not nightly's")
+    page.locator("#rerun").focus()
+    page.keyboard.press("Enter")
+    page.wait_for_url(lambda url: "/console/runs/" in url and original["id"] not in url)
+    again_id = page.url.rsplit("/", 1)[1]
+    expect(page.locator("#run-state")).to_have_text("succeeded")
+    again = relay.get(admin, f"/v1/runs/{again_id}").json()
+    assert again["token"] == "ops"  # the admin's run, through POST /v1/runs
+    assert again["request"]["params"] == asked["params"]
+    assert again["request"]["timeout_s"] == 20 and again["request"]["wait"] is False
+    assert again["stdout"] == original["stdout"]
+    # A request whose env, files or stdin the relay did not keep cannot be rebuilt.
+    secret = relay.post(
+        nightly, {"job": "python", "stdin": "print(1)", "env": {"API_KEY": "v"}}
+    ).json()
+    page.goto(relay.url + f"/console/runs/{secret['id']}")
+    expect(page.locator("#rerun-note")).to_contain_text("the values of its env (API_KEY)")
+    expect(page.locator("#rerun-note")).to_contain_text("its stdin (8 bytes)")
+    expect(page.locator("#rerun")).to_be_hidden()
+    # Every check of the API applies: this admin token has no `command` scope.
+    command = relay.post(relay.tokens["reports"], {"command": ["true"]}).json()
+    page.goto(relay.url + f"/console/runs/{command['id']}")
+    page.locator("#rerun").click()
+    expect(page.locator("#rerun-result")).to_contain_text("Refused:")
+    expect(page.locator("#content")).to_be_visible()  # still logged in
+    assert page.problems == [_refused(403)]
+
+
+def _put_hostile_run(relay: RelayProcess) -> str:
+    """A run in the relay's database whose job, token, error and webhook attempt are markup
+    (as another replica or an older relay might have written them); its id."""
+    run_id = "run_0badc0de"
+    now = time.time()
+    request = {"job": XSS, "params": {"name": XSS}, "env": [], "files": [], "stdin_bytes": 0}
+
+    record = run_row(
+        run_id,
+        job=XSS,
+        token=XSS,
+        state="error",
+        error_code=XSS,
+        error_message=XSS,
+        request=json.dumps(request),
+        callback_url="https://hooks.example/",
+        ended_at=now,
+    )
+    attempt = {"attempt": 1, "at": now, "error": XSS, "duration_ms": 3}
+    delivery = {
+        "id": "dlv_0badc0de", "run_id": run_id, "token": XSS, "url": "https://x/",
+        "state": "failed", "attempts": 1, "attempt_log": json.dumps([attempt]),
+        "created_at": now, "next_attempt_at": now,
+    }  # fmt: skip
+    # Written beside the running relay, as another process would (SQLite waits its turn).
+    engine = sa.create_engine(f"sqlite:///{relay.root / 'relay.db'}")
+    try:
+        with engine.begin() as conn:
+            conn.execute(runs.insert().values(**record.columns()))
+            conn.execute(deliveries.insert().values(**delivery))
+    finally:
+        engine.dispose()
+    return run_id
+
+
+@needs_chromium
+def test_output_params_names_and_errors_render_as_text(relay: RelayProcess, page: Any) -> None:
     from playwright.sync_api import expect
 
     answer = relay.post(relay.tokens["nightly"], {"job": "params", "params": {"name": XSS}})
@@ -257,4 +550,21 @@ def test_output_and_params_render_as_text(relay: RelayProcess, page: Any) -> Non
     expect(page.locator("#stdout")).to_contain_text(XSS)
     expect(page.locator("#run-request")).to_contain_text(json.dumps(XSS)[1:-1])
     assert page.locator("main img, main script").count() == 0
-    assert page.problems == []  # no alert, nothing refused by the policy
+    # A job, a token, an error and a webhook attempt that are markup, on every page.
+    hostile = _put_hostile_run(relay)
+    page.goto(relay.url + f"/console/runs/{hostile}")
+    expect(page.locator("#run-facts")).to_contain_text(f"{XSS}: {XSS}")  # code: message
+    expect(page.locator("#deliveries .attempts")).to_contain_text(XSS)
+    page.locator("#rerun").click()  # the API refuses such a job name; its answer is text
+    expect(page.locator("#rerun-result")).to_contain_text("Refused:")
+    page.goto(relay.url + f"/console?q={hostile}")
+    listed = page.locator(f"tr[data-run-id='{hostile}']")
+    expect(listed.locator(".cell-job")).to_have_text(XSS)
+    expect(listed.locator(".cell-ending")).to_have_text(XSS)
+    expect(listed.locator(".cell-asked")).to_contain_text("<img")
+    page.goto(relay.url + "/console/jobs")
+    expect(page.locator("#jobs")).to_contain_text(XSS)
+    expect(page.locator("#jobs .causes").filter(has_text=XSS)).to_have_count(1)
+    assert page.locator("main img, main script").count() == 0
+    # No alert, nothing refused by the policy: only the API's refusal of the re-run.
+    assert page.problems == [_refused(422)]

@@ -1,11 +1,15 @@
 """``/mcp`` through the ``mcp`` SDK's own client, over real HTTP, against a real relay
 (the local provider with bubblewrap): tools per token, runs, errors, limits, progress,
-timeouts and cancellation with the sandbox verified gone, auth, and fuzzed arguments."""
+timeouts and cancellation with the sandbox verified gone, auth, and fuzzed arguments.
+
+Every tool result is checked against its tool's ``outputSchema`` with a JSON Schema
+validator, as the TypeScript SDK's client checks it (this SDK's skips error results)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,9 +23,10 @@ import pytest
 from anyio.from_thread import start_blocking_portal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, ListToolsResult, TextContent
 
 from relay.http.mcp_tools import job_schema
 from relay.runs.catalog import Catalog
@@ -87,8 +92,44 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
     assert "unhandled error" not in log and "mcp tool failed" not in log
 
 
+def conform(result: CallToolResult, schema: dict[str, Any] | None) -> None:
+    """What the TypeScript SDK's client demands of a tool with an ``outputSchema``: structured
+    content, unless the result is an error, and whatever structured content there is (on an
+    error too) valid against the schema."""
+    if schema is None:
+        return
+    if result.structured_content is None:
+        assert result.is_error, "a tool with an outputSchema answered no structured content"
+        return
+    validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    errors = [error.message for error in validator.iter_errors(result.structured_content)]
+    assert not errors, errors
+
+
+class Checked:
+    """The SDK's client, with every tool result checked by :func:`conform`."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.schemas: dict[str, dict[str, Any] | None] = {}
+
+    async def list_tools(self) -> ListToolsResult:
+        listed = await self.client.list_tools()
+        self.schemas.update({tool.name: tool.output_schema for tool in listed.tools})
+        return listed
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], **options: Any
+    ) -> CallToolResult:
+        if name not in self.schemas:
+            await self.list_tools()  # as a host has: the schemas come with the list
+        result = await self.client.call_tool(name, arguments, **options)
+        conform(result, self.schemas.get(name))
+        return result
+
+
 @contextlib.asynccontextmanager
-async def connect(relay: RelayProcess, token: str, mode: str = "legacy") -> AsyncIterator[Client]:
+async def connect(relay: RelayProcess, token: str, mode: str = "legacy") -> AsyncIterator[Checked]:
     http = httpx2.AsyncClient(
         headers={"Authorization": f"Bearer {token}"},
         timeout=httpx2.Timeout(30, read=60),
@@ -98,7 +139,7 @@ async def connect(relay: RelayProcess, token: str, mode: str = "legacy") -> Asyn
         http,
         Client(streamable_http_client(relay.url + "/mcp", http_client=http), mode=mode) as client,
     ):
-        yield client
+        yield Checked(client)
 
 
 def text(result: CallToolResult) -> str:
@@ -110,6 +151,15 @@ def text(result: CallToolResult) -> str:
 def structured(result: CallToolResult) -> dict[str, Any]:
     assert result.structured_content is not None
     return dict(result.structured_content)
+
+
+def refusal(result: CallToolResult, code: str) -> str:
+    """The text of a refused call, which names the relay's error ``code`` as /v1 does; a
+    refusal carries no structured content (it would not be a Run)."""
+    assert result.is_error and result.structured_content is None, result
+    assert len(result.content) == 1
+    assert text(result).startswith(f"{code}: "), text(result)
+    return text(result)
 
 
 def sandbox_processes(marker: str) -> list[list[str]]:
@@ -206,6 +256,7 @@ async def test_bad_arguments_are_tool_errors_with_the_relays_code(relay: RelayPr
         typed = await client.call_tool("sleep", {"seconds": "5"})
         unknown = await client.call_tool("echo", {"message": "x", "stdin": "no"})
         command = await client.call_tool("run_command", {"command": []})
+        option = await client.call_tool("echo", {"message": "--version"})
         with pytest.raises(MCPError):
             await client.call_tool("no-such-tool", {})
     for result, code in [
@@ -214,14 +265,26 @@ async def test_bad_arguments_are_tool_errors_with_the_relays_code(relay: RelayPr
         (typed, "invalid_params"),
         (unknown, "invalid_params"),
         (command, "validation_error"),
+        (option, "invalid_params"),
     ]:
-        assert result.is_error
-        error = structured(result)["error"]
-        assert error["code"] == code, error
-        assert text(result).startswith(f"{code}: ")
+        refusal(result, code)
+    assert "starts with '-'" in text(option)
+
+
+async def test_a_tool_the_token_may_not_use_is_refused_as_v1_refuses_it(
+    relay: RelayProcess,
+) -> None:
+    """A host may call a tool from a list made before the token lost it: the model reads
+    `forbidden`, as POST /v1/runs answers, for a job whether it exists or not."""
     async with connect(relay, relay.tokens["echo-only"]) as client:
-        with pytest.raises(MCPError):  # not this token's: not a tool it has
-            await client.call_tool("run_command", {"command": ["id"]})
+        command = await client.call_tool("run_command", {"command": ["id"]})
+        sleep = await client.call_tool("sleep", {"seconds": 0})
+        missing = await client.call_tool("no-such-job", {})
+        with pytest.raises(MCPError):  # no job name: no tool, a protocol error
+            await client.call_tool("No Such Tool", {})
+    assert refusal(command, "forbidden") == "forbidden: this token may not run a raw command"
+    assert refusal(sleep, "forbidden") == "forbidden: this token may not run job 'sleep'"
+    assert refusal(missing, "forbidden") == "forbidden: this token may not run job 'no-such-job'"
 
 
 async def test_a_limit_refuses_with_a_retry_hint(relay: RelayProcess) -> None:
@@ -229,10 +292,7 @@ async def test_a_limit_refuses_with_a_retry_hint(relay: RelayProcess) -> None:
         first = await client.call_tool("echo", {"message": "one"})
         second = await client.call_tool("echo", {"message": "two"})
     assert not first.is_error
-    assert second.is_error
-    error = structured(second)["error"]
-    assert error["code"] == "rate_limited" and error["retry_after_s"] > 0
-    assert "retry after" in text(second)
+    assert re.search(r"\(retry after [1-9][0-9]* s\)$", refusal(second, "rate_limited"))
 
 
 async def test_a_timeout_ends_the_run_and_its_sandbox(relay: RelayProcess) -> None:
@@ -315,7 +375,7 @@ async def test_a_run_past_max_wait_is_read_later_with_get_run(relay: RelayProces
         missing = await client.call_tool("get_run", {"run_id": "run_nope"})
     assert structured(later)["state"] == "succeeded"
     assert text(later) == "sleeping\nwoke\n"
-    assert missing.is_error and structured(missing)["error"]["code"] == "not_found"
+    refusal(missing, "not_found")
 
 
 def test_no_token_no_session(relay: RelayProcess) -> None:
@@ -399,15 +459,13 @@ def test_fuzzed_arguments_never_fail_the_relay(relay: RelayProcess) -> None:
                 arguments["timeout_s"] = 1  # whatever it runs, it is over in a second
             result = portal.call(_call, client, tool, arguments)
             assert isinstance(result, CallToolResult)
-            error = (result.structured_content or {}).get("error")
-            if isinstance(error, dict):
-                assert error["code"] != "internal", error
+            assert not text(result).startswith("internal: "), text(result)
 
         call()
         assert SECRET_CANARY not in SEEN.decode(errors="replace")
 
 
-async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> CallToolResult:
+async def _call(client: Checked, tool: str, arguments: dict[str, Any]) -> CallToolResult:
     with anyio.fail_after(20):
         return await client.call_tool(tool, arguments)
 
@@ -445,5 +503,5 @@ async def test_a_store_outage_mid_call_answers_the_outcome_then_store_unavailabl
         finally:
             server.stop()
     assert not result.is_error and text(result) == "kept\n"
-    assert refused.is_error and text(refused).startswith("store_unavailable: ")
+    refusal(refused, "store_unavailable")
     assert "mcp tool failed" not in server.log()

@@ -145,6 +145,7 @@ def test_with_the_store_down_every_answer_is_documented(tmp_path: Path) -> None:
                 ("get", "/v1/providers", "/v1/providers", "ops"),
                 ("get", "/v1/spend", "/v1/spend", "operator"),
                 ("get", "/v1/health", "/v1/health", "operator"),
+                ("get", "/v1/outcomes", "/v1/outcomes", "operator"),
             ):
                 body = {"command": ["true"]} if method == "post" else None
                 answer = httpx.request(

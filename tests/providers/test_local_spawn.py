@@ -65,7 +65,8 @@ async def test_the_job_runs_under_the_sandbox_limits(tmp_path: Path, isolation: 
         await provider.aclose()
     assert result.exit_code == 0
     cpu_s = int(spec.lifetime_s)
-    assert _limits_seen(sink.text("stdout")) == base_rlimits(cpu_s, spec.resources.memory_mb)
+    expected = base_rlimits(cpu_s, spec.resources.memory_mb, provider.budget.open_files)
+    assert _limits_seen(sink.text("stdout")) == expected
 
 
 @needs_bwrap
@@ -74,8 +75,11 @@ def test_a_bwrap_sandbox_is_started_without_a_fork_of_the_relay(tmp_path: Path) 
     provider = LocalProvider(make_settings(tmp_path, local_isolation="bwrap"))
     spec = SandboxSpec(run_id="run_spawn", cluster="test", timeout_s=5, egress=Egress(()))
     box = LocalSandbox(provider, "lcl-spawn", spec)
+    box.uid = provider.uids.take() if provider.uids is not None else None  # as root
     invocation = box.launch(["true"], "/workspace", 10, {"LD_PRELOAD": "/x.so"})
     invocation.close()
+    if box.uid is not None:
+        box.uid.release()
     assert invocation.setup is None  # no preexec_fn, so subprocess may vfork
     assert invocation.argv[0].endswith("prlimit") and "--args" in invocation.argv
     assert invocation.env == HOST_ENV  # the job's variables never reach a host process
@@ -156,7 +160,10 @@ def test_an_invocation_never_closes_a_number_twice(tmp_path: Path) -> None:
     box = LocalSandbox(
         provider, "lcl-fds", SandboxSpec(run_id="run_fds", cluster="test", timeout_s=5)
     )
+    box.uid = provider.uids.take() if provider.uids is not None else None  # as root
     invocation = box.launch(["true"], "/workspace", 10, {})
+    if box.uid is not None:
+        box.uid.release()
     invocation.close_child_ends()
     reused = os.pipe()  # takes the lowest free numbers: those just closed
     try:

@@ -84,11 +84,16 @@ def test_egress_maps_to_block_all_or_allow_lists_and_never_widens() -> None:
         network_of(tuple(f"10.0.{i}.0/24" for i in range(6)))
 
 
-def test_the_command_line_quotes_every_word() -> None:
-    line = command_line(["echo", "$(id); `x`"], {"A": "b c"}, "/workspace/a b", "/dev/null", 5)
+def test_the_command_line_quotes_every_word_and_carries_no_value() -> None:
+    line = command_line(["echo", "$(id); `x`"], "/workspace/a b", "/dev/null", 5)
     assert line == (
-        "(mkdir -p -- '/workspace/a b' && cd -- '/workspace/a b' && exec env -- 'A=b c' "
+        "(mkdir -p -- '/workspace/a b' && cd -- '/workspace/a b' && exec env -- "
         "timeout -s KILL 7 echo '$(id); `x`' < /dev/null)"
+    )
+    line = command_line(["true"], "/w", "/s", 5, variables="/tmp/v f")
+    assert line == (
+        "(mkdir -p -- /w && cd -- /w && set -a && . '/tmp/v f' && set +a && "
+        "command -p rm -f -- '/tmp/v f' && exec env -- timeout -s KILL 7 true < /s)"
     )
 
 
@@ -112,6 +117,28 @@ async def test_the_create_request_carries_lifetime_labels_network_and_size(
     assert entry["resources"] == {"cpu": 2, "memory": 4, "disk": 4}
     assert "FROM python:3.12-slim" in entry["image"] and entry["target"] == "us"
     assert entry["env_names"] == []  # a job's env goes with its command, never at create
+
+
+async def test_the_jobs_env_is_sent_once_and_never_on_a_command_line(
+    fake: FakeDaytona, provider: DaytonaProvider
+) -> None:
+    """The env goes with the command, in an uploaded file, never at create; a session's
+    command line (which the toolbox API shows to whoever holds the key) carries no value."""
+    async with provider.sandbox(spec()) as box:
+        sink = OutputSink(1000)
+        await box.exec(
+            ["sh", "-c", 'echo "$MODE $EXTRA $HOME"'],
+            stdin=None,
+            env={"MODE": "mode-value-9c", "EXTRA": "it's $(id)"},
+            workdir=None,
+            timeout_s=10,
+            output=sink,
+        )
+        entry = fake.ledger.create_of(box.id)
+        lines = [c["command"] for c in fake.ledger.commands if c["sandbox_id"] == box.id]
+    assert sink.text("stdout") == "mode-value-9c it's $(id) /home/daytona\n", sink.text("stderr")
+    assert entry is not None and entry["env_names"] == []  # never at create
+    assert lines and not [line for line in lines if "mode-value-9c" in line or "$(id)" in line]
 
 
 # --- lifetimes and loss ---------------------------------------------------------------------

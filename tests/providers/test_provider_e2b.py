@@ -199,6 +199,7 @@ async def test_credentials_and_urls_never_come_from_the_environment(
 ) -> None:
     monkeypatch.setenv("E2B_API_KEY", "bad-key")
     monkeypatch.setenv("E2B_DEBUG", "true")  # would skip the control plane entirely
+    monkeypatch.setenv("E2B_HTTP_VERSION", "0.9")  # the SDK would refuse every call
     provider = E2BProvider(settings_for(fake))
     code, _, _ = await run(provider, ["true"])
     assert code == 0

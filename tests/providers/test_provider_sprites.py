@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -15,7 +18,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from relay.errors import ConfigError, EgressUnsupported, SandboxLost, SizeUnsupported
+from relay.errors import (
+    ConfigError,
+    EgressUnsupported,
+    ProviderTimeout,
+    ProviderUnavailable,
+    SandboxLost,
+    SizeUnsupported,
+)
 from relay.providers.contract import (
     TAG_CLUSTER,
     TAG_RUN,
@@ -39,6 +49,7 @@ from relay.settings import Settings
 from tests.contract.test_sprites import TOKEN, settings_for
 from tests.fakes.sprites import BODY_MARKER, FakeSprites, running_fake
 from tests.relay_server import SECRET_CANARY, RelayProcess
+from tests.sprites_faults import killed_relay
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +92,11 @@ def test_egress_maps_to_domain_rules_or_is_refused() -> None:
     assert [(r.domain, r.action) for r in deny_all.rules] == [("*", "deny")]
     some = network_policy_for(("PyPI.org", "*.github.com"))
     assert some is not None
+    # The docs' order: the allows first, then deny * (first match keeps it meaning this).
     assert [(r.domain, r.action) for r in some.rules] == [
-        ("*", "deny"),
         ("pypi.org", "allow"),
         ("*.github.com", "allow"),
+        ("*", "deny"),
     ]
     for hosts in (("10.0.0.0/8",), ("1.2.3.4",), ("*", "pypi.org"), ("pypi.org:443",)):
         with pytest.raises(EgressUnsupported):
@@ -103,6 +115,10 @@ def test_names_and_labels_find_the_run_again() -> None:
     job = spec("run_ABC_0123456789xyz", timeout_s=20, grace_s=10)
     name = sprite_name(job)
     assert name.startswith("test-run-abc-01234") and len(name) <= 63
+    # The run's own name: what a failed create left is found by it, without a listing.
+    assert sprite_name(job) == name != sprite_name(spec("run_ABC_0123456789xyZ"))
+    longest = spec("run_" + "f" * 27, cluster="c" * 40)
+    assert len(sprite_name(longest)) <= 63
     tags = tags_of(labels_for(job))
     created = int(tags.pop("relay-created"))
     assert tags == {TAG_CLUSTER: "test", TAG_RUN: job.run_id, "relay-lifetime": "30"}
@@ -141,13 +157,126 @@ async def test_a_run_creates_a_labelled_sized_sprite_and_deletes_it(
     assert sink.text("stdout") == "from a file\nhi\n/workspace\npiped\n"
     entry = fake.ledger.create_of(box.id)
     assert entry is not None and entry["config"] == {"cpus": 2, "ram_mb": 2048, "storage_gb": 1}
-    assert policy == [{"domain": "*", "action": "deny"}, {"domain": "pypi.org", "action": "allow"}]
+    assert policy == [{"domain": "pypi.org", "action": "allow"}, {"domain": "*", "action": "deny"}]
     assert fake.ledger.tokens == {TOKEN}
     command = fake.ledger.commands[-1]
-    # The job's argv is passed whole, after the in-sprite KILL timeout: no shell parses it.
+    # The job's argv is passed whole, after the wrapper's own: no shell parses it.
     assert command["argv"][-3:] == ["sh", "-c", 'cat in.txt; echo "$GREETING"; pwd; cat; exit 3']
-    assert command["argv"][4:6] == ["12", "/workspace"]  # timeout_s + the margin, workdir
+    assert "timeout -s KILL 12 " in command["argv"][2]  # timeout_s + the margin
+    assert command["argv"][4] == "/workspace"
+    # The env went in a file, not in the exec's env (which would replace HOME, PATH…).
+    assert command["argv"][5].startswith("/tmp/relay-exec-") and command["env_names"] == []
     assert box.id in {name for name, _ in fake.ledger.deleted}
+
+
+async def test_a_jobs_env_keeps_the_sprites_default_environment(
+    fake: FakeSprites, provider: SpritesProvider
+) -> None:
+    """The docs: an exec's env replaces the default environment. The job must see the
+    sprite's own HOME and PATH plus its variables, as on every other provider."""
+    value = 'it\'s "quoted" $(id) `id` $HOME\nsecond line'
+    async with provider.sandbox(spec()) as box:
+        sink = OutputSink(4000)
+        result = await box.exec(
+            ["sh", "-c", 'echo "HOME=$HOME"; echo "PATH=$PATH"; printf %s "$ODD"; ls /tmp'],
+            stdin=None,
+            env={"ODD": value, "PLAIN": "x"},
+            workdir=None,
+            timeout_s=10,
+            output=sink,
+        )
+    lines = sink.text("stdout").split("\n")
+    assert result.exit_code == 0, sink.text("stderr")
+    assert lines[0] == "HOME=/home/sprite" or lines[0].endswith("/home/sprite"), lines
+    assert "/usr/bin" in lines[1].split("=", 1)[1].split(":")
+    assert "\n".join(lines[2:4]) == value  # word for word: nothing expanded or run
+    assert "relay-exec" not in sink.text("stdout")  # the variables' file is gone
+
+
+async def test_an_allowed_host_is_reachable_and_another_is_not(
+    fake: FakeSprites, provider: SpritesProvider
+) -> None:
+    """The fake applies the policy first-match (its proxy checks each host): with the
+    relay's rules, the allowed host answers and any other is refused."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = ("127.0.0.1", server.server_address[1])
+    fake.world.hosts.update({"pypi.org": address, "example.com": address})
+    script = (
+        "import urllib.request, urllib.error\n"
+        "for host in ('pypi.org', 'example.com'):\n"
+        "    try:\n"
+        "        code = urllib.request.urlopen(f'http://{host}/', timeout=5).status\n"
+        "    except urllib.error.HTTPError as exc:\n"
+        "        code = exc.code\n"
+        "    print(host, code)\n"
+    )
+    try:
+        async with provider.sandbox(spec(egress=Egress(("pypi.org",)))) as box:
+            sink = OutputSink(1000)
+            await box.exec(
+                ["python3", "-c", script],
+                stdin=None,
+                env={"UNRELATED": "1"},
+                workdir=None,
+                timeout_s=20,
+                output=sink,
+            )
+    finally:
+        fake.world.hosts.clear()
+        server.shutdown()
+        server.server_close()
+    assert sink.text("stdout") == "pypi.org 200\nexample.com 403\n", sink.text("stderr")
+    assert [(host, allowed) for _, host, allowed in fake.ledger.egress[-2:]] == [
+        ("pypi.org", True),
+        ("example.com", False),
+    ]
+
+
+async def test_a_late_create_answer_leaves_no_sprite(fake: FakeSprites) -> None:
+    """The sprite exists, the answer comes after the relay gave up: swept by its name."""
+    impatient = SpritesProvider(settings_for(fake, create_timeout_s=0.5))
+    fake.faults.create_delay_s = 3.0
+    try:
+        with pytest.raises(ProviderTimeout):
+            async with impatient.sandbox(spec("run_late")):
+                pytest.fail("no sandbox should be yielded")
+    finally:
+        await impatient.aclose()
+    assert len(fake.ledger.created) >= 1 and fake.ledger.alive() == set()
+
+
+async def test_a_failing_policy_call_leaves_no_sprite(
+    fake: FakeSprites, provider: SpritesProvider
+) -> None:
+    """The sprite was made; setting its network policy failed: the run fails, and the
+    sprite (open network, no lifetime) is deleted at once."""
+    fake.faults.policy_status = 500
+    with pytest.raises(ProviderUnavailable):
+        async with provider.sandbox(spec("run_policy")):
+            pytest.fail("no sandbox should be yielded")
+    [entry] = [e for e in fake.ledger.created if e["labels"][1] == f"{TAG_RUN}=run_policy"]
+    assert entry["name"] not in fake.ledger.alive() and fake.ledger.alive() == set()
+
+
+async def test_list_owned_reads_each_sprite_and_pages_as_documented(
+    fake: FakeSprites, provider: SpritesProvider
+) -> None:
+    """List items carry no labels (the docs): each sprite under the prefix is read for
+    them, over pages of at most 50; another cluster's and unlabelled sprites are left out."""
+    ours = {f"test-run-{n:03d}-abcdef": f"run_{n:03d}" for n in range(53)}
+    for name, run_id in ours.items():
+        labels = [f"{TAG_CLUSTER}=test", f"{TAG_RUN}={run_id}", "relay-created=1"]
+        fake.call("allocate", {"name": name, "labels": labels})
+    fake.call("allocate", {"name": "test-2-run-x-abcdef", "labels": [f"{TAG_CLUSTER}=test-2"]})
+    fake.call("allocate", {"name": "test-by-hand"})
+    try:
+        owned = {ref.sandbox_id: ref.run_id for ref in await provider.list_owned()}
+    finally:
+        for name in fake.ledger.alive():
+            fake.call("delete", name)
+    assert owned == ours
+    assert fake.ledger.list_sizes and all(1 <= size <= 50 for size in fake.ledger.list_sizes)
 
 
 async def test_no_egress_means_no_network_in_the_fake(provider: SpritesProvider) -> None:
@@ -265,6 +394,7 @@ def relay_on_fake(fake: FakeSprites, root: Path) -> RelayProcess:
         sprites_base_url=fake.url,
         sprites_token=SECRET_CANARY,
         max_wait_s=20,
+        log_level="debug",  # the SDK's and websockets' own lines too: no env value in them
     )
 
 
@@ -283,6 +413,11 @@ def sprites_relay(
 class _Ok(http.server.BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self.send_response(200)
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
         self.end_headers()
 
     def log_message(self, *args: object) -> None:
@@ -324,6 +459,27 @@ def test_e2e_every_example_job_runs_on_sprites(
     ]
 
 
+def test_e2e_a_jobs_env_reaches_it_and_no_log_line(
+    fake: FakeSprites, sprites_relay: RelayProcess
+) -> None:
+    """A job's variables join the sprite's default environment; their values travel in
+    a file-write body, so no URL and no line the relay logs (at debug) carries them."""
+    token = sprites_relay.tokens["ops"]
+    value = "env-value-canary-41d7"
+    request = {
+        "command": ["sh", "-c", 'echo "HOME=$HOME"; echo "$SECRET_VALUE"'],
+        "env": {"SECRET_VALUE": value},
+    }
+    run = sprites_relay.post(token, request).json()
+    assert (run["state"], run["stdout"]) == ("succeeded", f"HOME=/home/sprite\n{value}\n"), run
+    assert [c["env_names"] for c in fake.ledger.commands if c["sprite"] == run["sandbox_id"]] == [
+        []
+    ]
+    log = sprites_relay.log()
+    assert run["id"] in log  # the lines about this run are there…
+    assert value not in log  # …and the value in none of them
+
+
 def test_e2e_timeout_and_provider_faults(fake: FakeSprites, sprites_relay: RelayProcess) -> None:
     token = sprites_relay.tokens["ops"]
     slow = {"command": ["sh", "-c", "echo begun; sleep 60"], "timeout_s": 1}
@@ -337,6 +493,7 @@ def test_e2e_timeout_and_provider_faults(fake: FakeSprites, sprites_relay: Relay
         ("create_status", 429, 503, "provider_rate_limited"),
         ("create_status", 401, 502, "provider_auth"),
         ("vanish_after_s", 0.8, 502, "sandbox_lost"),
+        ("policy_status", 500, 503, "provider_unavailable"),
     ]:
         fake.faults.reset()
         setattr(fake.faults, fault, value)
@@ -348,37 +505,57 @@ def test_e2e_timeout_and_provider_faults(fake: FakeSprites, sprites_relay: Relay
         assert fake.ledger.alive() == set()
 
 
-def test_e2e_a_killed_relay_leaves_a_sprite_the_next_one_reaps(
+def test_e2e_a_killed_relay_leaves_sprites_the_next_one_reaps(
     fake: FakeSprites, tmp_path: Path
 ) -> None:
+    """kill -9 while one run's command runs (the store knows its sprite) and another run's
+    create is under way (only a listing finds that sprite): nothing on Fly's side would ever
+    delete either; the next relay's reaper ends both, and both runs read lost."""
+    report = killed_relay(fake, tmp_path)
+    assert report.created == 2 and report.runs == 2
+    assert report.ok, (report.leaked, report.not_final)
+
+
+def reap(relay: RelayProcess, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``relay reap`` from cron, with the relay's own settings."""
+    return subprocess.run(
+        [sys.executable, "-m", "relay", "reap", *flags],
+        cwd=relay.root, env=relay.env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_e2e_relay_reap_says_what_it_waits_for_and_now_ends_it_at_once(
+    fake: FakeSprites, tmp_path: Path
+) -> None:
+    """Right after a kill -9 the dead relay's heartbeat is fresh: `relay reap` leaves its
+    run and says until when; `relay reap --now` (the operator knows it is dead) ends both."""
     first = relay_on_fake(fake, tmp_path / "relay")
     token = first.add_token("ops", command=True)
     first.start()
     try:
         answer = first.post(token, {"command": ["sleep", "60"], "wait": False})
-        assert answer.status_code == 202
         run_id = answer.json()["id"]
         deadline = time.monotonic() + 20
         while not fake.ledger.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.5)  # the command is running in the sprite
+        time.sleep(0.3)
     finally:
-        first.kill()  # SIGKILL: no finally, no shielded exit, nothing
-    orphans = fake.ledger.alive()
-    assert len(orphans) == 1  # nothing on Fly's side would ever delete it: the reaper must
-    second = relay_on_fake(fake, tmp_path / "relay")
-    second.tokens = first.tokens
-    second.start()
-    try:
-        final = second.wait_final(token, run_id, timeout_s=30)
-        assert final["state"] == "lost", final
-        deadline = time.monotonic() + 20
-        while fake.ledger.alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert fake.ledger.alive() == set()
-        assert orphans <= {name for name, _ in fake.ledger.deleted}
-    finally:
-        second.stop()
+        first.kill()
+    [sprite] = fake.ledger.alive()
+    waiting = reap(first)
+    assert waiting.returncode == 0, waiting.stderr
+    lines = waiting.stdout.splitlines()
+    assert lines[0] == "found 1 active run(s); sandboxes listed: sprites 1", lines
+    prefix = f"left for now: run {run_id} (sprites sandbox {sprite}): "
+    [left] = [line for line in lines if line.startswith(prefix)]
+    assert "last heartbeat was" in left and re.search(r"\(until \S+Z, in \d+ s\)$", left), left
+    assert lines[-1] == "if you know no relay runs on this database: relay reap --now"
+    assert fake.ledger.alive() == {sprite}
+    now = reap(first, "--now")
+    assert now.returncode == 0, now.stderr
+    assert f"terminated sprites {sprite}" in now.stdout.splitlines(), now.stdout
+    assert f"marked {run_id} lost" in now.stdout.splitlines(), now.stdout
+    assert fake.ledger.alive() == set()
 
 
 def test_the_sdk_tells_fly_nothing_of_the_relays_host(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ injected clock, so a day can roll over inside a test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -56,13 +57,27 @@ class Rig:
 
 @pytest.fixture
 async def rig(tmp_path: Path, database_url: str) -> AsyncIterator[Rig]:
+    # Each token may take every slot here (token_share 1): these tests are of the other
+    # limits; the fair share has its own rig.
+    async with service_rig(tmp_path, database_url, max_concurrent=3, token_share=1.0) as made:
+        yield made
+
+
+@pytest.fixture
+async def shared_rig(tmp_path: Path, database_url: str) -> AsyncIterator[Rig]:
+    async with service_rig(tmp_path, database_url, max_concurrent=4) as made:
+        yield made
+
+
+@contextlib.asynccontextmanager
+async def service_rig(tmp_path: Path, database_url: str, **values: Any) -> AsyncIterator[Rig]:
     settings = make_settings(
         tmp_path,
         database_url=database_url,
         local_isolation="bwrap",
-        max_concurrent=3,
         drain_s=0,
         cost_rates={"local": {"vcpu_s": 0.01, "gib_s": 0.0}},
+        **values,
     )
     store = await Store.open(database_url)
     clock = Clock()
@@ -122,6 +137,32 @@ async def test_the_cluster_cap_holds_across_tokens(rig: Rig) -> None:
     )
     assert sum(not isinstance(r, BaseException) for r in results) == 3  # RELAY_MAX_CONCURRENT
     assert all(isinstance(r, RateLimited) for r in results if isinstance(r, BaseException))
+
+
+async def test_a_token_without_its_own_limit_holds_its_fair_share_and_no_more(
+    shared_rig: Rig,
+) -> None:
+    """Issue 34: one token with no max_concurrent took every slot, and another token's run
+    got 429 until they ended. Now it holds half of RELAY_MAX_CONCURRENT (4 here)."""
+    service, busy = shared_rig.service, token("busy")
+    results = await asyncio.gather(
+        *(service.submit(busy, sleeper(), None) for _ in range(4)), return_exceptions=True
+    )
+    admitted = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, RateLimited)]
+    assert len(admitted) == 2 and len(refused) == 2, results
+    assert "this token's share of the relay's 4" in refused[0].message
+    assert refused[0].retry_after is not None and refused[0].retry_after >= 1
+    other, _ = await service.submit(token("other"), sleeper(), None)  # room is left
+    await service.cancel(busy, admitted[0][0].id)
+    await service.submit(busy, sleeper(), None)  # its slot came free
+    for run, _ in admitted[1:]:
+        await service.cancel(busy, run.id)
+    await service.cancel(token("other"), other.id)
+    # A token's own max_concurrent wins over the share, up to the relay's limit.
+    trusted = token("trusted", max_concurrent=4)
+    for _ in range(3):
+        await service.submit(trusted, sleeper(), None)
 
 
 async def test_idempotent_retry_is_not_refused_by_its_own_slot(rig: Rig) -> None:

@@ -2,10 +2,11 @@
 
 With bubblewrap (``RELAY_LOCAL_ISOLATION=bwrap``, or ``auto`` when ``bwrap`` works):
 a read-only view of the system (``/usr`` and a few harmless ``/etc`` files, never the
-relay's own folder, token file or ``.env``), new PID, user, IPC, UTS and network
-namespaces (the network is shared only for ``egress = ["*"]``), no capabilities, and
-``--die-with-parent``: if the relay dies, its sandboxes die with it, and when the command
-ends everything it spawned ends too.
+relay's own folder, token file or ``.env``; its own accounts, ``/etc/hosts``, host name and
+memory total), new PID, user, IPC, UTS and network namespaces (the network is shared only
+for ``egress = ["*"]``), no capabilities, a host uid of its own when the relay is root
+(uids.py), and ``--die-with-parent``: if the relay dies, its sandboxes die with it, and when
+the command ends everything it spawned ends too.
 
 Nothing of a request reaches the host:
 
@@ -43,7 +44,8 @@ invocation.py, the host command that starts a job (bubblewrap's options, rlimits
 the setpriv wrapper); root.py, the sandbox root and each sandbox's folder, lock and marked
 processes; spawn.py, which starts a sandbox's process without forking the relay;
 cgroups.py, a sandbox's memory, process and CPU limits; private_network.py, a sandbox's
-own network for its egress. They import only the provider contract and lifecycle
-(relay.providers.contract, relay.providers.lifecycle), the cancellation tools and the
-shared settings and errors.
+own network for its egress; uids.py, the host uid each sandbox of a root relay runs as;
+file_table.py, the sandboxes' share of the host's open-file table. They import only the
+provider contract and lifecycle (relay.providers.contract, relay.providers.lifecycle), the
+cancellation tools and the shared settings and errors.
 """

@@ -26,7 +26,6 @@ _ETC_FILES = (
     "ca-certificates",
     "ca-certificates.conf",
     "resolv.conf",
-    "hosts",
     "nsswitch.conf",
     "localtime",
     "ld.so.cache",
@@ -46,12 +45,16 @@ BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": DEFAULT_WORKDIR, "LA
 """A job's environment before its own variables and the sandbox marker."""
 HOST_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 """The whole environment of every host-side process the relay starts with bubblewrap."""
-ACCOUNTS = {
+HOSTNAME = "sandbox"
+"""The sandbox's host name (its own UTS namespace would otherwise copy the host's)."""
+OWN_FILES = {
     "passwd": b"root:x:0:0:root:/root:/usr/sbin/nologin\n"
     b"nobody:x:65534:65534:nobody:/workspace:/usr/sbin/nologin\n",
     "group": b"root:x:0:\nnogroup:x:65534:\n",
+    "hosts": f"127.0.0.1\tlocalhost {HOSTNAME}\n::1\tlocalhost ip6-localhost\n".encode(),
 }
-"""``/etc/passwd`` and ``/etc/group`` inside a sandbox: the host's would name its users."""
+"""``/etc/passwd``, ``/etc/group`` and ``/etc/hosts`` inside a sandbox: the host's would
+name its users and its internal hosts."""
 _PR_SET_PDEATHSIG = 1
 MIB = 1024 * 1024
 WRITABLE = ("/workspace", "/tmp")  # noqa: S108
@@ -137,22 +140,37 @@ def bwrap_blocks_userns(bwrap: str) -> bool:
     return done.returncode == 0
 
 
-OPEN_FILES = 1024
-"""Each sandbox process's open files (soft and hard). The relay raises its own limit for
-its connections, and a sandbox inherited it: with ``RELAY_LOCAL_PIDS_MAX`` processes a job
-could hold millions of open files, which the memory limit does not stop, and fill the
-host's file table (``fs.file-max``: "Too many open files in system" for every process
-without CAP_SYS_ADMIN, a relay deployed as its own user included)."""
+def meminfo(memory_mb: int) -> bytes:
+    """The sandbox's ``/proc/meminfo``: its own memory limit (``memory_mb``) as the total,
+    not the host's.
+
+    A fixed page (it does not follow use): programs size themselves by it (``free``, JVMs,
+    thread pools), and the host's total told a job what machine it shares."""
+    total = memory_mb * 1024
+    fields = dict.fromkeys(_MEMINFO_FIELDS, 0) | dict.fromkeys(_MEMINFO_TOTALS, total)
+    # The kernel's layout: name and colon in 15 columns, the number in 9.
+    return "".join(f"{name + ':':<15}{fields[name]:>9} kB\n" for name in _MEMINFO_FIELDS).encode()
 
 
-def base_rlimits(cpu_s: int, memory_mb: int) -> dict[str, tuple[int, int]]:
-    """The rlimits of a sandbox's processes, by ``prlimit`` option name."""
+_MEMINFO_TOTALS = ("MemTotal", "MemFree", "MemAvailable")
+_MEMINFO_FIELDS = (
+    *_MEMINFO_TOTALS,
+    *("Buffers", "Cached", "SwapCached", "Active", "Inactive", "SwapTotal", "SwapFree"),
+    *("Dirty", "Writeback", "AnonPages", "Mapped", "Shmem", "Slab"),
+)
+
+
+def base_rlimits(cpu_s: int, memory_mb: int, open_files: int) -> dict[str, tuple[int, int]]:
+    """The rlimits of a sandbox's processes, by ``prlimit`` option name.
+
+    ``open_files`` is a sandbox's own, never the relay's: the relay raises its limit for
+    its connections, and a sandbox inherited it (relay/providers/local/file_table.py)."""
     address_space = max(memory_mb, 256) * MIB * 2
     return {
         "cpu": (cpu_s, cpu_s + 1),
         "fsize": (1 << 30, 1 << 30),
         "as": (address_space, address_space),
-        "nofile": (OPEN_FILES, OPEN_FILES),
+        "nofile": (open_files, open_files),
     }
 
 
@@ -243,19 +261,26 @@ def refuse_nul(values: Sequence[str], what: str) -> None:
         raise ProviderError(f"the {what} contains a NUL byte")
 
 
-def host_wrapper() -> list[str]:
-    """``setpriv`` before bubblewrap: ``--pdeathsig KILL`` ends the sandbox's host-side
-    processes with the relay, and a relay running as root drops to nobody (65534), for
-    bubblewrap maps the sandbox's user to the user that starts it: an escape would
-    otherwise be the host's root."""
+def find_setpriv() -> str:
+    """``setpriv``, which starts every sandbox (:func:`host_wrapper`)."""
     setpriv = shutil.which("setpriv", path=HOST_ENV["PATH"])
     if setpriv is None:
         raise ConfigError(
             "the local provider needs setpriv (util-linux) to start bubblewrap; install it, "
             "or set RELAY_LOCAL_ISOLATION=none to run without isolation"
         )
+    return setpriv
+
+
+def host_wrapper(setpriv: str, uid: int | None) -> list[str]:
+    """``setpriv`` before bubblewrap: ``--pdeathsig KILL`` ends the sandbox's host-side
+    processes with the relay, and a relay running as root switches to the sandbox's own
+    ``uid`` (relay/providers/local/uids.py), for bubblewrap maps the sandbox's user to the
+    user that starts it: an escape would otherwise be the host's root."""
     wrapper = [setpriv, "--pdeathsig=KILL"]
-    if os.geteuid() == 0:
-        wrapper += ["--reuid=65534", "--regid=65534", "--clear-groups"]
+    if uid is not None:
+        wrapper += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         wrapper += ["--inh-caps=-all", "--bounding-set=-all"]
+    elif os.geteuid() == 0:
+        raise ProviderError("a sandbox of a relay running as root needs a uid of its own")
     return [*wrapper, "--"]

@@ -22,10 +22,10 @@ from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
 from relay.cancellation import shielded
-from relay.errors import ConfigError, EgressUnsupported, ProviderError
+from relay.errors import ConfigError, EgressUnsupported, ProviderError, ProviderRateLimited
 from relay.providers.contract import TAG_CLUSTER, TAG_RUN, Rate, SandboxRef, SandboxSpec
 from relay.providers.lifecycle import SandboxProvider
-from relay.providers.local import cgroups, private_network
+from relay.providers.local import cgroups, file_table, private_network, uids
 from relay.providers.local.invocation import (
     HOST_ENV,
     MIB,
@@ -33,7 +33,7 @@ from relay.providers.local.invocation import (
     bwrap_blocks_userns,
     bwrap_problem,
     bwrap_works,
-    host_wrapper,
+    find_setpriv,
 )
 from relay.providers.local.root import (
     ENDING_FILE,
@@ -99,11 +99,29 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         self.network = private_network.available(settings.local_network)
         self.egress_allow = list(settings.local_egress_allow)
         self.prlimit = shutil.which("prlimit", path=HOST_ENV["PATH"])
-        self.host_wrapper = host_wrapper() if self.isolation == "bwrap" else []
+        self.setpriv = find_setpriv() if self.isolation == "bwrap" else "setpriv"
         self.timeout = shutil.which("timeout", path=HOST_ENV["PATH"]) or "timeout"
         self.root = sandbox_root(settings)
         check_root(self.root)
+        self.max_sandboxes = min(settings.local_max_sandboxes, settings.max_concurrent)
+        self.budget = file_table.fit(
+            file_table.file_max(),
+            self.max_sandboxes,
+            settings.local_pids_max,
+            settings.local_open_files,
+        )
+        if self.budget.lowered is not None:
+            log.warning(self.budget.lowered)
+        self.uids = (
+            uids.for_sandboxes(settings.local_uids, self.max_sandboxes + settings.pool_max)
+            if self.isolation == "bwrap"
+            else None
+        )
+        self._held: dict[str, uids.HeldUid] = {}
+        """The uid each sandbox runs as, released once its cleanup succeeded."""
         self._live: dict[str, LocalSandbox] = {}
+        self._commands = 0
+        """Sandboxes running a command now: only they hold processes and files."""
         self.cleanup_failures = 0
         """Terminates whose cleanup failed (``relay_local_cleanup_failures_total``)."""
         self.tree: cgroups.CgroupTree | None = None
@@ -132,6 +150,20 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
             self._sweep_leftovers()
         self.setup_steps.append(_attach_network)
 
+    def start_command(self) -> None:
+        """Count a sandbox's command in, or refuse it past ``max_sandboxes``: the host's
+        file table is budgeted for that many (file_table.py)."""
+        if self._commands >= self.max_sandboxes:
+            raise ProviderRateLimited(
+                "the local provider already runs as many sandboxes as it may at once "
+                f"({self.max_sandboxes})",
+                retry_after=1.0,
+            )
+        self._commands += 1
+
+    def end_command(self) -> None:
+        self._commands -= 1
+
     @property
     def limits(self) -> dict[str, str | bool]:
         """Which limits are in force (``GET /v1/providers``, ``relay probe local``)."""
@@ -143,6 +175,7 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
             "pids": grouped,
             "cpu": grouped,
             "disk": self.isolation == "bwrap",
+            "uid": "per-sandbox" if self.uids is not None else "relay",
         }
 
     def sizes(self, spec: SandboxSpec) -> tuple[int, int]:
@@ -155,9 +188,9 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         return memory_mb, disk_mb
 
     def rlimits(self, cpu_s: int, memory_mb: int) -> dict[str, tuple[int, int]]:
-        limits = base_rlimits(cpu_s, memory_mb)
+        limits = base_rlimits(cpu_s, memory_mb, self.budget.open_files)
         if self.tree is None and self.isolation == "bwrap":
-            pids = self.settings.local_pids_max
+            pids = self.budget.pids
             limits["nproc"] = (pids, pids)
         return limits
 
@@ -220,6 +253,8 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         box = LocalSandbox(self, sandbox_id, spec)
         self._live[sandbox_id] = box
         try:
+            if self.uids is not None:
+                box.uid = self._held[sandbox_id] = self.uids.take()
             self._make(box)
         except BaseException:
             with contextlib.suppress(ProviderError):  # logged; the create's error is the one
@@ -246,7 +281,7 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         if self.tree is not None:
             limits = cgroups.GroupLimits(
                 memory_bytes=(box.memory_mb + box.disk_mb) * MIB,
-                pids=self.settings.local_pids_max,
+                pids=self.budget.pids,
                 cpus=box.spec.resources.cpu,
             )
             try:
@@ -299,10 +334,20 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         except OSError as exc:
             self.cleanup_failures += 1  # logged by the base's terminate
             raise ProviderError("could not clean up the sandbox") from exc
+        # Only now is nothing of the sandbox left to run as its uid.
+        held = self._held.pop(sandbox_id, None)
+        if held is not None:
+            held.release()
 
     async def aclose(self) -> None:
         for sandbox_id in list(self._live):
             await self.terminate(sandbox_id)
+        # A sandbox whose cleanup failed kept its uid for the reaper's retry; closing, the
+        # relay lets go of it as its death would (the next relay's startup check and its
+        # group sweep see what is left).
+        for held in self._held.values():
+            held.release()
+        self._held.clear()
         if self.tree is not None:  # this root's folder of groups, when no relay uses it
             for parent in self.tree.parents.values():
                 with contextlib.suppress(OSError):

@@ -28,14 +28,17 @@ from relay.providers.contract import (
 from relay.providers.lifecycle import ProviderSandbox, SandboxOwner
 from relay.providers.local import cgroups, private_network
 from relay.providers.local.invocation import (
-    ACCOUNTS,
     BASE_ENV,
     HOST_ENV,
+    HOSTNAME,
     MIB,
+    OWN_FILES,
     WRITABLE,
     Invocation,
     child_setup,
+    host_wrapper,
     memfd,
+    meminfo,
     refuse_nul,
     sandbox_path,
     system_binds,
@@ -43,6 +46,7 @@ from relay.providers.local.invocation import (
 from relay.providers.local.root import ENDING_FILE, TAGS_FILE, kill_group
 from relay.providers.local.spawn import Child, spawn
 from relay.providers.local.spawn import close as close_child
+from relay.providers.local.uids import HeldUid
 
 log = logging.getLogger("relay.providers.local")
 
@@ -74,10 +78,12 @@ class ProviderView(SandboxOwner, Protocol):
     @property
     def timeout(self) -> str: ...
     @property
-    def host_wrapper(self) -> Sequence[str]: ...
+    def setpriv(self) -> str: ...
     @property
     def setup_steps(self) -> Sequence[SetupStep]: ...
     def sizes(self, spec: SandboxSpec) -> tuple[int, int]: ...
+    def start_command(self) -> None: ...
+    def end_command(self) -> None: ...
     def rlimits(self, cpu_s: int, memory_mb: int) -> dict[str, tuple[int, int]]: ...
 
 
@@ -96,6 +102,8 @@ class LocalSandbox(ProviderSandbox):
         self.group: cgroups.SandboxGroup | None = None
         self.lock: int | None = None
         self.network: private_network.Attachment | None = None
+        self.uid: HeldUid | None = None
+        """The host uid of a root relay's sandbox (relay/providers/local/uids.py)."""
         self.memory_mb, self.disk_mb = provider.sizes(spec)
 
     def _host_path(self, path: str, workdir: str) -> Path:
@@ -120,7 +128,7 @@ class LocalSandbox(ProviderSandbox):
     def _bwrap_args(self, workdir: str, env: Mapping[str, str]) -> tuple[list[str], list[int]]:
         """bwrap's options (read from its --args memfd) and the file memfds they name."""
         disk = str(self.disk_mb * MIB)
-        args = ["--die-with-parent", "--unshare-all", "--new-session"]
+        args = ["--die-with-parent", "--unshare-all", "--new-session", "--hostname", HOSTNAME]
         args += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
         if self.provider.disable_userns:
             args.append("--disable-userns")
@@ -129,11 +137,13 @@ class LocalSandbox(ProviderSandbox):
             args += ["--size", disk, "--tmpfs", mount]
         fds: list[int] = []
         try:
-            # The sandbox's own accounts, not the host's (names and home folders).
-            for name, content in ACCOUNTS.items():
-                fd = memfd(name, content)
+            # The sandbox's own accounts and names, not the host's; its own memory total.
+            own = {f"/etc/{name}": content for name, content in OWN_FILES.items()}
+            own["/proc/meminfo"] = meminfo(self.memory_mb + self.disk_mb)
+            for target, content in own.items():
+                fd = memfd(target.rpartition("/")[2], content)
                 fds.append(fd)
-                args += ["--ro-bind-data", str(fd), f"/etc/{name}"]
+                args += ["--ro-bind-data", str(fd), target]
             for path, content in self.files.items():
                 fd = memfd("upload", content)
                 fds.append(fd)
@@ -192,7 +202,7 @@ class LocalSandbox(ProviderSandbox):
         except BaseException:
             invocation.close()
             raise
-        command = list(self.provider.host_wrapper)
+        command = host_wrapper(self.provider.setpriv, self.uid.uid if self.uid else None)
         if lifetime_s is not None:
             command += [self.provider.timeout, "-s", "KILL", str(lifetime_s)]
         command += [self.provider.bwrap, "--args", str(args_fd)]
@@ -254,7 +264,29 @@ class LocalSandbox(ProviderSandbox):
         # The sandbox's own hard deadline: even a relay that hangs cannot keep it alive.
         left = max(1, int(self.created + self.spec.lifetime_s - time.monotonic()))
         cpu_s = max(1, int(self.spec.lifetime_s))
-        invocation = self.launch(argv, workdir, cpu_s, env, lifetime_s=left)
+        self.provider.start_command()
+        try:
+            code = await self._start(argv, workdir, cpu_s, env, left, stdin, output)
+        finally:
+            self.provider.end_command()
+        if not (self.home / TAGS_FILE).exists() or (self.home / ENDING_FILE).exists():
+            raise SandboxLost("the sandbox was terminated during the run")
+        killed = self.group.oom_kills() if self.group is not None else 0
+        memory_limit = self.memory_mb + self.disk_mb if killed else None
+        return ExecResult(exit_code=code if code >= 0 else 128 - code, memory_limit_mb=memory_limit)
+
+    async def _start(
+        self,
+        argv: Sequence[str],
+        workdir: str,
+        cpu_s: int,
+        env: Mapping[str, str],
+        lifetime_s: int,
+        stdin: bytes | None,
+        output: OutputSink,
+    ) -> int:
+        """Spawn the command and run it to its end (its exit code)."""
+        invocation = self.launch(argv, workdir, cpu_s, env, lifetime_s=lifetime_s)
         try:
             try:
                 process = await spawn(
@@ -268,14 +300,9 @@ class LocalSandbox(ProviderSandbox):
             except OSError as exc:
                 raise ProviderError(f"could not start the command: {exc.strerror}") from exc
             self.processes.append(process)
-            code = await self._run(process, invocation, stdin, output)
+            return await self._run(process, invocation, stdin, output)
         finally:
             invocation.close()
-        if not (self.home / TAGS_FILE).exists() or (self.home / ENDING_FILE).exists():
-            raise SandboxLost("the sandbox was terminated during the run")
-        killed = self.group.oom_kills() if self.group is not None else 0
-        memory_limit = self.memory_mb + self.disk_mb if killed else None
-        return ExecResult(exit_code=code if code >= 0 else 128 - code, memory_limit_mb=memory_limit)
 
     async def _run(
         self, process: Child, invocation: Invocation, stdin: bytes | None, output: OutputSink

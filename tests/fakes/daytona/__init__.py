@@ -1,5 +1,12 @@
 """A protocol-level fake of Daytona (control API + toolbox), for the real ``daytona`` SDK.
 
+Follows: ``shared/reference/daytona.md`` (daytona 0.226.1, the version the relay pins; its
+generated API clients are the published API's schema): a list item is the sandbox DTO
+without ``env`` and ``kvm``, paged by ``limit`` and ``nextCursor``; unknown ids are 404 with
+``{statusCode, message, code, source}``; a command runs with the sandbox's ``env`` on top of
+the default environment; TTL and auto-stop/auto-delete end a sandbox the relay forgot.
+``tests/fakes/test_daytona_documented.py`` checks those shapes.
+
 It speaks what ``daytona`` 0.226.1's async client sends (create, get, list, delete; toolbox
 sessions, session commands, their log WebSocket, bulk upload), runs commands as real local
 processes in a private directory per sandbox, enforces TTL and auto-stop/auto-delete

@@ -1,7 +1,9 @@
 """The fake E2B control plane: create, list, set timeout, kill (the calls the relay makes).
 
-Shapes follow e2b 2.63.0's generated client (see shared/reference/e2b.md): error bodies
-are JSON ``{"code", "message"}``; a create replaying an ``Idempotency-Key`` answers the
+Shapes follow e2b 2.63.0's generated client (see shared/reference/e2b.md) and E2B's public
+OpenAPI spec (``spec/openapi.yml`` of e2b-dev/infra: a listed sandbox's fields, the list's
+``limit`` of 1 to 100, 404 for an unknown sandbox): error bodies are JSON ``{"code",
+"message"}``; a create replaying an ``Idempotency-Key`` answers the
 sandbox the key's first create made; 429/5xx answers carry ``Retry-After: 0`` so the SDK's
 own retries stay fast in tests.
 """
@@ -20,6 +22,8 @@ from starlette.routing import Route
 from tests.fakes.e2b.world import ENVD_VERSION, TEMPLATES, FakeSandbox, World
 
 BAD_KEY = "bad-key"
+MAX_PAGE = 100
+"""The largest list ``limit`` E2B's API takes (its OpenAPI spec: 1 to 100, default 100)."""
 
 
 def error(status: int, message: str, **headers: str) -> JSONResponse:
@@ -106,8 +110,12 @@ def routes(world: World) -> list[Route]:
             for s in sorted(sandboxes, key=lambda s: s.sandbox_id)
             if all(s.metadata.get(key) == value for key, value in wanted.items())
         ]
-        # Pages of `limit` (capped by world.page_size), continued by the x-next-token header.
-        limit = min(int(request.query_params.get("limit", 100)), world.page_size)
+        # Pages of `limit` (1 to 100, the API's documented bounds; capped further by
+        # world.page_size), continued by the x-next-token header.
+        asked = request.query_params.get("limit", str(MAX_PAGE))
+        if not asked.isdigit() or not 1 <= int(asked) <= MAX_PAGE:
+            return error(400, "limit must be between 1 and 100")
+        limit = min(int(asked), world.page_size)
         start = int(request.query_params.get("nextToken") or 0)
         page, rest = found[start : start + limit], found[start + limit :]
         headers = {"x-next-token": str(start + limit)} if rest else {}

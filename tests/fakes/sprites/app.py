@@ -1,9 +1,13 @@
 """The Starlette app speaking the Sprites REST and exec-WebSocket calls the SDK makes.
 
-Wire facts: ``/work/shared/reference/sprites.md`` (sprites-py 0.7.2). Every error answers
-``{"error": code, "message": text}`` (the shape every SDK parser accepts); the message
-carries :data:`BODY_MARKER` so tests can prove no provider body reaches a relay answer
-or log. A refused WebSocket is a plain HTTP answer before the upgrade, as the SDK expects.
+Wire facts: ``/work/shared/reference/sprites.md`` (sprites-py 0.7.2, with its 2026-12-01
+correction from the public API page). Every error answers ``{"error": code, "message":
+text}`` (the shape every SDK parser accepts); the message carries :data:`BODY_MARKER` so
+tests can prove no provider body reaches a relay answer or log. A refused WebSocket is a
+plain HTTP answer before the upgrade, as the SDK expects. The list answers the documented
+item ``{name, org_slug, updated_at}`` only, in pages of 1 to 50 items (:data:`MAX_PAGE`;
+any other ``max_results`` is a 400), filtered by name prefix only; labels and
+``created_at`` come from a get.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from tests.fakes.sprites.world import EXIT, STDOUT, FakeSprite, Session, World
 BODY_MARKER = "fake-sprites-body-5c1e"
 BAD_KEY = "bad-key"
 STDIN, STDIN_EOF = 0, 4
+MAX_PAGE = 50
+"""The largest ``max_results`` the API takes (the docs: 1 to 50); also its default here."""
 
 
 def error(status: int, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -72,6 +78,8 @@ def build_app(world: World) -> Starlette:
         if faults.create_hang:
             await world.hang.wait()
             return error(503, "shutting_down")
+        if faults.create_delay_s is not None:
+            await asyncio.sleep(faults.create_delay_s)  # the sprite exists all along
         return JSONResponse(info_of(sprite), 201)
 
     async def list_sprites(request: Request) -> Response:
@@ -80,14 +88,20 @@ def build_app(world: World) -> Starlette:
         if faults.list_status is not None:
             return error(faults.list_status, "injected")
         prefix = request.query_params.get("prefix") or ""
-        size = int(request.query_params.get("max_results") or 50)
-        start = int(request.query_params.get("continuation_token") or 0)
+        asked = request.query_params.get("max_results") or str(MAX_PAGE)
+        size = int(asked) if asked.isdigit() else 0
+        with ledger.lock:
+            ledger.list_sizes.append(size)
+        if not 1 <= size <= MAX_PAGE:
+            return error(400, "invalid_max_results")
+        token = request.query_params.get("continuation_token") or "0"
+        start = int(token) if token.isdigit() else 0
         names = sorted(name for name in world.sprites if name.startswith(prefix))
         page = names[start : start + size]
         more = start + size < len(names)
         return JSONResponse(
             {
-                "sprites": [info_of(world.sprites[name]) for name in page],
+                "sprites": [world.sprites[name].listed() for name in page],
                 "has_more": more,
                 "next_continuation_token": str(start + size) if more else None,
             }
@@ -110,13 +124,15 @@ def build_app(world: World) -> Starlette:
         sprite = sprite_of(request)
         if isinstance(sprite, Response):
             return sprite
+        if faults.policy_status is not None:
+            return error(faults.policy_status, "injected")
         if request.method == "GET":
             return JSONResponse({"rules": sprite.policy})
         body = await request.json()
         rules = body.get("rules")
-        if not isinstance(rules, list):
+        if not isinstance(rules, list) or not all(isinstance(rule, dict) for rule in rules):
             return error(400, "invalid_policy")
-        sprite.policy = rules
+        await world.set_policy(sprite, rules)
         return Response(status_code=204)
 
     async def fs_write(request: Request) -> Response:

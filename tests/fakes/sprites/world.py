@@ -5,6 +5,9 @@ real process run in it the way the Vercel fake runs one (:mod:`tests.fakes.verce
 bubblewrap when it works here, path mapping otherwise). Sprites have no lifetime: one
 lives until it is deleted, as on Fly. An exec session outlives its WebSocket (as the
 SDK's session list and attach imply): frames not yet delivered wait for the next attach.
+A command runs with the sprite's default environment (:meth:`World.default_env`), or,
+when the exec names any ``env``, with exactly those variables: the docs say exec ``env``
+*replaces* the default environment. Network policies: :mod:`tests.fakes.sprites.network`.
 Everything runs on the fake's event loop; the ledger is also read from other threads.
 """
 
@@ -25,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tests.fakes.sprites.network import Proxy, closed
 from tests.fakes.vercel.jail import host_path, launch, prepare_root
 
 STDOUT, STDERR, EXIT = 1, 2, 3
@@ -41,6 +45,11 @@ class Faults:
     """Creates allocate the sprite, then never answer."""
     create_allocates_then_fails: bool = False
     """Creates allocate the sprite (alive, labelled), then answer 500."""
+    create_delay_s: float | None = None
+    """Creates allocate the sprite at once, then answer (201) only this much later: an
+    answer that comes after the client gave up, for a sprite that exists."""
+    policy_status: int | None = None
+    """Network-policy calls answer this status (the sprite itself was created)."""
     cut_stream: bool = False
     """Exec WebSockets close (1011, no exit frame) after their first output frame."""
     terminate_failures: int = 0
@@ -72,6 +81,10 @@ class Ledger:
     deleted: list[tuple[str, float]] = field(default_factory=list)
     commands: list[dict[str, Any]] = field(default_factory=list)
     tokens: set[str] = field(default_factory=set)
+    egress: list[tuple[str, str, bool]] = field(default_factory=list)
+    """(sprite, host, allowed) for every request a sprite's proxy decided."""
+    list_sizes: list[int] = field(default_factory=list)
+    """The page size (``max_results``) of every list call, as asked."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _existing: set[str] = field(default_factory=set)
 
@@ -166,8 +179,10 @@ class FakeSprite:
     policy: list[dict[str, Any]] = field(default_factory=list)
     sessions: dict[str, Session] = field(default_factory=dict)
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    proxy: Proxy | None = None
 
     def info(self) -> dict[str, Any]:
+        """What create and ``GET /v1/sprites/{name}`` answer (labels included)."""
         return {
             "id": f"sprite-{self.name}",
             "name": self.name,
@@ -180,14 +195,17 @@ class FakeSprite:
             "url_settings": {"auth": "sprite"},
         }
 
+    def listed(self) -> dict[str, Any]:
+        """A list item: the documented ``{name, org_slug, updated_at}`` and nothing more
+        (no labels, no ``created_at``: read those per sprite)."""
+        return {"name": self.name, "org_slug": "fake-org", "updated_at": self.created_at}
+
     def host_path(self, path: str, cwd: str = "/") -> Path:
         return host_path(self.root, path, cwd)
 
     def isolated(self) -> bool:
-        """Network off: a policy that denies ``*`` and allows nothing (allow-lists are
-        recorded, not enforced: the fake is no firewall)."""
-        actions = {(rule.get("domain"), rule.get("action")) for rule in self.policy}
-        return ("*", "deny") in actions and not any(a == "allow" for _, a in actions)
+        """Network off: no host can pass the policy (first match: a ``*`` deny first)."""
+        return closed(self.policy)
 
 
 class World:
@@ -199,6 +217,30 @@ class World:
         self.base_dir = Path(tempfile.mkdtemp(prefix="fake-sprites-"))
         self.sprites: dict[str, FakeSprite] = {}
         self.hang = asyncio.Event()
+        self.hosts: dict[str, tuple[str, int]] = {}
+        """Host name → a local address: where the sprites' proxies reach an allowed host."""
+
+    def default_env(self, sprite: FakeSprite, home: str) -> dict[str, str]:
+        """A sprite's default environment: what a command gets when the exec names no env."""
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"}
+        env["USER"] = "sprite"
+        if sprite.proxy is not None:
+            for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+                env[name] = sprite.proxy.url
+        return env
+
+    async def set_policy(self, sprite: FakeSprite, rules: list[dict[str, Any]]) -> None:
+        """Apply a network policy; a sprite whose rules let some host through gets a proxy."""
+        sprite.policy = rules
+        if rules and not closed(rules) and sprite.proxy is None:
+            ledger = self.ledger
+
+            def record(host: str, allowed: bool) -> None:
+                with ledger.lock:
+                    ledger.egress.append((sprite.name, host, allowed))
+
+            sprite.proxy = Proxy(lambda: sprite.policy, self.hosts, record)
+            await sprite.proxy.start()
 
     def allocate(self, body: dict[str, Any]) -> FakeSprite:
         name = str(body["name"])
@@ -230,6 +272,8 @@ class World:
             return False
         for timer in sprite.timers:
             timer.cancel()
+        if sprite.proxy is not None:
+            sprite.proxy.close()
         for session in sprite.sessions.values():
             session.lost = True
             session.kill()
@@ -254,12 +298,9 @@ class World:
                 {"sprite": sprite.name, "argv": argv, "cwd": cwd, "env_names": sorted(env)}
             )
         how = launch(sprite.root, argv, cwd, isolate_network=sprite.isolated())
-        process_env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": HOME if how.cwd is None else str(sprite.host_path(HOME)),
-            "LANG": "C.UTF-8",
-            **env,
-        }
+        home = HOME if how.cwd is None else str(sprite.host_path(HOME))
+        # The docs: an exec's env *replaces* the default environment (HOME, PATH gone).
+        process_env = dict(env) if env else self.default_env(sprite, home)
         try:
             session.process = await asyncio.create_subprocess_exec(
                 *how.argv,
@@ -281,8 +322,11 @@ class World:
         """Kill every process and remove every sprite (the fake is going away)."""
         self.hang.set()
         for name in list(self.sprites):
-            sessions = list(self.sprites[name].sessions.values())
+            sprite = self.sprites[name]
+            sessions = list(sprite.sessions.values())
             self.delete(name)
+            if sprite.proxy is not None:
+                await sprite.proxy.wait_closed()
             for session in sessions:
                 if session.process is not None:
                     await session.process.wait()

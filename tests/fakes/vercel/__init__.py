@@ -1,5 +1,11 @@
 """A protocol-level fake of the Vercel Sandbox API, for the real ``vercel-sandbox`` SDK.
 
+Follows: ``shared/reference/vercel.md`` (vercel-sandbox 0.10.0, the version the relay pins;
+its API models are the schema the fake answers): the list is ``{sandboxes, pagination:
+{count, next, prev}}`` with each sandbox's ``name`` and ``currentSessionId``; an unknown
+sandbox is 404; a command's env is added to the sandbox's and the default environment; a
+sandbox ends at its time limit. ``tests/fakes/test_vercel_documented.py`` checks those shapes.
+
 It speaks the REST and NDJSON calls that ``vercel.sandbox`` 0.10.0 makes (create, get,
 list, stop, destroy, run-and-stream, logs, wait, stdin, kill, file write/mkdir/read),
 runs commands as real local processes in a private directory per sandbox, enforces each

@@ -8,7 +8,10 @@
   const KEY = "relay-console-token";
   const SVG = "http://www.w3.org/2000/svg";
   const FINAL = new Set(["succeeded", "failed", "timed_out", "canceled", "error", "lost"]);
+  const FAILURES = "failed,timed_out,error,lost";
   const PERIODS = { "1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400 };
+  const PERIOD_OF_HOURS = { 1: "1h", 24: "24h", 168: "7d", 720: "30d" };
+  const PAGE_SIZE = "100";
   const PALETTE = ["#0b5cad", "#d1242f", "#1a7f37", "#8250df", "#bc4c00", "#1b7c83", "#bf3989", "#6e7781"];
   const header = document.querySelector('meta[name="relay-auth-header"]').content;
   const $ = (id) => document.getElementById(id);
@@ -29,7 +32,7 @@
     const auth = header.toLowerCase() === "authorization" ? "Bearer " + value : value;
     const answer = await fetch(path, {
       ...options,
-      headers: { [header]: auth },
+      headers: { ...(options.headers || {}), [header]: auth },
       credentials: "omit",
       cache: "no-store",
     });
@@ -52,7 +55,9 @@
   // An element with attributes and children (strings become text nodes, never HTML).
   function el(tag, attributes = {}, ...children) {
     const node = document.createElement(tag);
-    for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
+    for (const [name, value] of Object.entries(attributes)) {
+      if (value !== null && value !== undefined) node.setAttribute(name, value);
+    }
     node.append(...children.filter((child) => child !== null && child !== undefined));
     return node;
   }
@@ -76,20 +81,55 @@
     return iso ? iso.replace("T", " ").replace(/\.\d+Z$|Z$/, " UTC") : "";
   }
 
+  function age(iso) {
+    const seconds = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+    if (seconds < 60) return Math.floor(seconds) + " s ago";
+    if (seconds < 3600) return Math.floor(seconds / 60) + " min ago";
+    if (seconds < 86400) return Math.floor(seconds / 3600) + " h ago";
+    return Math.floor(seconds / 86400) + " d ago";
+  }
+
+  function millis(value) {
+    if (value === null || value === undefined) return "–";
+    return value < 1000 ? value + " ms" : (value / 1000).toFixed(1) + " s";
+  }
+
+  // A finished run's duration, or a live one's so far (counted from its start).
   function duration(run) {
     let ms = run.duration_ms;
     if (ms === null || ms === undefined) {
       if (FINAL.has(run.state)) return "";
-      ms = Date.now() - Date.parse(run.created_at);
+      ms = Math.max(0, Date.now() - Date.parse(run.started_at || run.created_at));
     }
-    return ms < 1000 ? ms + " ms" : (ms / 1000).toFixed(1) + " s";
+    return millis(Math.round(ms));
   }
 
+  // How a run ended, in a few words: its error code, its exit code, a timeout.
+  function ending(run) {
+    const words = [];
+    if (run.error) words.push(run.error.code);
+    if (run.exit_code !== null && run.exit_code !== undefined) words.push("exit " + run.exit_code);
+    else if (run.state === "timed_out" && !run.error) words.push("timed out");
+    return words.join(" · ");
+  }
+
+  // What a run was asked, in one line: its params, or its command.
+  function asked(request) {
+    if (!request) return "";
+    if (request.command) return JSON.stringify(request.command);
+    return Object.keys(request.params || {}).length ? JSON.stringify(request.params) : "";
+  }
+
+  function clip(text, most) {
+    return text.length > most ? text.slice(0, most - 1) + "…" : text;
+  }
+
+  // A list of terms and their values; a pair may name the id of its value's element.
   function facts(list, pairs) {
     list.replaceChildren();
-    for (const [name, value] of pairs) {
+    for (const [name, value, id] of pairs) {
       if (value === null || value === undefined || value === "") continue;
-      list.append(el("dt", {}, name), el("dd", {}, value));
+      list.append(el("dt", {}, name), el("dd", { id }, value));
     }
   }
 
@@ -124,35 +164,63 @@
 
   function runRow(run) {
     const link = el("a", { href: "/console/runs/" + encodeURIComponent(run.id) }, run.id);
+    const request = asked(run.request);
     return el(
       "tr",
       { "data-run-id": run.id },
-      el("td", {}, link),
-      el("td", {}, badge(run.state)),
-      el("td", {}, run.job === null ? "(command)" : run.job),
-      el("td", {}, run.token || ""),
-      el("td", {}, run.provider),
-      el("td", {}, when(run.created_at)),
-      el("td", { class: "number" }, duration(run)),
-      el("td", { class: "number" }, usd(run.cost_usd)),
+      el("td", { class: "cell-id" }, link),
+      el("td", { class: "cell-state" }, badge(run.state)),
+      el("td", { class: "cell-job" }, run.job === null ? "(command)" : run.job),
+      el("td", { class: "cell-asked", title: request.length > 48 ? request : null }, clip(request, 48)),
+      el("td", { class: "cell-ending", title: run.error ? run.error.message : null }, ending(run)),
+      el("td", { class: "cell-token" }, run.token || ""),
+      el("td", { class: "cell-provider" }, run.provider),
+      el("td", { class: "cell-age" }, el("time", { datetime: run.created_at, title: when(run.created_at) }, age(run.created_at))),
+      el("td", { class: "number cell-duration" }, duration(run)),
+      el("td", { class: "number cell-cost" }, usd(run.cost_usd)),
     );
+  }
+
+  function consoleUrl(query) {
+    const text = query.toString();
+    return "/console" + (text ? "?" + text : "");
   }
 
   async function runsPage() {
     const shown = new URLSearchParams(location.search);
     const form = $("filters");
-    for (const [name, value] of shown) if (form.elements[name]) form.elements[name].value = value;
-    const query = new URLSearchParams({ limit: "100" });
-    for (const [name, field] of [["state", "state"], ["job", "job"], ["token_name", "token"], ["provider", "provider"]]) {
+    for (const [name, value] of shown) {
+      const field = form.elements[name];
+      if (!field) continue;
+      if (field.tagName === "SELECT" && ![...field.options].some((option) => option.value === value)) {
+        field.append(el("option", { value }, value)); // a state list made elsewhere (the jobs page)
+      }
+      field.value = value;
+    }
+    const limit = /^[0-9]{1,3}$/.test(shown.get("limit") || "") ? shown.get("limit") : PAGE_SIZE;
+    const query = new URLSearchParams({ limit });
+    for (const [name, field] of [["q", "q"], ["state", "state"], ["job", "job"], ["token_name", "token"], ["provider", "provider"], ["cursor", "cursor"]]) {
       const value = shown.get(name);
       if (value) query.set(field, value);
     }
     const period = PERIODS[shown.get("period")];
     if (period) query.set("since", new Date(Date.now() - period * 1000).toISOString());
+    const first = new URLSearchParams(shown);
+    first.delete("cursor");
+    $("newest").href = consoleUrl(first);
+    $("newest").hidden = !shown.get("cursor");
+    if (shown.get("cursor")) $("runs-caption").textContent = "Older runs, newest first; refreshed every few seconds";
     const draw = async () => {
       const page = await json("/v1/runs?" + query);
       $("runs").tBodies[0].replaceChildren(...page.runs.map(runRow));
       $("runs-empty").hidden = page.runs.length > 0;
+      const older = $("older");
+      older.hidden = !page.next_cursor;
+      if (page.next_cursor) {
+        const next = new URLSearchParams(shown);
+        next.set("cursor", page.next_cursor);
+        older.href = consoleUrl(next);
+      }
     };
     await draw();
     const timer = setInterval(() => draw().catch((error) => {
@@ -209,7 +277,10 @@
     ];
   }
 
+  let shownRun = null; // the run as last drawn: its duration counts on while it is live
+
   function drawRun(run, withOutput) {
+    shownRun = run;
     $("run-state").replaceWith(Object.assign(badge(run.state), { id: "run-state" }));
     $("cancel").hidden = FINAL.has(run.state);
     facts($("run-facts"), [
@@ -220,13 +291,14 @@
       ["created", when(run.created_at)],
       ["started", when(run.started_at)],
       ["ended", when(run.ended_at)],
-      ["duration", duration(run)],
+      ["duration", duration(run), "run-duration"],
       ["cost", usd(run.cost_usd)],
       ["exit code", run.exit_code === null ? null : String(run.exit_code)],
       ["error", run.error ? run.error.code + ": " + run.error.message : null],
     ]);
     facts($("run-request"), requestFacts(run.request));
     $("timings").replaceChildren(timingsBar(run.timings || {}));
+    drawDeliveries(run.deliveries || []);
     if (withOutput) {
       $("stdout").textContent = run.stdout;
       $("stderr").textContent = run.stderr;
@@ -234,8 +306,86 @@
   }
 
   function setState(state) {
+    if (shownRun) shownRun = { ...shownRun, state };
     $("run-state").replaceWith(Object.assign(badge(state), { id: "run-state" }));
     $("cancel").hidden = FINAL.has(state);
+  }
+
+  function drawDeliveries(deliveries) {
+    $("deliveries-none").hidden = deliveries.length > 0;
+    $("deliveries").hidden = deliveries.length === 0;
+    $("deliveries").tBodies[0].replaceChildren(
+      ...deliveries.map((delivery) => el(
+        "tr",
+        { "data-delivery-id": delivery.id },
+        el("td", {}, el("code", {}, delivery.id)),
+        el("td", {}, badge(delivery.state)),
+        el("td", { class: "number" }, String(delivery.attempts.length)),
+        el("td", {}, delivery.next_attempt_at ? when(delivery.next_attempt_at) : "–"),
+        el("td", {}, delivery.attempts.length ? el("ol", { class: "attempts" }, ...delivery.attempts.map((attempt) => el(
+          "li",
+          { value: String(attempt.attempt) },
+          [
+            when(attempt.at),
+            attempt.status_code !== null && attempt.status_code !== undefined ? "HTTP " + attempt.status_code : attempt.error,
+            attempt.duration_ms !== null && attempt.duration_ms !== undefined ? attempt.duration_ms + " ms" : null,
+          ].filter(Boolean).join(" · "),
+        ))) : "none yet"),
+      )),
+    );
+  }
+
+  // The body of POST /v1/runs that asks again what a run's request (its echo) asked, or
+  // why it cannot be rebuilt: the relay keeps env values, file contents and stdin nowhere.
+  function rebuilt(request) {
+    if (!request) return { why: "Its request was not recorded (a run older than this relay version), so it cannot be rebuilt here." };
+    const missing = [];
+    if (request.env.length) missing.push("the values of its env (" + request.env.join(", ") + ")");
+    if (request.files.length) missing.push("the contents of its files (" + request.files.join(", ") + ")");
+    if (request.stdin_bytes) missing.push("its stdin (" + request.stdin_bytes + " bytes)");
+    if (missing.length) {
+      return { why: "It cannot be re-run from here: the relay does not keep " + missing.join(", ") + ", which may be secrets. Submit it again from where it came from." };
+    }
+    const body = { wait: false };
+    for (const name of ["job", "command", "image", "size", "workdir", "timeout_s", "egress"]) {
+      if (request[name] !== null && request[name] !== undefined) body[name] = request[name];
+    }
+    if (Object.keys(request.params || {}).length) body.params = request.params;
+    if (request.provider && request.provider !== "auto") body.provider = request.provider;
+    return { body };
+  }
+
+  function offerRerun(run) {
+    const { body, why } = rebuilt(run.request);
+    const button = $("rerun");
+    button.hidden = !body;
+    if (!body) {
+      $("rerun-note").textContent = why;
+      return;
+    }
+    $("rerun-note").textContent =
+      "Submits the same request again through POST /v1/runs as the admin token you logged in with: " +
+      "the new run is that token's (its scopes and limits apply), not " + (run.token || "the original token") + "'s, " +
+      "and it has no callback URL (the relay does not keep one).";
+    button.addEventListener("click", async () => {
+      button.disabled = true;
+      $("rerun-result").textContent = "Submitting…";
+      try {
+        const again = await json("/v1/runs", {
+          method: "POST",
+          headers: { "Content-Type": "application/json" },
+          body: JSON.stringify(body),
+        });
+        location.assign("/console/runs/" + encodeURIComponent(again.id));
+      } catch (error) {
+        if (error instanceof ApiError && error.status === 401) {
+          failed(error);
+          return;
+        }
+        $("rerun-result").textContent = "Refused: " + error.message;
+        button.disabled = false;
+      }
+    });
   }
 
   async function follow(id) {
@@ -265,6 +415,12 @@
     const run = await json("/v1/runs/" + encodeURIComponent(id));
     const live = !FINAL.has(run.state);
     drawRun(run, !live); // a live run's output comes whole from the start of its events
+    offerRerun(run);
+    setInterval(() => {
+      if (!shownRun || FINAL.has(shownRun.state)) return;
+      const shown = $("run-duration");
+      if (shown) shown.textContent = duration(shownRun);
+    }, 1000);
     $("cancel").addEventListener("click", async () => {
       $("cancel").disabled = true;
       try {
@@ -276,6 +432,49 @@
       }
     });
     if (live) follow(id).catch(failed);
+  }
+
+  // -- jobs ------------------------------------------------------------------------
+
+  function outcomeRow(group, field, period) {
+    const filtered = (extra) => {
+      const query = new URLSearchParams({ [field]: group.name, period, ...extra });
+      return consoleUrl(query);
+    };
+    const named = group.name !== null; // raw-command runs have no job to filter on
+    const ended = group.succeeded + group.failed;
+    const last = group.last_failure;
+    return el(
+      "tr",
+      { "data-name": group.name === null ? "" : group.name },
+      el("th", { scope: "row" }, named ? el("a", { href: filtered({}) }, group.name) : "(command)"),
+      el("td", { class: "number" }, String(group.runs) + (group.active ? ` (${group.active} active)` : "")),
+      el("td", { class: "number", title: ended ? `${group.succeeded} of ${ended}` : null },
+        group.success_rate === null ? "–" : Math.round(group.success_rate * 100) + "%"),
+      el("td", { class: "number" }, group.failed && named ? el("a", { href: filtered({ state: FAILURES }) }, String(group.failed)) : String(group.failed)),
+      el("td", {}, Object.keys(group.failures).length
+        ? el("ul", { class: "causes" }, ...Object.entries(group.failures).map(([cause, count]) => el("li", {}, `${cause} × ${count}`)))
+        : "–"),
+      el("td", { class: "number" }, millis(group.p50_ms)),
+      el("td", { class: "number" }, millis(group.p95_ms)),
+      el("td", { class: "number" }, usd(group.usd)),
+      el("td", { title: last && last.error ? last.error.message : null }, last
+        ? el("a", { href: "/console/runs/" + encodeURIComponent(last.run_id) }, `${ending(last) || last.state}, ${age(last.created_at)}`)
+        : "–"),
+    );
+  }
+
+  async function jobsPage() {
+    const shown = new URLSearchParams(location.search);
+    const hours = PERIOD_OF_HOURS[shown.get("hours")] ? shown.get("hours") : "24";
+    $("window").elements.hours.value = hours;
+    const report = await json("/v1/outcomes?hours=" + hours);
+    const period = PERIOD_OF_HOURS[hours];
+    $("outcomes-window").textContent = `Every token's runs created from ${when(report.since)} to ${when(report.until)}.`;
+    $("jobs").tBodies[0].replaceChildren(...report.jobs.map((group) => outcomeRow(group, "job", period)));
+    $("job-providers").tBodies[0].replaceChildren(...report.providers.map((group) => outcomeRow(group, "provider", period)));
+    $("jobs-omitted").hidden = !report.omitted;
+    $("jobs-omitted").textContent = `${report.omitted} less busy jobs are left out.`;
   }
 
   // -- spend -------------------------------------------------------------------------
@@ -384,8 +583,9 @@
         el("th", { scope: "row" }, provider.name),
         el("td", {}, provider.problem || "none"),
         el("td", { class: "number" }, String(provider.runs)),
+        el("td", { class: "number" }, String(provider.failed)),
         el("td", { class: "number" }, String(provider.errors)),
-        el("td", { class: "number" }, provider.runs ? Math.round((provider.errors / provider.runs) * 100) + "%" : "–"))),
+        el("td", { class: "number" }, provider.runs ? Math.round((provider.failed / provider.runs) * 100) + "%" : "–"))),
     );
     const reaper = health.reaper;
     facts($("reaper"), reaper ? [
@@ -411,7 +611,7 @@
 
   // -- start -------------------------------------------------------------------------
 
-  const PAGES = { runs: runsPage, run: runPage, spend: spendPage, health: healthPage };
+  const PAGES = { runs: runsPage, run: runPage, jobs: jobsPage, spend: spendPage, health: healthPage };
 
   async function start() {
     if (!token()) {

@@ -1,0 +1,34 @@
+/**
+ * The container calls, behind one small interface: what the Job Durable Object asks of the
+ * container that runs its command. `sandbox.ts` implements it with the Sandbox SDK; the
+ * Worker's tests put a stand-in behind it (test/stand-in.ts), since no container runs
+ * there. Keeping the SDK to one module is also what makes the SDK's 1.0 migration (see
+ * README.md) a change of one file.
+ */
+
+import type { Egress } from "./egress";
+import type { JobSpec } from "./request";
+import type { InstanceType } from "./sizes";
+
+export type Stream = "stdout" | "stderr";
+
+/** What a machine is made for: one job, its instance type and egress, its idle backstop. */
+export interface Launch {
+  spec: JobSpec;
+  instanceType: InstanceType;
+  egress: Egress;
+  sleepAfterS: number;
+}
+
+export interface Machine {
+  /** Applies the egress policy (before the container starts), writes the files and stdin. */
+  prepare(): Promise<void>;
+  /**
+   * Runs the command to its end and answers its exit code (124 when the container killed
+   * it at `timeout_s`); output as it comes. Rejects when the container fails under it;
+   * a destroy is how a run is stopped early.
+   */
+  run(output: (stream: Stream, text: string) => void): Promise<number>;
+  /** Destroys the container (SIGKILL); resolves only once the platform has done it. */
+  destroy(): Promise<void>;
+}

@@ -1,0 +1,98 @@
+/**
+ * The machine of a job, made with the Sandbox SDK (`@cloudflare/sandbox` 0.12): the only
+ * module that calls it.
+ *
+ * One sandbox per job, named by the job's id, of the class bound for its instance type.
+ * The class denies the network (`enableInternet = false`); a job's allow-list becomes the
+ * sandbox's `allowedHosts` (HTTPS intercepted, so the host name is checked), and `["*"]`
+ * turns the internet on for that one sandbox, before its container starts. Commands run
+ * sessionless, so the SDK's timeout kills the whole process group (SIGTERM, SIGKILL 5 s
+ * later, exit 124); `keepAlive` stays off and `sleepAfter` is the idle backstop.
+ */
+
+import { getSandbox, Sandbox } from "@cloudflare/sandbox";
+
+import type { Env } from "./env";
+import type { Launch, Machine, Stream } from "./machine";
+
+export { ContainerProxy } from "@cloudflare/sandbox";
+
+export const WORKSPACE = "/workspace";
+const STDIN_PATH = "/tmp/.relay-stdin";
+const INTERNET_KEY = "relay:internet";
+
+export class JobSandbox extends Sandbox<Env> {
+  override enableInternet = false;
+  override interceptHttps = true;
+
+  constructor(ctx: DurableObjectState<{}>, env: Env) {
+    super(ctx, env);
+    void ctx.blockConcurrencyWhile(async () => {
+      if ((await ctx.storage.get<boolean>(INTERNET_KEY)) === true) this.enableInternet = true;
+    });
+  }
+
+  /** The public internet for this sandbox (egress `["*"]`): call before its container starts. */
+  async openInternet(): Promise<void> {
+    await this.ctx.storage.put(INTERNET_KEY, true);
+    this.enableInternet = true;
+  }
+}
+
+// One class per instance type: an instance type is set per container application.
+export class SandboxLite extends JobSandbox {}
+export class SandboxBasic extends JobSandbox {}
+export class SandboxStandard1 extends JobSandbox {}
+export class SandboxStandard2 extends JobSandbox {}
+export class SandboxStandard3 extends JobSandbox {}
+export class SandboxStandard4 extends JobSandbox {}
+
+/** One argument for a POSIX shell, quoted so it stays one word whatever it holds. */
+export function quote(argument: string): string {
+  return `'${argument.replaceAll("'", `'"'"'`)}'`;
+}
+
+/** The shell line the SDK runs: the argv, each quoted, with its stdin (or none). */
+export function commandLine(argv: readonly string[], stdin: boolean): string {
+  return `${argv.map(quote).join(" ")} < ${stdin ? STDIN_PATH : "/dev/null"}`;
+}
+
+export function workdirOf(workdir: string | null): string {
+  return workdir === null ? WORKSPACE : `${WORKSPACE}/${workdir}`;
+}
+
+export function sandboxMachine(env: Env, launch: Launch): Machine {
+  const { spec, egress, instanceType } = launch;
+  const namespace = env[instanceType.binding];
+  if (namespace === undefined) throw new Error(`no ${instanceType.binding} binding`);
+  const sandbox = getSandbox(namespace, spec.id, {
+    keepAlive: false,
+    sleepAfter: launch.sleepAfterS,
+    enableDefaultSession: false,
+  });
+  const cwd = workdirOf(spec.workdir);
+  return {
+    async prepare(): Promise<void> {
+      if (egress.kind === "open") await sandbox.openInternet();
+      if (egress.kind === "hosts") await sandbox.setAllowedHosts(egress.hosts);
+      await sandbox.mkdir(cwd, { recursive: true });
+      for (const [path, content] of Object.entries(spec.files)) {
+        const target = `${WORKSPACE}/${path}`;
+        await sandbox.mkdir(target.slice(0, target.lastIndexOf("/")), { recursive: true });
+        await sandbox.writeFile(target, content, { encoding: "base64" });
+      }
+      if (spec.stdin !== null) await sandbox.writeFile(STDIN_PATH, spec.stdin, { encoding: "base64" });
+    },
+    async run(output: (stream: Stream, text: string) => void): Promise<number> {
+      const result = await sandbox.exec(commandLine(spec.argv, spec.stdin !== null), {
+        timeout: Math.ceil(spec.timeout_s * 1000),
+        env: spec.env,
+        cwd,
+        stream: true,
+        onOutput: output,
+      });
+      return result.exitCode;
+    },
+    destroy: () => sandbox.destroy(),
+  };
+}
