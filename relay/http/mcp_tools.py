@@ -15,7 +15,8 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from relay.auth import Principal
-from relay.errors import Forbidden, InvalidParams, InvalidRequest, ValidationFailed
+from relay.errors import Forbidden, InvalidParams, InvalidRequest
+from relay.http.routes import validation_failed
 from relay.runs.catalog import COMMAND_TOOL, GET_RUN_TOOL, Catalog, JobSpec, ParamSpec
 from relay.runs.models import (
     MAX_ARG_CHARS,
@@ -256,16 +257,6 @@ def run_request(
         # Through JSON, as a POST body is: the same strict rules ("5" is not a number).
         return RunRequest.model_validate_json(json.dumps(body, allow_nan=False)), key
     except ValidationError as exc:
-        fields_failed = [
-            {
-                "field": ".".join(str(part) for part in err["loc"]) or "body",
-                "message": err["msg"].removeprefix("Value error, "),  # our own validators' text
-            }
-            for err in exc.errors(include_input=False, include_url=False)
-        ]
-        first = fields_failed[0]
-        raise ValidationFailed(
-            f"{first['field']}: {first['message']}", details={"fields": fields_failed}
-        ) from exc
+        raise validation_failed(exc) from exc
     except ValueError as exc:  # a float json cannot write (nan, inf) or a surrogate
         raise InvalidRequest("the arguments are not valid JSON values") from exc
