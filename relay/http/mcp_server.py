@@ -56,8 +56,8 @@ from relay.http.mcp_tools import (
     unlisted_refusal,
 )
 from relay.http.routes import authenticate, presented_token
+from relay.run_state import RunState
 from relay.runs.catalog import COMMAND_TOOL, GET_RUN_TOOL, Catalog
-from relay.runs.models import RunState
 from relay.runs.service import RunRecord
 from relay.runs.view import run_model
 

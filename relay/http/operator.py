@@ -25,6 +25,7 @@ from relay.http.routes import (
     state_of,
     token_limits,
 )
+from relay.run_state import RunState
 from relay.runs.models import (
     MAX_OUTCOME_HOURS,
     ErrorInfo,
@@ -35,7 +36,6 @@ from relay.runs.models import (
     PoolHealth,
     ProviderHealth,
     ReaperHealth,
-    RunState,
     SpendDay,
     SpendReport,
     TokenSpend,

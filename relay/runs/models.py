@@ -20,8 +20,7 @@ from pydantic import (
     field_validator,
 )
 
-# Its home is the ground (relay/run_state.py); named here too for relay/http/mcp_server.py.
-from relay.run_state import RunState as RunState
+from relay.run_state import RunState
 
 MAX_ARGV_ITEMS = 32
 MAX_ARG_CHARS = 512
