@@ -40,6 +40,7 @@ from starlette.types import Receive, Scope, Send
 
 from relay import __version__
 from relay.auth import Principal, TokenStore
+from relay.cancellation import shielded
 from relay.errors import InvalidRequest, RelayError, Unauthorized
 from relay.http.app_state import AppState
 from relay.http.mcp_sessions import SessionOwners, check_origin
@@ -58,6 +59,7 @@ from relay.http.mcp_tools import (
 from relay.http.routes import authenticate, presented_token
 from relay.run_state import RunState
 from relay.runs.catalog import COMMAND_TOOL, GET_RUN_TOOL, Catalog
+from relay.runs.models import RunRequest
 from relay.runs.service import RunRecord
 from relay.runs.view import run_model
 
@@ -175,10 +177,7 @@ class McpEndpoint:
             if name == GET_RUN_TOOL:
                 return await self._get_run(state, principal, arguments)
             request, key = run_request(name, arguments, self.catalog)
-            # Shielded: a cancel that came during admission reaches the run in _follow,
-            # rather than leaving a run started with nobody waiting for it.
-            with anyio.CancelScope(shield=True):
-                run, _created = await state.service.submit(principal, request, key)
+            run = await _admit(state, principal, request, key)
             return await self._follow(ctx, state, principal, run)
         except RelayError as error:
             return error_result(error)
@@ -209,12 +208,33 @@ class McpEndpoint:
         try:
             run = await _wait(ctx, state, principal, run)
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_S):
-                with contextlib.suppress(RelayError):  # ended meanwhile: run_finished
-                    await state.service.cancel(principal, run.id)
-                log.info("mcp call canceled, run canceled", extra={"run_id": run.id})
+            await shielded(_cancel_run(state, principal, run.id))
             raise
         return await _result(state, run)
+
+
+async def _admit(
+    state: AppState, principal: Principal, request: RunRequest, key: str | None
+) -> RunRecord:
+    """Submit the call's run, to the end of its admission whatever cancels the call: a call
+    cancelled meanwhile cancels its run then, rather than leave it started with nobody
+    waiting for it."""
+    admission = asyncio.ensure_future(state.service.submit(principal, request, key))
+    try:
+        run, _created = await shielded(admission)
+    except asyncio.CancelledError:
+        if not admission.cancelled() and admission.exception() is None:
+            await shielded(_cancel_run(state, principal, admission.result()[0].id))
+        raise
+    return run
+
+
+async def _cancel_run(state: AppState, principal: Principal, run_id: str) -> None:
+    """Cancel the run of a cancelled call (awaited shielded; bounded by :data:`CANCEL_S`)."""
+    with anyio.move_on_after(CANCEL_S):
+        with contextlib.suppress(RelayError):  # ended meanwhile: run_finished
+            await state.service.cancel(principal, run_id)
+        log.info("mcp call canceled, run canceled", extra={"run_id": run_id})
 
 
 def _caller(ctx: ServerRequestContext[Any]) -> tuple[Principal, AppState]:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import anyio
 from anyio.abc import TaskGroup
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 
 from relay.auth import hash_token
+from relay.cancellation import shielded
 from relay.errors import Forbidden, RateLimited
 from relay.settings import Settings, origin_of
 
@@ -123,5 +123,4 @@ def _digest(owner: str) -> str:
 
 
 async def _terminate(transport: StreamableHTTPServerTransport) -> None:
-    with anyio.CancelScope(shield=True):
-        await transport.terminate()
+    await shielded(transport.terminate())
