@@ -2,11 +2,12 @@
 
 The one home of a run's states. It sits in the ground, below everything that names one: the
 store counts active runs in SQL (its schema's triggers and queries are built from
-:data:`ACTIVE` and :data:`FINAL`), the runs write states (each through :func:`transition`,
+:data:`ACTIVE` and :data:`FINAL`; its reports of how runs ended, from :data:`FAILURES`),
+the runs write states (each through :func:`transition`,
 which checks :data:`TRANSITIONS`), the HTTP layer answers with them, and the handlers may
-not import the store. Two copies live where this module cannot reach, pinned to it by
-tests/test_run_state.py: the standard-library client's (relay/client.py) and the console's
-script (relay/http/console/static/console.js).
+not import the store. Copies live where this module cannot reach, pinned to it by
+tests/test_run_state.py: the standard-library client's final states (relay/client.py) and
+the console script's final states and failures (relay/http/console/static/console.js).
 
 Adding a state: a member of :class:`RunState`, its line in :data:`TRANSITIONS`, and the
 tuple it belongs to. A new *active* state changes what the store's day-count triggers hold
@@ -52,6 +53,14 @@ FINAL: tuple[RunState, ...] = (
     RunState.lost,
 )
 """Runs that have ended, each with its cost."""
+FAILURES: tuple[RunState, ...] = (
+    RunState.failed,
+    RunState.timed_out,
+    RunState.error,
+    RunState.lost,
+)
+"""The end states a job or provider is to blame for: a non-zero exit, its timeout, a
+provider or relay fault, a run lost with its relay. ``canceled`` is someone's choice."""
 
 FIRST: frozenset[RunState] = frozenset({RunState.queued, RunState.starting})
 """What a new run may be created as (the relay has no queue: a run starts at once)."""

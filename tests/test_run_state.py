@@ -12,6 +12,7 @@ import pytest
 from relay import client
 from relay.run_state import (
     ACTIVE,
+    FAILURES,
     FINAL,
     FIRST,
     TRANSITIONS,
@@ -71,6 +72,13 @@ def test_the_console_script_knows_the_final_states_of_the_relay() -> None:
     found = re.search(r"const FINAL = new Set\((\[[^\]]*\])\);", CONSOLE_SCRIPT.read_text())
     assert found is not None, "console.js no longer declares `const FINAL = new Set([...])`"
     assert sorted(json.loads(found.group(1))) == sorted(state.value for state in FINAL)
+
+
+def test_the_console_script_knows_which_end_states_are_failures() -> None:
+    found = re.search(r'const FAILURES = "([^"]*)";', CONSOLE_SCRIPT.read_text())
+    assert found is not None, 'console.js no longer declares `const FAILURES = "..."`'
+    assert found.group(1).split(",") == [state.value for state in FAILURES]
+    assert set(FAILURES) < set(FINAL)
 
 
 def test_a_changed_set_of_active_states_comes_with_a_schema_version_that_rebuilds_the_triggers() -> (

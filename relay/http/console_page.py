@@ -22,7 +22,7 @@ from starlette.responses import FileResponse, HTMLResponse, Response
 from starlette.routing import Route
 
 from relay.errors import NotFound
-from relay.run_state import RunState
+from relay.run_state import FAILURES, RunState
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -103,7 +103,7 @@ async def console_asset(request: Request) -> Response:
 _STATES = tuple(state.value for state in RunState)
 _ENDED = tuple(state.value for state in RunState if state.final)
 _STATE_GROUPS = {
-    "every failure": tuple(state for state in _ENDED if state not in ("succeeded", "canceled")),
+    "every failure": tuple(state.value for state in FAILURES),
     "every end state": _ENDED,
     "active": tuple(state.value for state in RunState if not state.final),
 }

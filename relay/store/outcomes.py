@@ -17,18 +17,10 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from relay.run_state import ACTIVE, RunState
+from relay.run_state import ACTIVE, FAILURES, RunState
 from relay.store.database import Store
 from relay.store.schema import runs, state_in
 
-FAILURES: tuple[RunState, ...] = (
-    RunState.failed,
-    RunState.timed_out,
-    RunState.error,
-    RunState.lost,
-)
-"""The end states a job or provider is to blame for: a non-zero exit, its timeout, a
-provider or relay fault, a run lost with its relay. ``canceled`` is someone's choice."""
 MAX_GROUPS = 200
 """The busiest jobs (or providers) a report lists; the rest are left out (``omitted``)."""
 PERCENTILES = (50, 95)

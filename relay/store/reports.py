@@ -12,9 +12,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from relay.run_state import RunState
+from relay.run_state import FAILURES, RunState
 from relay.store.database import Store
-from relay.store.outcomes import FAILURES
 from relay.store.schema import deliveries, runs, state_in
 
 DAY_S = 86_400
