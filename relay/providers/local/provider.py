@@ -112,11 +112,8 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         )
         if self.budget.lowered is not None:
             log.warning(self.budget.lowered)
-        self.uids = (
-            uids.for_sandboxes(settings.local_uids, self.max_sandboxes + settings.pool_max)
-            if self.isolation == "bwrap"
-            else None
-        )
+        self.uids: uids.UidRange | None = None
+        """A root relay's sandbox uids (set below, once an earlier relay's leftovers are gone)."""
         self._held: dict[str, uids.HeldUid] = {}
         """The uid each sandbox runs as, released once its cleanup succeeded."""
         self._live: dict[str, LocalSandbox] = {}
@@ -148,6 +145,9 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         else:
             self.setup_steps.append(_join_group)
             self._sweep_leftovers()
+        # After the sweep: a sandbox a relay killed with SIGKILL left running still holds
+        # its uid, and is no other program's use of the range.
+        self.uids = uids.for_sandboxes(settings.local_uids, self.max_sandboxes + settings.pool_max)
         self.setup_steps.append(_attach_network)
 
     def start_command(self) -> None:
