@@ -11,6 +11,7 @@ import pytest
 from relay.providers.base import Provider
 from relay.providers.daytona import DaytonaProvider
 from relay.settings import Settings
+from testing.fakes.daytona import BAD_KEY, BODY_MARKER, FakeDaytona, running_fake
 from tests.contract.fault_suite import FaultContract
 from tests.contract.harness import (
     IMPATIENT_CREATE_TIMEOUT_S,
@@ -20,7 +21,6 @@ from tests.contract.harness import (
     Variant,
 )
 from tests.contract.suite import ProviderContract, checked
-from tests.fakes.daytona import BAD_KEY, BODY_MARKER, FakeDaytona, running_fake
 
 KEY = "daytona-test-key"
 

@@ -11,6 +11,7 @@ import pytest
 from relay.providers.base import Provider
 from relay.providers.e2b import E2BProvider
 from relay.settings import Settings
+from testing.fakes.e2b import FakeE2B, running_fake
 from tests.contract.fault_suite import FaultContract
 from tests.contract.harness import (
     BAD_KEY,
@@ -21,7 +22,6 @@ from tests.contract.harness import (
     Variant,
 )
 from tests.contract.suite import ProviderContract, checked
-from tests.fakes.e2b import FakeE2B, running_fake
 
 
 def settings_for(fake: FakeE2B, **overrides: object) -> Settings:

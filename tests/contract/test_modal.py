@@ -11,6 +11,7 @@ import pytest
 from relay.providers.base import Provider
 from relay.providers.modal import ModalProvider
 from relay.settings import Settings
+from testing.fakes.modal import FakeModal, running_fake
 from tests.contract.fault_suite import FaultContract
 from tests.contract.harness import (
     BAD_KEY,
@@ -21,7 +22,6 @@ from tests.contract.harness import (
     Variant,
 )
 from tests.contract.suite import ProviderContract, checked
-from tests.fakes.modal import FakeModal, running_fake
 
 
 def settings_for(fake: FakeModal, **overrides: object) -> Settings:

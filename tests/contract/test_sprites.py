@@ -11,6 +11,7 @@ import pytest
 from relay.providers.base import Provider
 from relay.providers.sprites import SpritesProvider
 from relay.settings import Settings
+from testing.fakes.sprites import BAD_KEY, BODY_MARKER, FakeSprites, running_fake
 from tests.contract.fault_suite import FaultContract
 from tests.contract.harness import (
     IMPATIENT_CREATE_TIMEOUT_S,
@@ -20,7 +21,6 @@ from tests.contract.harness import (
     Variant,
 )
 from tests.contract.suite import ProviderContract, checked
-from tests.fakes.sprites import BAD_KEY, BODY_MARKER, FakeSprites, running_fake
 
 TOKEN = "sprites-test-token"
 

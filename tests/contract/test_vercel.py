@@ -11,6 +11,7 @@ import pytest
 from relay.providers.base import Provider
 from relay.providers.vercel import VercelProvider
 from relay.settings import Settings
+from testing.fakes.vercel import BAD_KEY, BODY_MARKER, FakeVercel, running_fake
 from tests.contract.fault_suite import FaultContract
 from tests.contract.harness import (
     IMPATIENT_CREATE_TIMEOUT_S,
@@ -20,7 +21,6 @@ from tests.contract.harness import (
     Variant,
 )
 from tests.contract.suite import ProviderContract, checked
-from tests.fakes.vercel import BAD_KEY, BODY_MARKER, FakeVercel, running_fake
 
 TOKEN = "vercel-test-token"
 TEAM = "team_relaytest"

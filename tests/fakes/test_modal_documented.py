@@ -17,10 +17,10 @@ from modal_proto import api_grpc, api_pb2
 
 from relay.providers.base import OutputSink, SandboxSpec
 from relay.providers.modal import ModalProvider
+from testing.fakes.modal import FakeModal, running_fake
+from testing.fakes.modal.control import LIST_PAGE
+from testing.fakes.modal.state import SandboxState
 from tests.contract.test_modal import settings_for
-from tests.fakes.modal import FakeModal, running_fake
-from tests.fakes.modal.control import LIST_PAGE
-from tests.fakes.modal.state import SandboxState
 
 METADATA = {"x-modal-token-id": "ak-doc", "x-modal-token-secret": "as-doc"}
 

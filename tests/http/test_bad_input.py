@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from relay.runs.models import MAX_ARG_CHARS, MAX_ARGV_ITEMS, MAX_ENV_VARS, MAX_STDIN_BYTES
-from tests.relay_server import SECRET_CANARY, RelayProcess
+from testing.relay_server import SECRET_CANARY, RelayProcess
 
 ECHO = {"job": "echo", "params": {"message": "x"}}
 PARAMS = {"job": "params", "params": {"name": "n"}}

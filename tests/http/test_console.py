@@ -20,7 +20,7 @@ import pytest
 
 from relay.http.console_page import ASSETS, CONTENT_SECURITY_POLICY
 from relay.http.operator import MAX_SPEND_DAYS
-from tests.relay_server import REPO, RelayProcess
+from testing.relay_server import REPO, RelayProcess
 
 CHROMIUM = "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(

@@ -17,7 +17,7 @@ import pytest
 
 from relay.providers.local.root import marked_pids
 from relay.runs.reaper import BEATS_BEFORE_JUDGING
-from tests.relay_server import RelayProcess
+from testing.relay_server import RelayProcess
 
 FINAL = {"succeeded", "failed", "timed_out", "canceled", "error", "lost"}
 REAP_INTERVAL_S = 1
@@ -49,7 +49,7 @@ def local_rig(tmp: Path) -> Iterator[Rig]:
 
 @contextlib.contextmanager
 def vercel_rig(tmp: Path) -> Iterator[Rig]:
-    from tests.fakes.vercel import running_fake
+    from testing.fakes.vercel import running_fake
 
     with running_fake() as fake:
         settings = {"providers": "vercel", "vercel_base_url": fake.url, "vercel_token": "t",
@@ -59,7 +59,7 @@ def vercel_rig(tmp: Path) -> Iterator[Rig]:
 
 @contextlib.contextmanager
 def e2b_rig(tmp: Path) -> Iterator[Rig]:
-    from tests.fakes.e2b import running_fake
+    from testing.fakes.e2b import running_fake
 
     with running_fake() as fake:
         settings = {"providers": "e2b", "e2b_api_url": fake.url, "e2b_sandbox_url": fake.url,
@@ -69,7 +69,7 @@ def e2b_rig(tmp: Path) -> Iterator[Rig]:
 
 @contextlib.contextmanager
 def modal_rig(tmp: Path) -> Iterator[Rig]:
-    from tests.fakes.modal import running_fake
+    from testing.fakes.modal import running_fake
 
     with running_fake() as fake:
         settings = {"providers": "modal", "modal_server_url": fake.url,
@@ -79,7 +79,7 @@ def modal_rig(tmp: Path) -> Iterator[Rig]:
 
 @contextlib.contextmanager
 def sprites_rig(tmp: Path) -> Iterator[Rig]:
-    from tests.fakes.sprites import running_fake
+    from testing.fakes.sprites import running_fake
 
     with running_fake() as fake:
         settings = {"providers": "sprites", "sprites_base_url": fake.url, "sprites_token": "t"}
@@ -92,7 +92,7 @@ FAKE_RIGS = [name for name in RIGS if name != "local"]
 
 
 def _available(name: str) -> bool:
-    return name == "local" or importlib.util.find_spec(f"tests.fakes.{name}") is not None
+    return name == "local" or importlib.util.find_spec(f"testing.fakes.{name}") is not None
 
 
 @pytest.fixture(params=[n for n in RIGS if _available(n)])

@@ -279,7 +279,7 @@ def test_a_probe_or_a_reap_beside_a_serving_relay_leaves_its_cgroups_alone(
     """`relay probe local` and `relay reap` (from cron) on the host of a serving relay, with
     the same settings: the relay's runs still get their cgroup afterwards (each closing
     process removed the shared folder of groups when it found it empty)."""
-    from tests.relay_server import RelayProcess
+    from testing.relay_server import RelayProcess
 
     relay = RelayProcess(tmp_path / "relay", local_isolation="bwrap")
     relay.add_token("ops", jobs=["echo"])

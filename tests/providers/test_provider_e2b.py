@@ -28,10 +28,10 @@ from relay.errors import (
 from relay.providers import e2b as e2b_module
 from relay.providers.base import TAG_CLUSTER, TAG_RUN, Egress, OutputSink, Resources, SandboxSpec
 from relay.providers.e2b import E2BProvider
+from testing.fakes.e2b import FakeE2B, running_fake
+from testing.fakes.e2b.isolation import bwrap_works
+from testing.relay_server import SECRET_CANARY, RelayProcess
 from tests.contract.test_e2b import settings_for
-from tests.fakes.e2b import FakeE2B, running_fake
-from tests.fakes.e2b.isolation import bwrap_works
-from tests.relay_server import SECRET_CANARY, RelayProcess
 
 KEY = "test-key"
 LIVE_KEY = os.environ.get("E2B_API_KEY")  # read at import: an autouse fixture clears E2B_*
@@ -404,7 +404,7 @@ async def test_live_e2b() -> None:
 async def test_fake_without_bubblewrap_still_maps_sandbox_paths(
     provider: E2BProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.fakes.e2b import isolation
+    from testing.fakes.e2b import isolation
 
     monkeypatch.setattr(isolation, "bwrap_works", lambda: False)
     output = OutputSink(1024)

@@ -2,7 +2,7 @@
 
 200 schedules on the in-memory provider world, and a few on each real SDK against its
 protocol-level fake. A failure names the seeds; replay one with
-``python -m tests.chaos SEED [memory|e2b|modal|vercel|sprites|daytona]``.
+``python -m testing.chaos SEED [memory|e2b|modal|vercel|sprites|daytona]``.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos import fake_backend, run_many, run_schedule
+from testing.chaos import fake_backend, run_many, run_schedule
 
 SCHEDULES = 200
 FAKES = [
     n
     for n in ("e2b", "modal", "vercel", "sprites", "daytona")
-    if importlib.util.find_spec(f"tests.fakes.{n}")
+    if importlib.util.find_spec(f"testing.fakes.{n}")
 ]
 
 

@@ -18,11 +18,11 @@ from relay.providers.registry import load_provider
 from relay.runs.catalog import Catalog
 from relay.runs.service import RunService
 from relay.store.database import Store
-from tests.chaos import FAKE_SETTINGS, fake_backend
+from testing.chaos import FAKE_SETTINGS, fake_backend
 from tests.conftest import make_settings
 from tests.runs.test_pools import run, timings, write_job
 
-FAKES = [name for name in FAKE_SETTINGS if importlib.util.find_spec(f"tests.fakes.{name}")]
+FAKES = [name for name in FAKE_SETTINGS if importlib.util.find_spec(f"testing.fakes.{name}")]
 IDLE_S = 40
 TIMEOUT_S = 5
 GRACE_S = 5

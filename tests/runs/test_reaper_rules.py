@@ -44,16 +44,16 @@ async def backend(name: str, tmp: Path) -> AsyncIterator[Backend]:
         yield Backend(settings, lambda: LocalProvider(settings), True)
     elif name == "vercel":
         from relay.providers.vercel import VercelProvider
+        from testing.fakes.vercel import running_fake as vercel_fake
         from tests.contract.test_vercel import settings_for as vercel_settings
-        from tests.fakes.vercel import running_fake as vercel_fake
 
         with vercel_fake() as fake:
             settings = vercel_settings(fake, database_url=f"sqlite:///{tmp / 'relay.db'}")
             yield Backend(settings, lambda: VercelProvider(settings), True)
     else:
         from relay.providers.modal import ModalProvider
+        from testing.fakes.modal.server import running_fake as modal_fake
         from tests.contract.test_modal import settings_for as modal_settings
-        from tests.fakes.modal.server import running_fake as modal_fake
 
         with modal_fake() as fake:
             settings = modal_settings(fake, database_url=f"sqlite:///{tmp / 'relay.db'}")
