@@ -43,7 +43,7 @@ from relay.runs.models import RunRequest
 from relay.settings import Settings
 from relay.store.database import Store
 from relay.store.records import RunRecord
-from testing.chaos import PRINCIPAL, CrashableProvider, MemoryBackend, Relay, _final_rows
+from testing.chaos import PRINCIPAL, CrashableProvider, MemoryBackend, Relay, final_rows
 
 WRITES = ("admit_run", "update_run", "finish_run", "heartbeat")
 
@@ -230,7 +230,7 @@ async def play(seed: int, tmp: Path, steps: int = 30) -> Counts:
                 await old.provider.aclose()
         counts.refused_writes = store.refused
         await real.close()
-    rows = await _final_rows(tmp, sorted(owner))
+    rows = await final_rows(tmp, sorted(owner))
     return _count(counts, backend, rows, owner, crashed_at, foreign)
 
 

@@ -2,7 +2,7 @@
 
 Each schedule drives the real RunService and Reaper on a real SQLite file against a
 backend: the shipped in-memory provider's world (``relay/providers/memory.py``, fast: hundreds of
-schedules), or a real provider SDK against its protocol-level fake (``testing/fakes/*``).
+schedules), or a real provider SDK against its protocol-level fake (its rig, ``testing/rigs``).
 A crash abandons a relay process the way ``kill -9`` does: its provider client and store
 writes stop dead, its sandboxes stay alive at the provider, and a new relay process starts
 on the same database. At the end every sandbox must be terminated and every run final.
@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, get_args
@@ -32,8 +32,9 @@ from relay.runs.service import RunService
 from relay.settings import Settings
 from relay.store.database import Store
 from relay.store.records import RunRecord
+from testing.rigs import RIGS
+from testing.rigs.rig import FakeRig, Fault
 from testing.settings import make_settings
-from tests.contract.harness import Fault
 
 PRINCIPAL = Principal(name="chaos", command=True)
 
@@ -178,32 +179,42 @@ class MemoryBackend:
 
 @dataclass
 class FakeBackend:
-    """A real SDK against its fake (``running_fake()`` from testing/fakes/<name>)."""
+    """A real SDK against its fake, through the provider's rig (``testing/rigs``)."""
 
-    name: str
-    fake: Any
-    settings: dict[str, Any]
+    rig: FakeRig
+    name: str = field(init=False)
     timeout_s: tuple[float, float] = (0.5, 2.0)
+
+    def __post_init__(self) -> None:
+        self.name = self.rig.name
+
+    @property
+    def fake(self) -> Any:
+        return self.rig.fake
+
+    @property
+    def settings(self) -> dict[str, object]:
+        """What points a relay at the fake: ``Relay`` adds it to each relay's settings."""
+        return self.rig.values
 
     def new_client(self, settings: Settings) -> CrashableProvider:
         return CrashableProvider(load_provider(self.name, settings))
 
     def alive(self) -> set[str]:
-        alive: set[str] = self.fake.ledger.alive()
-        return alive
+        return self.rig.alive()
 
     def inject(self, rng: random.Random) -> None:
-        inject_fault(self.fake.faults, rng, vanish_after_s=0.3)
+        inject_fault(self.rig.faults, rng, vanish_after_s=0.3)
 
     def heal(self) -> None:
-        self.fake.reset()
+        self.rig.reset()
 
     def command(self, rng: random.Random) -> list[str]:
         return ["sh", "-c", f"sleep {rng.uniform(0, 1):.2f}; exit {rng.choice([0, 0, 1])}"]
 
     def ended(self) -> dict[str, tuple[str, str | None, float | None]]:
         # The fakes' ledgers know what was created and what is alive, not who ended it.
-        return {str(i): ("", None, None) for i, _ in enumerate(self.fake.ledger.created)}
+        return {str(i): ("", None, None) for i, _ in enumerate(self.rig.created())}
 
 
 @dataclass
@@ -229,15 +240,15 @@ class Relay:
     """One relay 'process': a service, a reaper and a provider client."""
 
     def __init__(self, store: Store, backend: Backend, tmp: Path, extra: Mapping[str, Any]) -> None:
-        self.settings = make_settings(
-            tmp,
-            providers=[backend.name],
-            create_timeout_s=0.1 if backend.name == "memory" else 3,
-            grace_s=5,
-            drain_s=0,
-            max_concurrent=1000,
-            **extra,
-        )
+        values = {
+            "providers": [backend.name],
+            "create_timeout_s": 0.1 if backend.name == "memory" else 3,
+            "grace_s": 5,
+            "drain_s": 0,
+            "max_concurrent": 1000,
+            **extra,  # a fake backend's rig values: its provider, keys and URLs
+        }
+        self.settings = make_settings(tmp, **values)
         self.store = DeadStore(store)
         self.provider = backend.new_client(self.settings)
         providers = {backend.name: self.provider}
@@ -329,10 +340,11 @@ async def run_schedule(
             with contextlib.suppress(Exception):
                 await old.provider.aclose()
         await store.close()
-    return _account(report, backend, await _final_rows(tmp, submitted))
+    return _account(report, backend, await final_rows(tmp, submitted))
 
 
-async def _final_rows(tmp: Path, ids: list[str]) -> dict[str, RunRecord]:
+async def final_rows(tmp: Path, ids: list[str]) -> dict[str, RunRecord]:
+    """The rows of ``ids`` in a schedule's database, read once every relay has stopped."""
     store = await Store.open(f"sqlite:///{tmp / 'chaos.db'}")
     try:
         return await store.runs_by_id(ids)
@@ -368,32 +380,12 @@ async def run_many(seeds: range, tmp: Path, parallel: int = 8) -> list[Report]:
     return reports
 
 
-FAKE_SETTINGS: dict[str, Callable[[str], dict[str, Any]]] = {
-    "e2b": lambda url: {"e2b_api_url": url, "e2b_sandbox_url": url, "e2b_api_key": "k"},
-    "modal": lambda url: {
-        "modal_server_url": url,
-        "modal_token_id": "ak-1",
-        "modal_token_secret": "as-1",
-    },
-    "vercel": lambda url: {
-        "vercel_base_url": url,
-        "vercel_token": "t",
-        "vercel_team_id": "team_1",
-        "vercel_project_id": "prj_1",
-    },
-    "sprites": lambda url: {"sprites_base_url": url, "sprites_token": "t"},
-    "daytona": lambda url: {"daytona_api_url": f"{url}/api", "daytona_api_key": "k"},
-}
-
-
 @contextlib.contextmanager
-def fake_backend(name: str) -> Iterator[FakeBackend]:
-    """Serve the named provider's fake and wrap it as a schedule backend."""
-    import importlib
-
-    module = importlib.import_module(f"testing.fakes.{name}")
-    with module.running_fake() as fake:
-        yield FakeBackend(name, fake, FAKE_SETTINGS[name](fake.url))
+def fake_backend(name: str, tmp: Path) -> Iterator[FakeBackend]:
+    """Start the named provider's rig (its fake) and wrap it as a schedule backend."""
+    with RIGS[name].started(tmp) as rig:
+        assert isinstance(rig, FakeRig), f"{name} has no fake to play schedules on"
+        yield FakeBackend(rig)
 
 
 if __name__ == "__main__":  # pragma: no cover - a manual entry point
@@ -407,6 +399,6 @@ if __name__ == "__main__":  # pragma: no cover - a manual entry point
         if name == "memory":
             result = asyncio.run(run_schedule(seed, Path(folder)))
         else:
-            with fake_backend(name) as chosen:
+            with fake_backend(name, Path(folder)) as chosen:
                 result = asyncio.run(run_schedule(seed, Path(folder), chosen, steps=12))
         print(result, f"{time.monotonic() - began:.1f}s")

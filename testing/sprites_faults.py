@@ -112,7 +112,7 @@ def killed_relay(fake: FakeSprites, folder: Path) -> Report:
 def every_fault(folder: Path) -> list[Report]:
     """Each of :data:`FAULTS` once, on one Sprites fake; prints a line for each."""
     reports: list[Report] = []
-    with fake_backend("sprites") as backend:
+    with fake_backend("sprites", folder) as backend:
         for number, fault in enumerate(FAULTS):
             began = time.monotonic()
             place = folder / f"sprites-fault{number}"

@@ -12,9 +12,13 @@ import asyncpg
 import pytest
 
 from testing.postgres import postgres_url
+from testing.rigs import RIGS
 from testing.settings import REPO, make_settings
 
 __all__ = ["REPO", "database_url", "make_settings", "new_database", "postgres_url"]
+
+SDK_VARIABLES = ("RELAY_", *(prefix for rig in RIGS.values() for prefix in rig.environment))
+"""The relay's variables and those each provider's SDK reads by itself (its rig says which)."""
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +33,7 @@ def _collect_garbage() -> Iterator[None]:
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No test sees the developer's RELAY_* variables or provider credentials."""
     for name in list(os.environ):
-        if name.startswith(("RELAY_", "E2B_", "MODAL_", "VERCEL_", "DAYTONA_")):
+        if name.startswith(SDK_VARIABLES):
             monkeypatch.delenv(name, raising=False)
     yield
 

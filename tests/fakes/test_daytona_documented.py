@@ -14,7 +14,7 @@ import pytest
 from relay.providers.base import OutputSink, SandboxSpec
 from relay.providers.daytona import DaytonaProvider
 from testing.fakes.daytona import FakeDaytona, running_fake
-from tests.contract.test_daytona import KEY, settings_for
+from testing.rigs.daytona import KEY, settings_for
 
 DTO_REQUIRED = {"id", "organizationId", "name", "user", "env", "labels", "public"}
 DTO_REQUIRED |= {"networkBlockAll", "kvm", "target", "cpu", "gpu", "memory", "disk"}

@@ -12,7 +12,7 @@ import pytest
 from relay.providers.base import OutputSink, SandboxSpec
 from relay.providers.e2b import E2BProvider
 from testing.fakes.e2b import FakeE2B, running_fake
-from tests.contract.test_e2b import settings_for
+from testing.rigs.e2b import settings_for
 
 REQUIRED = {"templateID", "sandboxID", "clientID", "startedAt", "endAt", "cpuCount", "memoryMB"}
 REQUIRED |= {"diskSizeMB", "state", "envdVersion"}

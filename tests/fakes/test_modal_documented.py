@@ -20,7 +20,7 @@ from relay.providers.modal import ModalProvider
 from testing.fakes.modal import FakeModal, running_fake
 from testing.fakes.modal.control import LIST_PAGE
 from testing.fakes.modal.state import SandboxState
-from tests.contract.test_modal import settings_for
+from testing.rigs.modal import settings_for
 
 METADATA = {"x-modal-token-id": "ak-doc", "x-modal-token-secret": "as-doc"}
 

@@ -12,7 +12,7 @@ import pytest
 from relay.providers.base import OutputSink, SandboxSpec
 from relay.providers.vercel import VercelProvider
 from testing.fakes.vercel import FakeVercel, running_fake
-from tests.contract.test_vercel import PROJECT, TEAM, TOKEN, settings_for
+from testing.rigs.vercel import PROJECT, TEAM, TOKEN, settings_for
 
 
 @pytest.fixture(scope="module")

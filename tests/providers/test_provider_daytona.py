@@ -22,7 +22,7 @@ from relay.providers.daytona import DaytonaProvider, command_line, network_of, s
 from relay.settings import Settings
 from testing.fakes.daytona import BODY_MARKER, FakeDaytona, running_fake
 from testing.relay_server import SECRET_CANARY, RelayProcess
-from tests.contract.test_daytona import KEY, settings_for
+from testing.rigs.daytona import KEY, settings_for
 from tests.providers.test_probe import LINE, probe
 
 

@@ -31,7 +31,7 @@ from relay.providers.e2b import E2BProvider
 from testing.fakes.e2b import FakeE2B, running_fake
 from testing.fakes.e2b.isolation import bwrap_works
 from testing.relay_server import SECRET_CANARY, RelayProcess
-from tests.contract.test_e2b import settings_for
+from testing.rigs.e2b import settings_for
 
 KEY = "test-key"
 LIVE_KEY = os.environ.get("E2B_API_KEY")  # read at import: an autouse fixture clears E2B_*

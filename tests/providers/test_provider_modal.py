@@ -47,7 +47,7 @@ from relay.providers.base import (
 from relay.providers.modal import TAG_CREATED, ModalProvider
 from relay.settings import Settings
 from testing.fakes.modal import FakeModal, running_fake
-from tests.contract.test_modal import settings_for
+from testing.rigs.modal import settings_for
 
 
 @pytest.fixture(autouse=True)

@@ -41,8 +41,8 @@ from relay.providers.sprites import (
 from relay.settings import Settings
 from testing.fakes.sprites import BODY_MARKER, FakeSprites, running_fake
 from testing.relay_server import SECRET_CANARY, RelayProcess
+from testing.rigs.sprites import TOKEN, settings_for
 from testing.sprites_faults import killed_relay
-from tests.contract.test_sprites import TOKEN, settings_for
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ from relay.providers.vercel import VercelProvider, network_policy_for, vcpus_for
 from relay.settings import Settings
 from testing.fakes.vercel import BAD_KEY, BODY_MARKER, FakeVercel, jail, running_fake
 from testing.relay_server import SECRET_CANARY, RelayProcess
-from tests.contract.test_vercel import PROJECT, TEAM, TOKEN, settings_for
+from testing.rigs.vercel import PROJECT, TEAM, TOKEN, settings_for
 
 
 @pytest.fixture(scope="module")
