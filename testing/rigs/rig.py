@@ -186,11 +186,17 @@ class Rig(ABC):
 
 
 class FakeRig(Rig):
-    """A provider whose SDK talks to a protocol fake (``testing/fakes/<module>``), served on
-    loopback for as long as the rig is started. A subclass names the fake's module and says
-    how the provider reaches it (:attr:`keys`, :meth:`urls`), what the fake refuses
-    (:attr:`secrets`) and the fault suite's :attr:`variants`; reading the ledger is shared
-    (``alive()``, ``created``), save lifetimes and tags where a ledger keeps them its own way.
+    """A provider whose SDK talks to a protocol fake, served on loopback for as long as the
+    rig is started.
+
+    A subclass sets :attr:`name`, :attr:`module` (the fake's package, whose
+    ``running_fake()`` serves it), :attr:`keys`, :attr:`variants` (the three of
+    :data:`FAULT_VARIANTS`: settings giving a short create timeout, :data:`BAD_KEY`, and
+    :data:`UNREACHABLE_URL`), :attr:`environment`, and overrides :meth:`urls` and
+    :attr:`secrets`. The fake's ledger is read through ``alive()``, ``lifetime_of()``,
+    ``tags_of()`` and ``created`` (entries with :attr:`id_field`); override the readers a
+    ledger keeps its own way (E2B's, Modal's). :meth:`settings` is the base's (everything under
+    the test's folder) unless the provider's own tests already have a ``settings_for(fake)``.
     """
 
     faulty = True
