@@ -38,14 +38,14 @@ serve: $(VENV)/.base
 	$(BIN)/relay serve --dev
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check relay tests bench jobs
-	$(BIN)/ruff format --check relay tests bench jobs
+	$(BIN)/ruff check relay testing tests bench jobs
+	$(BIN)/ruff format --check relay testing tests bench jobs
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 format: $(VENV)/.dev
-	$(BIN)/ruff format relay tests bench jobs
-	$(BIN)/ruff check --fix relay tests bench jobs
+	$(BIN)/ruff format relay testing tests bench jobs
+	$(BIN)/ruff check --fix relay testing tests bench jobs
 
 test: $(VENV)/.dev system-deps lint
 	$(BIN)/pytest

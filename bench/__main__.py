@@ -66,14 +66,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 @contextlib.contextmanager
 def _postgres(mode: str, results: Results) -> Iterator[str | None]:
-    """A throwaway PostgreSQL (tests/postgres.py), or None with the reason recorded."""
+    """A throwaway PostgreSQL (testing/postgres.py), or None with the reason recorded."""
     if mode == "no":
         results.postgres_note = "not run (--postgres no)."
         yield None
         return
     import pytest
 
-    from tests.postgres import start_postgres
+    from testing.postgres import start_postgres
 
     try:
         with start_postgres() as url:

@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Table
 from relay.store.database import Store
 from relay.store.limits import Admission, day_start
 from relay.store.schema import runs
-from tests.rows import run_row
+from testing.rows import run_row
 
 
 def _insert(table: Table, rows: list[dict[str, Any]], conn: Connection) -> None:

@@ -29,7 +29,7 @@ from bench import servers
 from relay.store import retention
 from relay.store.database import Store
 from relay.store.schema import runs as runs_table
-from tests.rows import run_row
+from testing.rows import run_row
 
 
 def _insert(table: Table, rows: list[dict[str, Any]], conn: Connection) -> None:

@@ -1,13 +1,13 @@
-"""The leak report: seeded fault schedules (tests/chaos.py) and what became of every sandbox.
+"""The leak report: seeded fault schedules (testing/chaos.py) and what became of every sandbox.
 
     python -m bench.leaks [SCHEDULES [FAKE_SCHEDULES]]
 
 Prints, across the in-memory schedules: sandboxes created, terminated by the run path,
 terminated by the reaper, gone by themselves (the injected "vanished" fault), leaked (must
 be 0), runs left open (must be 0), and the worst time from a run's deadline to its sandbox's
-end. Then, for each cloud provider whose fake is here (``tests.chaos.FAKE_SETTINGS``), a few
+end. Then, for each cloud provider whose fake is here (``testing.rigs.ON_FAKES``), a few
 shorter schedules through its real SDK: sandboxes created and leaked (must be 0). Last, the
-faults that leak on a provider with no lifetime of its own (``tests/sprites_faults.py``, on
+faults that leak on a provider with no lifetime of its own (``testing/sprites_faults.py``, on
 the Sprites fake): a late create answer, a failing network-policy call and a relay killed
 mid-run and mid-create, each with 0 sprites left after the next sweep.
 """
@@ -20,8 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests import sprites_faults
-from tests.chaos import FAKE_SETTINGS, Report, fake_backend, run_many, run_schedule
+from testing import sprites_faults
+from testing.chaos import Report, fake_backend, run_many, run_schedule
+from testing.rigs import ON_FAKES
 
 
 def summarize(reports: list[Report], seconds: float) -> str:
@@ -43,14 +44,10 @@ def summarize(reports: list[Report], seconds: float) -> str:
 
 def on_fakes(schedules: int, folder: Path) -> list[Report]:
     """``schedules`` short schedules on each provider's real SDK against its fake."""
-    import importlib.util
-
     reports: list[Report] = []
-    for name in FAKE_SETTINGS:
-        if importlib.util.find_spec(f"tests.fakes.{name}") is None:
-            continue
+    for name in ON_FAKES:
         began = time.monotonic()
-        with fake_backend(name) as backend:
+        with fake_backend(name, folder / name) as backend:
             mine = [
                 asyncio.run(run_schedule(seed, folder / f"{name}{seed}", backend, steps=12))
                 for seed in range(schedules)

@@ -5,7 +5,7 @@
 ``--write`` puts the counts in bench/RESULTS.md, in their own section at its end (which
 ``python -m bench`` keeps when it rewrites the rest).
 
-The schedules of tests/chaos.py (submits, cancels, provider faults, relay crashes against
+The schedules of testing/chaos.py (submits, cancels, provider faults, relay crashes against
 the real RunService, Reaper and SQLite store, with the in-memory provider world), plus the
 newer faults: the store refusing every write for a while (final writes, admissions and
 heartbeats fail, then it comes back), and a same-cluster sandbox the store does not know
@@ -43,7 +43,7 @@ from relay.runs.models import RunRequest
 from relay.settings import Settings
 from relay.store.database import Store
 from relay.store.records import RunRecord
-from tests.chaos import PRINCIPAL, CrashableProvider, MemoryBackend, Relay, _final_rows
+from testing.chaos import PRINCIPAL, CrashableProvider, MemoryBackend, Relay, final_rows
 
 WRITES = ("admit_run", "update_run", "finish_run", "heartbeat")
 
@@ -230,7 +230,7 @@ async def play(seed: int, tmp: Path, steps: int = 30) -> Counts:
                 await old.provider.aclose()
         counts.refused_writes = store.refused
         await real.close()
-    rows = await _final_rows(tmp, sorted(owner))
+    rows = await final_rows(tmp, sorted(owner))
     return _count(counts, backend, rows, owner, crashed_at, foreign)
 
 
@@ -258,7 +258,7 @@ def _count(
                 counts.canceled_at_end.append(run_id)
             else:
                 counts.output_lost.append(run_id)
-    grace = 5.0  # tests.chaos.Relay's RELAY_GRACE_S
+    grace = 5.0  # testing.chaos.Relay's RELAY_GRACE_S
     for box in backend.world.boxes.values():
         if box.ended_by != "reaper" or box.ended_at is None:
             continue
@@ -315,7 +315,7 @@ def write_section(results_md: Path, text: str, schedules: int) -> None:
         "## Fault promises (issue 18): no leak, no finished output lost, no healthy run killed",
         "",
         f"`python -m bench.promises {schedules} --write` (bench/promises.py): the seeded schedules "
-        "of tests/chaos.py plus store write outages and foreign young same-cluster sandboxes, "
+        "of testing/chaos.py plus store write outages and foreign young same-cluster sandboxes, "
         "against the real service, reaper and SQLite store with the in-memory provider world. "
         "The three counts must be 0.",
         "",

@@ -1,7 +1,7 @@
 """The servers under test: a real relay (``python -m relay serve``), the bare baseline and
 the stack's floor.
 
-The relay is started by :class:`tests.relay_server.RelayProcess` (the same harness the
+The relay is started by :class:`testing.relay_server.RelayProcess` (the same harness the
 end-to-end tests use: a temp token file, jobs folder and SQLite file), with the memory
 provider enabled and two bench jobs added to its catalog.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.relay_server import REPO, RelayProcess, free_port
+from testing.relay_server import REPO, RelayProcess, free_port
 
 BENCH_JOBS = {
     "noop": """

@@ -11,12 +11,14 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from relay.settings import Settings
-from tests.postgres import postgres_url
+from testing.postgres import postgres_url
+from testing.rigs import RIGS
+from testing.settings import REPO, make_settings
 
-__all__ = ["database_url", "make_settings", "new_database", "postgres_url"]
+__all__ = ["REPO", "database_url", "make_settings", "new_database", "postgres_url"]
 
-REPO = Path(__file__).resolve().parent.parent
+SDK_VARIABLES = ("RELAY_", *(prefix for rig in RIGS.values() for prefix in rig.environment))
+"""The relay's variables and those each provider's SDK reads by itself (its rig says which)."""
 
 
 @pytest.fixture(autouse=True)
@@ -31,22 +33,9 @@ def _collect_garbage() -> Iterator[None]:
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No test sees the developer's RELAY_* variables or provider credentials."""
     for name in list(os.environ):
-        if name.startswith(("RELAY_", "E2B_", "MODAL_", "VERCEL_", "DAYTONA_")):
+        if name.startswith(SDK_VARIABLES):
             monkeypatch.delenv(name, raising=False)
     yield
-
-
-def make_settings(tmp_path: Path, **values: object) -> Settings:
-    """Settings for a test: everything under tmp_path, no .env file read."""
-    defaults: dict[str, object] = {
-        "tokens_file": tmp_path / "tokens.toml",
-        "jobs_dir": REPO / "jobs",
-        "database_url": f"sqlite:///{tmp_path / 'relay.db'}",
-        "local_root": tmp_path / "sandboxes",
-        "cluster": "test",
-    }
-    defaults.update(values)
-    return Settings(_env_file=None, **defaults)  # type: ignore[call-arg]
 
 
 async def new_database(server_url: str) -> str:

@@ -20,7 +20,7 @@ import pytest
 
 from relay.auth import TokenStore
 from relay.client import parse_params
-from tests.relay_server import RelayProcess, free_port
+from testing.relay_server import RelayProcess, free_port
 
 
 def relay_cli(
@@ -130,7 +130,7 @@ def test_serve_dev_prints_a_curl_that_works(tmp_path: Path) -> None:
 
     import httpx
 
-    from tests.relay_server import REPO, free_port
+    from testing.relay_server import REPO, free_port
 
     port = free_port()
     # As `make serve` runs it: .venv/bin/relay from the checkout, the venv not on PATH.

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from testing.relay_server import RelayProcess
 from tests.conftest import REPO
-from tests.relay_server import RelayProcess
 
 CANARY = "client-canary-5d1e"
 FAIL_JOB = """

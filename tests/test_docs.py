@@ -20,8 +20,8 @@ from relay.http.operator import operator_routes
 from relay.http.routes import routes
 from relay.providers.registry import PROVIDERS
 from relay.settings import Settings
+from testing.relay_server import RelayProcess
 from tests.conftest import REPO
-from tests.relay_server import RelayProcess
 
 CLIENT_VARIABLES = {"RELAY_URL", "RELAY_TOKEN"}
 """Read by `relay run` and relay/client.py on the caller's side, not by the server."""

@@ -22,8 +22,8 @@ from starlette.testclient import TestClient
 from relay import logs
 from relay.auth import new_token
 from relay.http.app import create_app
+from testing.relay_server import SECRET_CANARY, RelayProcess
 from tests.conftest import make_settings
-from tests.relay_server import SECRET_CANARY, RelayProcess
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The throwaway PostgreSQL of tests/postgres.py: it starts, answers, and is gone afterwards."""
+"""The throwaway PostgreSQL of testing/postgres.py: it starts, answers, and is gone afterwards."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from tests.postgres import start_postgres, temp_base
+from testing.postgres import start_postgres, temp_base
 
 pytestmark = pytest.mark.postgres
 
@@ -61,7 +61,7 @@ async def test_own_server_stops_and_leaves_nothing() -> None:
 
 
 def test_without_server_and_root_it_skips_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests import postgres
+    from testing import postgres
 
     monkeypatch.delenv("RELAY_TEST_POSTGRES_URL", raising=False)
     monkeypatch.delenv("RELAY_TEST_REQUIRE_POSTGRES", raising=False)
@@ -73,7 +73,7 @@ def test_without_server_and_root_it_skips_with_the_reason(monkeypatch: pytest.Mo
 
 
 def test_required_postgres_fails_instead_of_skipping(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests import postgres
+    from testing import postgres
 
     monkeypatch.delenv("RELAY_TEST_POSTGRES_URL", raising=False)
     monkeypatch.setenv("RELAY_TEST_REQUIRE_POSTGRES", "1")

@@ -35,4 +35,4 @@ def test_pre_commit_runs_what_make_lint_runs() -> None:
 def test_mypy_checks_tests_and_bench() -> None:
     mypy = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
     assert mypy["strict"] is True
-    assert set(mypy["files"]) == {"relay", "tests", "bench"}
+    assert set(mypy["files"]) == {"relay", "tests", "bench", "testing"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from tests.relay_server import RelayProcess
+from testing.relay_server import RelayProcess
 
 
 def test_a_restart_does_not_need_the_port_it_had(tmp_path: Path) -> None:

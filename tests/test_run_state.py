@@ -22,7 +22,7 @@ from relay.run_state import (
 )
 from relay.store.database import Store
 from relay.store.schema import SCHEMA_VERSION
-from tests.rows import run_row
+from testing.rows import run_row
 
 CONSOLE_SCRIPT = Path(__file__).parents[1] / "relay/http/console/static/console.js"
 

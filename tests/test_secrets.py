@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.relay_server import RelayProcess
+from testing.relay_server import RelayProcess
 
 SECRETS = {
     "e2b key": "e2b_canary_61f0a7",

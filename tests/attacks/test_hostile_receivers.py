@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.relay_server import RelayProcess
+from testing.relay_server import RelayProcess
 
 TIMEOUT_S = 1.5
 DRIP_S = 0.2

@@ -23,7 +23,7 @@ import pytest
 
 from relay.providers.local import cgroups
 from relay.providers.local.invocation import bwrap_blocks_userns, bwrap_works
-from tests.relay_server import RelayProcess
+from testing.relay_server import RelayProcess
 
 pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
 

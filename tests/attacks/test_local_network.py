@@ -29,8 +29,8 @@ from relay.providers.contract import Egress, SandboxSpec
 from relay.providers.local import private_network
 from relay.providers.local.invocation import bwrap_works
 from relay.providers.local.provider import LocalProvider
+from testing.relay_server import RelayProcess
 from tests.conftest import make_settings
-from tests.relay_server import RelayProcess
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0

@@ -18,7 +18,7 @@ from relay.auth import revoke_token, rotate_token
 from relay.errors import Forbidden
 from relay.http.mcp_sessions import MAX_SESSIONS_PER_TOKEN, check_origin, own_origins
 from relay.settings import Settings
-from tests.relay_server import RelayProcess
+from testing.relay_server import RelayProcess
 
 INITIALIZE = {
     "jsonrpc": "2.0",

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from testing.relay_server import RelayProcess
 from tests.conftest import new_database
-from tests.relay_server import RelayProcess
 
 ODD = ["²", "\u0661\u0660", "-1", "1e3", " 7", "7\u00a0", "0x10", "9" * 400, "\x00", "%", "", "nan"]
 """Digits only Python calls digits, numbers in other notations, control bytes, nothing."""

@@ -21,8 +21,8 @@ import pytest
 
 from relay.auth import TokenStore, new_token
 from relay.cli import DEV_TOKEN_FILE, _dev_setup
+from testing.relay_server import RelayProcess
 from tests.conftest import make_settings
-from tests.relay_server import RelayProcess
 
 JOBS = {
     # A job with its own script, params.json, a variable from a param and one of its own.

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from relay.providers.local.spawn import PIDFDS
-from tests.relay_server import REPO, RelayProcess
+from testing.relay_server import REPO, RelayProcess
 
 
 @pytest.fixture(scope="module")

@@ -1,36 +1,38 @@
-"""What a provider supplies to run the shared contract suite.
+"""What the contract suites see of a provider: a :class:`Harness`, opened from its rig.
 
-Each provider's ``tests/contract/test_<name>.py`` opens a :class:`Harness` (its
-``open_harness(tmp_path)``) and joins the suites (``suite.py``, ``fault_suite.py``) with one
-test class whose ``harness`` fixture yields it.
+Each provider's ``tests/contract/test_<name>.py`` is one class joining the suites
+(``suite.py``, ``fault_suite.py``) and naming its rig (``testing/rigs``);
+:func:`open_harness` starts that rig and wraps it as the suites want it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from pathlib import Path
+from typing import Protocol
 
 from relay.providers.contract import Provider
+from testing.rigs.rig import (
+    BAD_KEY,
+    IMPATIENT_CREATE_TIMEOUT_S,
+    UNREACHABLE_URL,
+    Fault,
+    Rig,
+    Variant,
+)
 
-Fault = Literal[
-    "create_status",
-    "create_hang",
-    "create_allocates_then_fails",
-    "cut_stream",
-    "terminate_failures",
-    "vanish_after_s",
+__all__ = [
+    "BAD_KEY",
+    "IMPATIENT_CREATE_TIMEOUT_S",
+    "UNREACHABLE_URL",
+    "Fault",
+    "Faults",
+    "Harness",
+    "Variant",
+    "open_harness",
 ]
-"""The fault knobs every protocol fake (E2B, Modal, Vercel) and the memory world have."""
-
-Variant = Literal["impatient", "bad_key", "unreachable"]
-"""Other providers on the same fake: ``impatient`` has a create timeout of
-:data:`IMPATIENT_CREATE_TIMEOUT_S`, ``bad_key`` a key every fake refuses, ``unreachable`` a
-URL nothing listens on (and whatever create timeout lets it tell that apart from a hang)."""
-
-IMPATIENT_CREATE_TIMEOUT_S = 1.0
-UNREACHABLE_URL = "http://127.0.0.1:9"  # the discard port: nothing listens there
-BAD_KEY = "bad-key"  # every fake refuses it
 
 
 class Faults(Protocol):
@@ -52,44 +54,26 @@ class Faults(Protocol):
         """A second provider on the same fake, differing as ``variant`` says; caller closes it."""
 
 
-class FaultyFake(Protocol):
-    """What :class:`FakeFaults` needs of a fake: its fault knobs, its ledger and a reset."""
-
-    @property
-    def faults(self) -> Any: ...
-
-    @property
-    def ledger(self) -> Any: ...
-
-    def reset(self) -> None: ...
-
-
 @dataclass
-class FakeFaults:
-    """:class:`Faults` over a protocol fake, whose knobs all share the :data:`Fault` names."""
+class RigFaults:
+    """:class:`Faults` through a rig's fault switches (every :data:`Fault` name on each)."""
 
-    fake: FaultyFake
+    rig: Rig
     secrets: tuple[str, ...]
-    build: Callable[..., Provider]
-    """A provider on the same fake, from settings overrides."""
-    variants: Mapping[Variant, Mapping[str, object]]
-    """The settings overrides that make each :data:`Variant`."""
-    id_field: str = "sandbox_id"
-    """The key of a sandbox's id in the fake's ``ledger.created`` entries."""
 
     def inject(self, fault: Fault, value: object) -> None:
-        if not hasattr(self.fake.faults, fault):
-            raise AssertionError(f"{type(self.fake).__name__} cannot inject {fault}")
-        setattr(self.fake.faults, fault, value)
+        if not hasattr(self.rig.faults, fault):
+            raise AssertionError(f"the {self.rig.name} rig cannot inject {fault}")
+        setattr(self.rig.faults, fault, value)
 
     def clear(self) -> None:
-        self.fake.reset()
+        self.rig.reset()
 
     def created(self) -> list[str]:
-        return [str(entry[self.id_field]) for entry in self.fake.ledger.created]
+        return self.rig.created()
 
     def provider(self, variant: Variant) -> Provider:
-        return self.build(**self.variants[variant])
+        return self.rig.provider(variant)
 
 
 @dataclass
@@ -108,3 +92,35 @@ class Harness:
     """Fault injection, where the provider runs against a fake (or the memory world)."""
     lifetime_slack_s: float = 5.0
     """How far past the asked lifetime the provider's own may be (Daytona counts minutes)."""
+
+
+@asynccontextmanager
+async def open_harness(
+    rig_class: type[Rig], tmp_path: Path, variant: str | None = None
+) -> AsyncIterator[Harness]:
+    """Start the rig (as ``variant``) and give the suites its provider and ground truth."""
+    with rig_class.started(tmp_path, variant) as rig:
+        provider = rig.provider()
+
+        async def alive() -> set[str]:
+            return rig.alive()
+
+        async def lifetime_of(sandbox_id: str) -> float | None:
+            return rig.lifetime_of(sandbox_id)
+
+        async def tags_of(sandbox_id: str) -> dict[str, str]:
+            return rig.tags_of(sandbox_id)
+
+        faults = RigFaults(rig, rig.secrets) if rig.faulty else None
+        try:
+            yield Harness(
+                provider,
+                alive,
+                lifetime_of,
+                tags_of,
+                image=rig.image,
+                faults=faults,
+                lifetime_slack_s=rig.lifetime_slack_s,
+            )
+        finally:
+            await provider.aclose()

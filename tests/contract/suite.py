@@ -1,16 +1,15 @@
 """The provider contract (design §4) as an abstract suite every provider joins.
 
 :class:`ProviderContract` holds every test; a provider joins with one class in its own
-``test_<name>.py`` that inherits it and supplies the ``harness`` fixture (the fsspec way):
+``test_<name>.py`` that inherits it (and :class:`~tests.contract.fault_suite.FaultContract`
+where its rig has fault switches) and names its rig (``testing/rigs``), the fsspec way:
 
-    class TestE2B(ProviderContract, FaultContract):
-        @pytest.fixture
-        async def harness(self, tmp_path: Path) -> AsyncIterator[Harness]:
-            async with checked(open_harness(tmp_path)) as opened:
-                yield opened
+    class TestE2B(ProviderContract, FaultContract, rig="e2b"):
+        '''The contract on E2B.'''
 
-Each test asserts something a user would notice: the command's result, and that no
-sandbox is left alive afterwards (:func:`checked` reads the ground truth after each test).
+``variant="none"`` runs it on one of the rig's variants (``test_local_none.py``). Each test
+asserts something a user would notice: the command's result, and that no sandbox is left
+alive afterwards (:func:`checked` reads the ground truth after each test).
 """
 
 from __future__ import annotations
@@ -20,6 +19,8 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -32,7 +33,8 @@ from relay.providers.contract import (
     OutputSink,
     SandboxSpec,
 )
-from tests.contract.harness import Harness
+from testing.rigs import RIGS
+from tests.contract.harness import Harness, open_harness
 
 
 def spec(harness: Harness, run_id: str = "run_contract", timeout_s: float = 20.0) -> SandboxSpec:
@@ -69,7 +71,24 @@ async def run(
 
 
 class ProviderContract:
-    """Every test of the contract; a subclass per provider supplies ``harness``."""
+    """Every test of the contract; a subclass per provider names its rig (and a variant)."""
+
+    rig: ClassVar[str]
+    """The provider's name, the key of its rig in ``testing.rigs.RIGS``."""
+    variant: ClassVar[str | None] = None
+    """One of the rig's variants, or ``None`` for the rig as it starts."""
+
+    def __init_subclass__(
+        cls, rig: str | None = None, variant: str | None = None, **kwargs: object
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if rig is not None:
+            cls.rig, cls.variant = rig, variant
+
+    @pytest.fixture
+    async def harness(self, tmp_path: Path) -> AsyncIterator[Harness]:
+        async with checked(open_harness(RIGS[self.rig], tmp_path, self.variant)) as opened:
+            yield opened
 
     async def test_runs_a_command_and_terminates(self, harness: Harness) -> None:
         result, sink = await run(harness, ["echo", "hello", "world"])

@@ -20,8 +20,8 @@ from daytona import (
 
 from relay.providers.contract import SandboxSpec
 from relay.providers.daytona import DaytonaProvider
-from tests.contract.test_daytona import KEY, settings_for
-from tests.fakes.daytona import FakeDaytona, running_fake
+from testing.fakes.daytona import FakeDaytona, running_fake
+from testing.rigs.daytona import KEY, settings_for
 
 DTO_REQUIRED = {"id", "organizationId", "name", "user", "env", "labels", "public"}
 DTO_REQUIRED |= {"networkBlockAll", "kvm", "target", "cpu", "gpu", "memory", "disk"}

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from e2b import AsyncSandbox
 
-from tests.fakes.e2b import FakeE2B, running_fake
+from testing.fakes.e2b import FakeE2B, running_fake
 
 REQUIRED = {"templateID", "sandboxID", "clientID", "startedAt", "endAt", "cpuCount", "memoryMB"}
 REQUIRED |= {"diskSizeMB", "state", "envdVersion"}

@@ -16,9 +16,9 @@ from grpclib import GRPCError, Status
 from grpclib.client import Channel
 from modal_proto import api_grpc, api_pb2
 
-from tests.fakes.modal import FakeModal, running_fake
-from tests.fakes.modal.control import LIST_PAGE
-from tests.fakes.modal.state import SandboxState
+from testing.fakes.modal import FakeModal, running_fake
+from testing.fakes.modal.control import LIST_PAGE
+from testing.fakes.modal.state import SandboxState
 
 METADATA = {"x-modal-token-id": "ak-doc", "x-modal-token-secret": "as-doc"}
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from sprites import AsyncSpritesClient
 
-from tests.fakes.sprites import FakeSprites, running_fake
-from tests.fakes.sprites.network import allows, closed
+from testing.fakes.sprites import FakeSprites, running_fake
+from testing.fakes.sprites.network import allows, closed
 
 LABELS = ["relay-cluster=doc", "relay-run=run_doc"]
 

@@ -12,8 +12,8 @@ from vercel.sandbox import SandboxClient, SandboxCredentials, SandboxServiceOpti
 
 from relay.providers.contract import SandboxSpec
 from relay.providers.vercel import VercelProvider
-from tests.contract.test_vercel import PROJECT, TEAM, TOKEN, settings_for
-from tests.fakes.vercel import FakeVercel, running_fake
+from testing.fakes.vercel import FakeVercel, running_fake
+from testing.rigs.vercel import PROJECT, TEAM, TOKEN, settings_for
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.relay_server import SECRET_CANARY, RelayProcess
+from testing.relay_server import SECRET_CANARY, RelayProcess
 
 MAX_BODY = 200_000
 

@@ -18,7 +18,7 @@ from relay.runs.models import (
     MAX_STDIN_BYTES,
     RunRequest,
 )
-from tests.relay_server import SECRET_CANARY, RelayProcess
+from testing.relay_server import SECRET_CANARY, RelayProcess
 
 ECHO = {"job": "echo", "params": {"message": "x"}}
 PARAMS = {"job": "params", "params": {"name": "n"}}

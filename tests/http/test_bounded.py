@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from relay.store import schema
 from relay.store.database import Store
 from relay.store.schema import runs
-from tests.relay_server import RelayProcess
-from tests.rows import run_row
+from testing.relay_server import RelayProcess
+from testing.rows import run_row
 
 OUTPUT = "x" * (1 << 20)
 

@@ -24,9 +24,9 @@ from relay.http.console_page import ASSETS, CONTENT_SECURITY_POLICY
 from relay.http.operator import MAX_SPEND_DAYS
 from relay.runs.models import MAX_OUTCOME_HOURS, MAX_SEARCH_CHARS
 from relay.store.schema import deliveries, runs
+from testing.relay_server import REPO, RelayProcess
+from testing.rows import run_row
 from tests.receiver import Receiver
-from tests.relay_server import REPO, RelayProcess
-from tests.rows import run_row
 
 CHROMIUM = "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(

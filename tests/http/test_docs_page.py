@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from relay.http.docs_page import ASSETS, CONTENT_SECURITY_POLICY
-from tests.relay_server import RelayProcess
+from testing.relay_server import RelayProcess
 
 CHROMIUM = shutil.which("chromium")
 

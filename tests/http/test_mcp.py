@@ -30,9 +30,9 @@ from mcp.types import CallToolResult, ListToolsResult, TextContent
 
 from relay.http.mcp_tools import job_schema
 from relay.runs.catalog import Catalog
+from testing.postgres import own_postgres
+from testing.relay_server import SECRET_CANARY, RelayProcess
 from tests.conftest import new_database
-from tests.postgres import own_postgres
-from tests.relay_server import SECRET_CANARY, RelayProcess
 
 MAX_WAIT_S = 2
 

@@ -27,8 +27,8 @@ import psutil
 import pytest
 
 from relay.runs.catalog import Catalog
+from testing.relay_server import RelayProcess
 from tests.conftest import REPO
-from tests.relay_server import RelayProcess
 
 CLIENT = REPO / "tests" / "mcp_client"
 README_HOST = "https://relay.your-domain"

@@ -35,9 +35,9 @@ from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.store.database import Store
 from relay.store.records import RunRecord
+from testing.relay_server import RelayProcess
+from testing.rows import run_row
 from tests.conftest import make_settings
-from tests.relay_server import RelayProcess
-from tests.rows import run_row
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

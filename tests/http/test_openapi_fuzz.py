@@ -21,7 +21,7 @@ import pytest
 from openapi_spec_validator import validate
 
 from relay.http.openapi import document
-from tests.relay_server import RelayProcess
+from testing.relay_server import RelayProcess
 
 # Semantics the schema cannot carry: a schema-valid body can name a job that does not
 # exist (422), and a well-formed cursor can be one this relay never gave out (400).
@@ -119,8 +119,8 @@ def test_with_the_store_down_every_answer_is_documented(tmp_path: Path) -> None:
     lists (503 ``store_unavailable``), with a body of the documented schema."""
     import asyncio
 
+    from testing.postgres import own_postgres
     from tests.conftest import new_database
-    from tests.postgres import own_postgres
 
     with own_postgres() as (outage, server_url):
         url = asyncio.run(new_database(server_url))

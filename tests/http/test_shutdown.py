@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.relay_server import RelayProcess
+from testing.relay_server import RelayProcess
 
 DRAIN_S = 3
 MARGIN_S = 5  # the answers going out, the store closing, the interpreter exiting

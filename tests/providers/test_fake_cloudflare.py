@@ -1,4 +1,4 @@
-"""The fake job Worker (tests/fakes/cloudflare) against the Worker's contract.
+"""The fake job Worker (testing/fakes/cloudflare) against the Worker's contract.
 
 Every answer here is checked against ``deploy/cloudflare/openapi.yaml``, the document the
 Worker's own tests (deploy/cloudflare/test) check the real Worker's answers against: its
@@ -23,9 +23,9 @@ import jsonschema_rs
 import pytest
 from openapi_spec_validator import validate
 
-from tests.fakes.cloudflare import BAD_KEY, BODY_MARKER, KEY, FakeCloudflare, running_fake
-from tests.fakes.cloudflare.contract import DOCUMENT, document
-from tests.fakes.vercel.jail import bwrap
+from testing.fakes.cloudflare import BAD_KEY, BODY_MARKER, KEY, FakeCloudflare, running_fake
+from testing.fakes.cloudflare.contract import DOCUMENT, document
+from testing.fakes.vercel.jail import bwrap
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""The fake exe.dev (tests/fakes/exedev) driven by the real ``exedev`` 0.4.0 SDK.
+"""The fake exe.dev (testing/fakes/exedev) driven by the real ``exedev`` 0.4.0 SDK.
 
 Besides proving the fake speaks the SDK's wire, these tests pin down the SDK behaviour the
 ``exedev`` provider must work around: it retries only 429s, reads every answer for 600 s
@@ -18,8 +18,8 @@ import exedev
 import httpx
 import pytest
 
-from tests.fakes.exedev import BAD_KEY, BODY_MARKER, HOME, FakeExedev, running_fake
-from tests.fakes.vercel.jail import bwrap
+from testing.fakes.exedev import BAD_KEY, BODY_MARKER, HOME, FakeExedev, running_fake
+from testing.fakes.vercel.jail import bwrap
 
 TOKEN = "exe1.test-token"
 

@@ -1,110 +1,40 @@
-"""Fault injection through a real relay process, on the local provider and every provider
-fake that has landed: whatever fails, no sandbox outlives its run by more than a reap
-interval, and every run ends in a final state a user can read."""
+"""Fault injection through a real relay process, on every provider a relay process can be
+pointed at (its rig: local, and each cloud SDK's fake): whatever fails, no sandbox outlives
+its run by more than a reap interval, and every run ends in a final state a user can read."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from relay.providers.local.root import marked_pids
 from relay.runs.reaper import BEATS_BEFORE_JUDGING
-from tests.relay_server import RelayProcess
+from testing.relay_server import RelayProcess
+from testing.rigs import RIGS, Rig
 
 FINAL = {"succeeded", "failed", "timed_out", "canceled", "error", "lost"}
 REAP_INTERVAL_S = 1
 
 
-@dataclass
-class Rig:
-    """A provider as a relay process sees it, plus the ground truth and its fault knobs."""
-
-    name: str
-    settings: dict[str, Any]
-    alive: Callable[[], set[str]]
-    faults: Any = None
+SHARED = [name for name, rig in RIGS.items() if rig.shared]
+"""The rigs whose sandboxes a relay process started here shares (not the memory world)."""
+FAULTY = [name for name in SHARED if RIGS[name].faulty]
 
 
-@contextlib.contextmanager
-def local_rig(tmp: Path) -> Iterator[Rig]:
-    root = tmp / "sandboxes"
-    root.mkdir(parents=True, mode=0o700)
-    seen: set[str] = set()
-
-    def alive() -> set[str]:
-        ids = {home.name for home in root.iterdir()}
-        seen.update(ids)
-        return ids | {i for i in seen if marked_pids(i)}
-
-    yield Rig("local", {"local_isolation": "bwrap", "local_root": root}, alive)
-
-
-@contextlib.contextmanager
-def vercel_rig(tmp: Path) -> Iterator[Rig]:
-    from tests.fakes.vercel import running_fake
-
-    with running_fake() as fake:
-        settings = {"providers": "vercel", "vercel_base_url": fake.url, "vercel_token": "t",
-                    "vercel_team_id": "team_test", "vercel_project_id": "prj_test"}  # fmt: skip
-        yield Rig("vercel", settings, fake.ledger.alive, fake.faults)
-
-
-@contextlib.contextmanager
-def e2b_rig(tmp: Path) -> Iterator[Rig]:
-    from tests.fakes.e2b import running_fake
-
-    with running_fake() as fake:
-        settings = {"providers": "e2b", "e2b_api_url": fake.url, "e2b_sandbox_url": fake.url,
-                    "e2b_api_key": "e2b_test_key"}  # fmt: skip
-        yield Rig("e2b", settings, fake.ledger.alive, fake.faults)
-
-
-@contextlib.contextmanager
-def modal_rig(tmp: Path) -> Iterator[Rig]:
-    from tests.fakes.modal import running_fake
-
-    with running_fake() as fake:
-        settings = {"providers": "modal", "modal_server_url": fake.url,
-                    "modal_token_id": "ak-test", "modal_token_secret": "as-test"}  # fmt: skip
-        yield Rig("modal", settings, fake.ledger.alive, fake.faults)
-
-
-@contextlib.contextmanager
-def sprites_rig(tmp: Path) -> Iterator[Rig]:
-    from tests.fakes.sprites import running_fake
-
-    with running_fake() as fake:
-        settings = {"providers": "sprites", "sprites_base_url": fake.url, "sprites_token": "t"}
-        yield Rig("sprites", settings, fake.ledger.alive, fake.faults)
-
-
-RIGS = {"local": local_rig, "vercel": vercel_rig, "e2b": e2b_rig, "modal": modal_rig,
-        "sprites": sprites_rig}  # fmt: skip
-FAKE_RIGS = [name for name in RIGS if name != "local"]
-
-
-def _available(name: str) -> bool:
-    return name == "local" or importlib.util.find_spec(f"tests.fakes.{name}") is not None
-
-
-@pytest.fixture(params=[n for n in RIGS if _available(n)])
+@pytest.fixture(params=SHARED)
 def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
-    with RIGS[request.param](tmp_path) as made:
+    with RIGS[request.param].started(tmp_path) as made:
         yield made
         _eventually(lambda: made.alive() == set(), 15, "sandboxes left alive after the test")
 
 
-@pytest.fixture(params=[n for n in FAKE_RIGS if _available(n)])
+@pytest.fixture(params=FAULTY)
 def fake_rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
-    with RIGS[request.param](tmp_path) as made:
+    with RIGS[request.param].started(tmp_path) as made:
         yield made
         _eventually(lambda: made.alive() == set(), 15, "sandboxes left alive after the test")
 
@@ -120,7 +50,7 @@ def _eventually(check: Callable[[], bool], within_s: float, what: str) -> None:
 
 def relay_for(rig: Rig, tmp: Path, **settings: Any) -> RelayProcess:
     server = RelayProcess(
-        tmp / "relay", reap_interval_s=REAP_INTERVAL_S, drain_s=1, grace_s=5, **rig.settings,
+        tmp / "relay", reap_interval_s=REAP_INTERVAL_S, drain_s=1, grace_s=5, **rig.values,
         **settings,
     )  # fmt: skip
     if not server.tokens_file.exists():
@@ -149,7 +79,7 @@ def test_kill_9_mid_runs_then_restart_reaps_everything(rig: Rig, tmp_path: Path)
     ids = [server.post(token, sleep_body(300)).json()["id"] for _ in range(3)]
     wait_running(server, token, ids)
     server.kill()
-    if rig.name != "local":  # a cloud sandbox keeps running (and billing) without its relay
+    if rig.served:  # a cloud sandbox keeps running (and billing) without its relay
         assert len(rig.alive()) == 3
     server.start()
     try:
@@ -294,9 +224,7 @@ def test_stream_cut_ends_in_a_final_state(fake_rig: Rig, tmp_path: Path) -> None
 def test_a_startup_with_many_orphans_serves_at_once(tmp_path: Path) -> None:
     """40 orphaned sandboxes on the Vercel fake: the restarted relay answers ``/healthz``
     while its startup sweep ends them, several at a time."""
-    if not _available("vercel"):
-        pytest.skip("the vercel SDK is not installed")
-    with vercel_rig(tmp_path) as rig:
+    with RIGS["vercel"].started(tmp_path) as rig:
         # One token starts all 40: its fair share of the slots is all of them here.
         server = relay_for(rig, tmp_path, max_concurrent=64, token_share=1.0)
         server.start()

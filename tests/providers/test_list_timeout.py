@@ -10,50 +10,28 @@ from __future__ import annotations
 import asyncio
 import time
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from relay.errors import ProviderTimeout
-from relay.providers.daytona import DaytonaProvider
-from relay.providers.e2b import E2BProvider
 from relay.providers.lifecycle import SandboxProvider
-from relay.providers.modal import ModalProvider
-from relay.providers.sprites import SpritesProvider
-from relay.providers.vercel import VercelProvider
+from relay.providers.registry import provider_class
 from relay.settings import Settings
+from testing.rigs import ON_FAKES, RIGS
 
 LIST_TIMEOUT_S = 0.5
 
 
-def _settings(provider: str, **values: object) -> Settings:
-    return Settings(_env_file=None, providers=[provider], cluster="test", **values)  # type: ignore[arg-type]
-
-
-BUILDERS: dict[str, Callable[[str], SandboxProvider[Any]]] = {
-    "e2b": lambda url: E2BProvider(
-        _settings("e2b", e2b_api_key="k", e2b_api_url=url, e2b_sandbox_url=url)
-    ),
-    "daytona": lambda url: DaytonaProvider(
-        _settings("daytona", daytona_api_key="k", daytona_api_url=f"{url}/api")
-    ),
-    "modal": lambda url: ModalProvider(
-        _settings("modal", modal_token_id="id", modal_token_secret="secret", modal_server_url=url)
-    ),
-    "sprites": lambda url: SpritesProvider(
-        _settings("sprites", sprites_token="k", sprites_base_url=url)
-    ),
-    "vercel": lambda url: VercelProvider(
-        _settings(
-            "vercel",
-            vercel_token="k",
-            vercel_team_id="team",
-            vercel_project_id="project",
-            vercel_base_url=url,
-        )
-    ),
-}
+def provider_at(name: str, url: str) -> SandboxProvider[Any]:
+    """The named provider with its rig's keys, sent to a server at ``url``."""
+    rig = RIGS[name]
+    values = {"providers": [name], "cluster": "test", **rig.keys, **rig.urls(url)}
+    settings = Settings(_env_file=None, **values)  # type: ignore[arg-type]
+    provider = provider_class(name)(settings)  # type: ignore[call-arg]
+    assert isinstance(provider, SandboxProvider)
+    return provider
 
 
 @pytest.fixture
@@ -73,11 +51,11 @@ async def silent_url() -> AsyncIterator[str]:
     await server.wait_closed()
 
 
-@pytest.mark.parametrize("name", sorted(BUILDERS))
+@pytest.mark.parametrize("name", sorted(ON_FAKES))
 async def test_a_silent_provider_api_ends_the_listing_in_time(name: str, silent_url: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # Daytona's polling-mode notice
-        provider = BUILDERS[name](silent_url)
+        provider = provider_at(name, silent_url)
     provider.list_timeout_s = LIST_TIMEOUT_S
     started = time.monotonic()
     try:

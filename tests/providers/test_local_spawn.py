@@ -21,8 +21,8 @@ from relay.providers.local.invocation import HOST_ENV, base_rlimits, bwrap_works
 from relay.providers.local.provider import LocalProvider
 from relay.providers.local.root import marked_pids
 from relay.providers.local.sandbox import LocalSandbox
+from testing.relay_server import RelayProcess
 from tests.conftest import make_settings
-from tests.relay_server import RelayProcess
 
 needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
 LIMIT_ROWS = {

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import re
@@ -28,6 +27,7 @@ from relay.providers.probe import run_probe
 from relay.store.database import Store
 from relay.store.limits import day_start
 from relay.store.pools import CLAIMED, ENDED, READY, PoolRecord, PoolRows, PoolSummary, read_summary
+from testing.rigs import ON_FAKES, RIGS
 from tests.conftest import make_settings
 
 CANARY = "probe-canary-c4f2"
@@ -119,16 +119,17 @@ def test_a_refusing_provider_fails_at_create_without_echoing_it(
     assert CANARY not in done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("provider", ["e2b", "modal", "vercel", "sprites", "daytona"])
-async def test_cloud_probe_through_the_real_sdk_leaves_nothing_alive(provider: str) -> None:
+@pytest.mark.parametrize("provider", ON_FAKES)
+async def test_cloud_probe_through_the_real_sdk_leaves_nothing_alive(
+    provider: str, tmp_path: Path
+) -> None:
     """Each cloud provider, through its real SDK, against its protocol fake."""
-    harness = importlib.import_module(f"tests.contract.test_{provider}")
-    with harness.running_fake() as fake:
-        result = await run_probe(provider, harness.settings_for(fake))
+    with RIGS[provider].started(tmp_path) as rig:
+        result = await run_probe(provider, rig.settings())
         assert result.ok, result.error
         assert set(result.timings_ms) == {"create", "exec", "terminate"}
         assert LINE.match(result.line()), result.line()
-        assert fake.ledger.alive() == set()
+        assert rig.alive() == set()
 
 
 def pooled_row(
@@ -279,7 +280,7 @@ def test_a_probe_or_a_reap_beside_a_serving_relay_leaves_its_cgroups_alone(
     """`relay probe local` and `relay reap` (from cron) on the host of a serving relay, with
     the same settings: the relay's runs still get their cgroup afterwards (each closing
     process removed the shared folder of groups when it found it empty)."""
-    from tests.relay_server import RelayProcess
+    from testing.relay_server import RelayProcess
 
     relay = RelayProcess(tmp_path / "relay", local_isolation="bwrap")
     relay.add_token("ops", jobs=["echo"])

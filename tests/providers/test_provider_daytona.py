@@ -20,10 +20,10 @@ from relay.errors import ConfigError, EgressUnsupported, SandboxLost, SizeUnsupp
 from relay.providers.contract import Egress, OutputSink, Resources, SandboxSpec
 from relay.providers.daytona import DaytonaProvider, command_line, network_of, size_of
 from relay.settings import Settings
-from tests.contract.test_daytona import KEY, settings_for
-from tests.fakes.daytona import BODY_MARKER, FakeDaytona, running_fake
+from testing.fakes.daytona import BODY_MARKER, FakeDaytona, running_fake
+from testing.relay_server import SECRET_CANARY, RelayProcess
+from testing.rigs.daytona import KEY, settings_for
 from tests.providers.test_probe import LINE, probe
-from tests.relay_server import SECRET_CANARY, RelayProcess
 
 
 @pytest.fixture(scope="module")

@@ -35,10 +35,10 @@ from relay.providers.contract import (
     SandboxSpec,
 )
 from relay.providers.e2b import E2BProvider
-from tests.contract.test_e2b import settings_for
-from tests.fakes.e2b import FakeE2B, running_fake
-from tests.fakes.e2b.isolation import bwrap_works
-from tests.relay_server import SECRET_CANARY, RelayProcess
+from testing.fakes.e2b import FakeE2B, running_fake
+from testing.fakes.e2b.isolation import bwrap_works
+from testing.relay_server import SECRET_CANARY, RelayProcess
+from testing.rigs.e2b import settings_for
 
 KEY = "test-key"
 LIVE_KEY = os.environ.get("E2B_API_KEY")  # read at import: an autouse fixture clears E2B_*
@@ -411,7 +411,7 @@ async def test_live_e2b() -> None:
 async def test_fake_without_bubblewrap_still_maps_sandbox_paths(
     provider: E2BProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.fakes.e2b import isolation
+    from testing.fakes.e2b import isolation
 
     monkeypatch.setattr(isolation, "bwrap_works", lambda: False)
     output = OutputSink(1024)

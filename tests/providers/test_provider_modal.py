@@ -46,8 +46,8 @@ from relay.providers.contract import (
 from relay.providers.lifecycle import TIMEOUT_MARGIN_S
 from relay.providers.modal import TAG_CREATED, ModalProvider
 from relay.settings import Settings
-from tests.contract.test_modal import settings_for
-from tests.fakes.modal import FakeModal, running_fake
+from testing.fakes.modal import FakeModal, running_fake
+from testing.rigs.modal import settings_for
 
 
 @pytest.fixture(autouse=True)

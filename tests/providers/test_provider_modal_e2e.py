@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.modal import FakeModal, running_fake
-from tests.relay_server import SECRET_CANARY, RelayProcess
+from testing.fakes.modal import FakeModal, running_fake
+from testing.relay_server import SECRET_CANARY, RelayProcess
 
 
 @pytest.fixture(scope="module")

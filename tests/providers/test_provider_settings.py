@@ -14,6 +14,7 @@ from relay.providers.lifecycle import SandboxProvider
 from relay.providers.modal import ModalSettings
 from relay.providers.registry import PROVIDERS, load_provider
 from relay.settings import Settings
+from testing.rigs import RIGS
 from tests.conftest import make_settings
 
 
@@ -72,16 +73,8 @@ def test_every_provider_takes_the_create_timeout_setting(tmp_path: Path, name: s
     """RELAY_CREATE_TIMEOUT_S is the only bound on a create (the base lifecycle's
     ``created``; the run has no second one): a provider keeping the base's 60 s ignored it
     (local did)."""
-    keys = {
-        "e2b_api_key": "k",
-        "vercel_token": "t",
-        "vercel_team_id": "team",
-        "vercel_project_id": "project",
-        "sprites_token": "t",
-        "daytona_api_key": "k",
-        "modal_token_id": "id",
-        "modal_token_secret": "secret",
-    }
+    # Each provider's keys from its rig: enough to build it, nothing is reached.
+    keys = RIGS[name].keys
     settings = make_settings(tmp_path, create_timeout_s=7, local_isolation="none", **keys)
     provider = load_provider(name, settings)
     try:

@@ -46,10 +46,10 @@ from relay.providers.sprites import (
     tags_of,
 )
 from relay.settings import Settings
-from tests.contract.test_sprites import TOKEN, settings_for
-from tests.fakes.sprites import BODY_MARKER, FakeSprites, running_fake
-from tests.relay_server import SECRET_CANARY, RelayProcess
-from tests.sprites_faults import killed_relay
+from testing.fakes.sprites import BODY_MARKER, FakeSprites, running_fake
+from testing.relay_server import SECRET_CANARY, RelayProcess
+from testing.rigs.sprites import TOKEN, settings_for
+from testing.sprites_faults import killed_relay
 
 
 @pytest.fixture(scope="module")

@@ -38,9 +38,9 @@ from relay.providers.contract import (
 from relay.providers.lifecycle import TIMEOUT_MARGIN_S
 from relay.providers.vercel import VercelProvider, network_policy_for, vcpus_for
 from relay.settings import Settings
-from tests.contract.test_vercel import PROJECT, TEAM, TOKEN, settings_for
-from tests.fakes.vercel import BAD_KEY, BODY_MARKER, FakeVercel, jail, running_fake
-from tests.relay_server import SECRET_CANARY, RelayProcess
+from testing.fakes.vercel import BAD_KEY, BODY_MARKER, FakeVercel, jail, running_fake
+from testing.relay_server import SECRET_CANARY, RelayProcess
+from testing.rigs.vercel import PROJECT, TEAM, TOKEN, settings_for
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Runs that end at awkward moments still end, with their sandbox, and are reported.
 
-In-process relays (tests/chaos.py) on one SQLite file and one in-memory provider world:
+In-process relays (testing/chaos.py) on one SQLite file and one in-memory provider world:
 a DELETE or a shutdown that arrives before the run's task has taken a step, a DELETE through another
 replica while the owner is still creating the sandbox (no sandbox id yet for the other
 replica to terminate), and a final write that fails.
@@ -19,7 +19,7 @@ import pytest
 from relay.runs.event_bus import RunEvent
 from relay.runs.models import RunRequest
 from relay.store.database import Store
-from tests.chaos import PRINCIPAL, MemoryBackend, Relay
+from testing.chaos import PRINCIPAL, MemoryBackend, Relay
 
 
 @pytest.fixture

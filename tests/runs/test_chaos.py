@@ -2,25 +2,20 @@
 
 200 schedules on the in-memory provider world, and a few on each real SDK against its
 protocol-level fake. A failure names the seeds; replay one with
-``python -m tests.chaos SEED [memory|e2b|modal|vercel|sprites|daytona]``.
+``python -m testing.chaos SEED [memory|<a provider with a fake>]``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
 
 import pytest
 
-from tests.chaos import fake_backend, run_many, run_schedule
+from testing.chaos import fake_backend, run_many, run_schedule
+from testing.rigs import ON_FAKES
 
 SCHEDULES = 200
-FAKES = [
-    n
-    for n in ("e2b", "modal", "vercel", "sprites", "daytona")
-    if importlib.util.find_spec(f"tests.fakes.{n}")
-]
 
 
 def _failures(reports: list) -> str:  # type: ignore[type-arg]
@@ -42,7 +37,7 @@ async def test_no_schedule_leaks_a_sandbox_or_leaves_a_run_open(
     assert sum(r.vanished for r in reports) >= 10
 
 
-@pytest.mark.parametrize("name", FAKES)
+@pytest.mark.parametrize("name", ON_FAKES)
 # A simulated crash abandons the Modal client mid-call, leaving one of its internal
 # coroutines unawaited: an artifact of killing a client in-process, not of the relay.
 @pytest.mark.filterwarnings("ignore:coroutine 'Resolver.load' was never awaited:RuntimeWarning")
@@ -50,7 +45,7 @@ async def test_schedules_against_each_provider_fake(
     name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.CRITICAL)
-    with fake_backend(name) as backend:
+    with fake_backend(name, tmp_path) as backend:
         reports = [
             await run_schedule(seed, tmp_path / f"s{seed}", backend, steps=12) for seed in range(3)
         ]

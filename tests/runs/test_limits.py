@@ -29,8 +29,8 @@ from relay.runs.models import SIZES, RunRequest, Size
 from relay.runs.service import RunService
 from relay.store.database import Store
 from relay.store.limits import day_start
+from testing.relay_server import RelayProcess
 from tests.conftest import REPO, make_settings
-from tests.relay_server import RelayProcess
 
 PROVIDER_CLASSES: dict[str, Any] = {
     provider.name: provider

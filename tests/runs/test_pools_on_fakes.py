@@ -6,7 +6,6 @@ it cannot, and shutdown leaves nothing alive in the fake's ledger."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,11 +17,11 @@ from relay.providers.registry import load_provider
 from relay.runs.catalog import Catalog
 from relay.runs.service import RunService
 from relay.store.database import Store
-from tests.chaos import FAKE_SETTINGS, fake_backend
+from testing.chaos import fake_backend
+from testing.rigs import ON_FAKES
 from tests.conftest import make_settings
 from tests.runs.test_pools import run, timings, write_job
 
-FAKES = [name for name in FAKE_SETTINGS if importlib.util.find_spec(f"tests.fakes.{name}")]
 IDLE_S = 40
 TIMEOUT_S = 5
 GRACE_S = 5
@@ -35,16 +34,15 @@ async def until(check: Callable[[], bool], within_s: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.parametrize("name", FAKES)
+@pytest.mark.parametrize("name", ON_FAKES)
 async def test_a_pool_on_each_providers_fake(name: str, tmp_path: Path) -> None:
-    with fake_backend(name) as backend:
+    with fake_backend(name, tmp_path) as backend:
         settings = make_settings(
             tmp_path,
             jobs_dir=write_job(tmp_path / "jobs", 1),
-            providers=[name],
             grace_s=GRACE_S,
             pool_idle_s=IDLE_S,
-            **backend.settings,
+            **backend.settings,  # the fake's rig: its provider, keys and URLs
         )
         store = await Store.open(settings.database_url)
         provider = load_provider(name, settings)

@@ -49,7 +49,7 @@ def test_parsed_echoes_kept_for_answers_are_bounded_in_number_and_size() -> None
     """The answers' parse of a run's request echo is remembered by its text: at most
     MAX_ECHOES of them, the oldest forgotten, and never one over MAX_ECHO_CHARS."""
     from relay.runs import view
-    from tests.rows import run_row
+    from testing.rows import run_row
 
     view._ECHOES.clear()
     for number in range(view.MAX_ECHOES + 10):

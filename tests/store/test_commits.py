@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from relay.store.database import DuplicateKey, Store
-from tests.rows import run_row
+from testing.rows import run_row
 
 
 @pytest.fixture

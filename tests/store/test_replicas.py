@@ -10,9 +10,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from testing.postgres import own_postgres
+from testing.relay_server import RelayProcess
 from tests.conftest import new_database
-from tests.postgres import own_postgres
-from tests.relay_server import RelayProcess
 
 pytestmark = pytest.mark.postgres
 

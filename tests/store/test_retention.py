@@ -23,8 +23,8 @@ from relay.store import retention
 from relay.store.database import Store
 from relay.store.records import RunRecord
 from relay.store.schema import deliveries, runs, token_days
-from tests.relay_server import RelayProcess
-from tests.rows import run_row
+from testing.relay_server import RelayProcess
+from testing.rows import run_row
 
 DAY = 86_400.0
 OLD = time.time() - 40 * DAY

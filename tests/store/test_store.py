@@ -22,7 +22,7 @@ from relay.store.database import SCHEMA_VERSION, DuplicateKey, Store, is_store_f
 from relay.store.limits import Admission, LimitReached
 from relay.store.records import RunRecord
 from relay.store.schema import meta, metadata, runs, token_days
-from tests.postgres import own_postgres
+from testing.postgres import own_postgres
 
 
 @pytest.fixture

@@ -19,10 +19,10 @@ from relay.runs.callback_urls import check_callback_url, refuse_unsafe_callback
 from relay.store.database import Store
 from relay.store.deliveries import Deliveries
 from relay.webhooks.dispatcher import WebhookDispatcher
+from testing.relay_server import RelayProcess
+from testing.rows import run_row
 from tests.conftest import make_settings
 from tests.receiver import Receiver
-from tests.relay_server import RelayProcess
-from tests.rows import run_row
 
 ECHO = {"job": "echo", "params": {"message": "x"}, "wait": False}
 PUBLIC = "93.184.216.34"

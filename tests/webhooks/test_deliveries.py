@@ -20,10 +20,10 @@ from relay.store.database import Store
 from relay.store.deliveries import Deliveries
 from relay.store.records import DeliveryRecord
 from relay.webhooks.dispatcher import WebhookDispatcher
+from testing.postgres import postgres_url
+from testing.rows import run_row
 from tests.conftest import REPO, make_settings
-from tests.postgres import postgres_url
 from tests.receiver import Receiver
-from tests.rows import run_row
 
 __all__ = ["postgres_url"]  # the session fixture, found by pytest through this module
 

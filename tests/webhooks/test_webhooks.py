@@ -18,9 +18,9 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from relay.client import verify_signature
 from relay.store.database import Store
 from relay.webhooks.dispatcher import sign
+from testing.relay_server import RelayProcess, free_port
+from testing.rows import run_row
 from tests.receiver import Received, Receiver
-from tests.relay_server import RelayProcess, free_port
-from tests.rows import run_row
 
 TOKEN_SECRET = "whsec-token-5b1e"
 STANDARD_SECRET = "whsec_" + base64.b64encode(b"standard-key-3e8a-0123456789abcd").decode()
