@@ -183,7 +183,7 @@ def test_serve_dev_prints_a_curl_that_works(tmp_path: Path) -> None:
 def test_the_printed_run_line_carries_the_auth_header(capsys: pytest.CaptureFixture[str]) -> None:
     """With RELAY_AUTH_HEADER=X-Api-Key, `relay run` pasted into another shell must send the
     token in that header too, and an IPv6 address is bracketed in the URL."""
-    from relay.cli import _print_howto
+    from relay.cli.serve import _print_howto
     from relay.settings import Settings
 
     settings = Settings(_env_file=None, auth_header="X-Api-Key", host="::1", port=8081)  # type: ignore[call-arg]
@@ -198,7 +198,7 @@ def test_dev_mode_without_bubblewrap_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import relay.providers.local.invocation
-    from relay.cli import _dev_isolation
+    from relay.cli.serve import _dev_isolation
     from relay.settings import Settings
 
     monkeypatch.setattr(relay.providers.local.invocation, "bwrap_works", lambda: False)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from relay.cli import _probe
+from relay.cli.probe import _probe
 from relay.providers.probe import run_probe
 from relay.store.database import Store
 from relay.store.limits import day_start
