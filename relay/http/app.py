@@ -53,6 +53,7 @@ from relay.runs.service import RunService
 from relay.settings import Settings
 from relay.store.database import STORE_FAILURES, Store, is_store_failure
 from relay.store.retention import Pruner
+from relay.store.token_uses import TokenUseWriter
 from relay.webhooks.dispatcher import WebhookDispatcher
 
 log = logging.getLogger("relay.app")
@@ -232,6 +233,9 @@ def create_app(
     stop on a missing SDK or key in one line); else the lifespan builds them. Either way
     the lifespan closes them."""
     tokens = TokenStore(settings.tokens_file)
+    exposed = tokens.exposed_secrets()
+    if exposed is not None:
+        log.warning(exposed)
     catalog = Catalog.load(settings.jobs_dir)
     unknown = sorted(set(settings.pool_warm) - set(catalog.jobs))
     if unknown:  # a misspelt job would have no pool, and no one told
@@ -290,6 +294,8 @@ def create_app(
             store, retention_days=settings.retention_days, interval_s=settings.prune_interval_s
         )
         pruning = asyncio.create_task(pruner.run_forever())
+        token_uses = TokenUseWriter(store, tokens.take_uses)
+        noting = asyncio.create_task(token_uses.run_forever())
         mcp_sessions = contextlib.AsyncExitStack()
         await mcp_sessions.enter_async_context(mcp.running())
         try:
@@ -298,10 +304,12 @@ def create_app(
             await service.shutdown()
             # After the drain: a tool call whose run finished meanwhile has its answer.
             await mcp_sessions.aclose()
-            for task in (dispatcher, pruning):
+            for task in (dispatcher, pruning, noting):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            with contextlib.suppress(Exception):  # the last minute's token uses
+                await token_uses.write()
             await webhooks.aclose()
             state.live.close()
             sweeper.cancel()
