@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -19,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from relay.errors import ConfigError
+from relay.errors import ConfigError, NotFound
 
 TOKEN_PREFIX = "rly_"  # noqa: S105 - a prefix, not a secret
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -92,7 +93,7 @@ def new_token(
     if admin:
         lines.append("admin = true")
     if expires_at is not None:
-        lines.append(f"expires = {utc_text(expires_at)}")
+        lines.append(f"expires = {utc_text(math.ceil(expires_at))}")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "a", encoding="utf-8") as handle:
         if not existing and path.stat().st_size == 0:
@@ -118,7 +119,7 @@ def _token_block(lines: list[str], name: str, path: Path) -> tuple[int, int]:
     header = re.compile(rf"^\s*\[\s*tokens\s*\.\s*(\"{re.escape(name)}\"|{re.escape(name)})\s*\]")
     start = next((i for i, line in enumerate(lines) if header.match(line)), None)
     if start is None:
-        raise ConfigError(
+        raise NotFound(
             f"{path}: no token named {name!r}; the tokens are: {', '.join(_names(path)) or 'none'}"
         )
     end = next(
@@ -202,12 +203,13 @@ def rotate_token(
     added = [f"sha256 = {_toml_value(hash_token(token))}\n"]
     if overlap_s is not None and overlap_s > 0 and old:
         added.append(f"previous_sha256 = {_toml_value(old)}\n")
-        added.append(f"previous_until = {utc_text(moment + overlap_s)}\n")
+        # Whole seconds, rounded up: at least the overlap asked for.
+        added.append(f"previous_until = {utc_text(math.ceil(moment + overlap_s))}\n")
     replaced = ["sha256", "previous_sha256", "previous_until"]
     if expires_at != KEEP:
         replaced.append("expires")
         if expires_at is not None:
-            added.append(f"expires = {utc_text(float(expires_at))}\n")
+            added.append(f"expires = {utc_text(math.ceil(expires_at))}\n")
     gone = set(_key_lines(lines, start, end, *replaced))
     block = [line for i, line in enumerate(lines[start:end], start) if i not in gone]
     at = found[0] - start - sum(1 for i in gone if i < found[0])

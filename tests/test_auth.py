@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from relay.auth import TokenStore, hash_token, new_token, revoke_token, rotate_token
-from relay.errors import ConfigError, TokenExpired, Unauthorized
+from relay.errors import ConfigError, NotFound, TokenExpired, Unauthorized
 
 
 def test_token_file_holds_only_hashes(tmp_path: Path) -> None:
@@ -213,3 +213,10 @@ def test_a_rewrite_keeps_the_files_mode_and_group(tmp_path: Path) -> None:
     revoke_token(path, "a")
     found = path.stat()
     assert stat.S_IMODE(found.st_mode) == 0o640 and found.st_gid == 4242
+
+
+def test_a_token_name_not_in_the_file_is_not_found(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    new_token(path, "one")
+    with pytest.raises(NotFound, match="no token named 'two'; the tokens are: one"):
+        rotate_token(path, "two")

@@ -144,6 +144,7 @@ def test_every_readme_command_runs_as_written(relay: RelayProcess, tmp_path: Pat
         "RELAY_URL": relay.url,
         "RELAY_TOKEN": relay.tokens["dev"],
         "RELAY_TOKENS_FILE": str(tmp_path / "tokens.toml"),  # the Tokens block's own file
+        "RELAY_JOBS_DIR": str(REPO / "jobs"),  # the jobs a new token names are checked
     }
     ran = 0
     for block in shell_blocks():

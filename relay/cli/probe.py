@@ -5,18 +5,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from relay.cli.configuration import load_settings
+from relay.client import EXIT_UNAVAILABLE
 from relay.errors import ConfigError
 from relay.settings import Settings
 
 if TYPE_CHECKING:
     from relay.providers.probe import ProbeResult
-from relay.cli.configuration import load_settings
 
 
 def _remove_empty_folders(top: Path) -> None:
@@ -62,8 +65,15 @@ def cmd_probe(args: argparse.Namespace) -> int:
         known = ", ".join(name for name in PROVIDERS if name != "memory")
         raise ConfigError(f"no provider named {args.provider!r}; probe one of: {known}")
     result = asyncio.run(_probe(args.provider, settings))
-    print(result.line(), flush=True)
+    print(json.dumps(_as_json(result), indent=2) if args.json else result.line(), flush=True)
     if not result.ok:
         print(f"error: {result.error}", file=sys.stderr)
-        return 2
+        return EXIT_UNAVAILABLE
     return 0
+
+
+def _as_json(result: ProbeResult) -> dict[str, Any]:
+    """What the line says, as JSON: ``ok``, ``started_at``, ``timings_ms``, ``limits``…"""
+    found = dataclasses.asdict(result)
+    found["started_at"] = result.started_at.isoformat(timespec="seconds").replace("+00:00", "Z")
+    return {"ok": result.ok, **found}

@@ -11,6 +11,7 @@ import time
 from datetime import UTC, datetime
 
 from relay.cli.configuration import load_settings, open_store
+from relay.client import EXIT_UNAVAILABLE
 from relay.settings import Settings
 
 
@@ -51,7 +52,7 @@ async def _reap(settings: Settings, dry_run: bool, now: bool = False) -> int:
         print(f"left for now: {waiting.subject}: {waiting.reason}{_until(waiting.until)}")
     if any(waiting.subject.startswith("run ") for waiting in report.waiting) and not now:
         print("if you know no relay runs on this database: relay reap --now")
-    return 1 if report.failures else 0
+    return EXIT_UNAVAILABLE if report.failures else 0
 
 
 def _until(moment: float | None) -> str:

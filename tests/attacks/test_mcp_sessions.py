@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from relay.auth import revoke_token, rotate_token
+from relay.auth import TokenStore, revoke_token, rotate_token
 from relay.errors import Forbidden
 from relay.http.mcp_sessions import MAX_SESSIONS_PER_TOKEN, check_origin, own_origins
 from relay.settings import Settings
@@ -277,7 +277,10 @@ def test_an_old_values_sessions_live_through_the_overlap_and_close_at_its_end_un
             wait_for_states(relay, admin, name, ["running"])
             overlap_s = 2.0
             new = rotate_token(relay.tokens_file, name, overlap_s=overlap_s)
-            ends = time.time() + overlap_s
+            (ends,) = [
+                p.previous_until for p in TokenStore(relay.tokens_file).principals if p.name == name
+            ]
+            assert ends is not None
             listing = {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}
             still = client.post(
                 "/mcp", json=listing, headers=relay.headers(old, **ACCEPT, **session)
