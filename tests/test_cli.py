@@ -665,3 +665,48 @@ def test_bash_completes_commands_actions_options_and_values(tmp_path: Path) -> N
     assert completed("completion", "") == ["bash", "fish", "zsh"]
     for shell in ("zsh", "fish"):
         assert "relay" in relay_cli("completion", shell, cwd=tmp_path).stdout
+
+
+def test_serve_dev_with_no_jobs_says_so_instead_of_a_curl(tmp_path: Path) -> None:
+    from tests.relay_server import free_port
+
+    (tmp_path / "jobs").mkdir()
+    env = {"RELAY_PORT": str(free_port()), "RELAY_LOCAL_ROOT": str(tmp_path / "sbx")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "relay", "serve", "--dev"], cwd=tmp_path,
+        env={"PATH": os.environ["PATH"], **env}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        said = read_until(process.stdout, "The console")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+    assert "starting with no jobs" in said and "422 unknown_job" in said and "init" in said
+    assert "curl" not in said and "run echo" not in said
+
+
+def test_init_writes_jobs_a_dev_token_and_a_dot_env_and_keeps_them(tmp_path: Path) -> None:
+    done = relay_cli("init", "here", cwd=tmp_path)
+    assert done.returncode == 0 and "Next: cd here && relay serve --dev" in done.stdout
+    here = tmp_path / "here"
+    assert (here / "jobs" / "echo" / "job.toml").read_text() == (
+        Path.cwd() / "jobs" / "echo" / "job.toml"
+    ).read_text()
+    dotenv = dict(
+        line.split("=", 1) for line in (here / ".env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )  # fmt: skip
+    (dev,) = TokenStore(here / "tokens.toml").principals
+    assert dev.name == "dev" and TokenStore(here / "tokens.toml").authenticate(
+        dotenv["RELAY_TOKEN"]
+    )
+    assert (here / ".relay-dev-token").read_text().strip() == dotenv["RELAY_TOKEN"]
+    assert dotenv["RELAY_URL"] == "http://127.0.0.1:8080"
+    listed = relay_cli("jobs", cwd=here)  # the .env's paths: the folder works as it is
+    assert listed.returncode == 0 and "4 job(s) valid" in listed.stderr
+    before = (here / "tokens.toml").read_text()
+    again = relay_cli("init", cwd=here)
+    assert again.returncode == 0 and again.stdout.count("kept") == 3
+    assert "Next: relay serve --dev" in again.stdout
+    assert (here / "tokens.toml").read_text() == before

@@ -18,6 +18,7 @@ DESCRIPTION = """\
 relay: run declared jobs in sandboxes behind one host and one token.
 
 Start here:
+  relay init                         a jobs folder, a dev token and a .env, here
   relay serve --dev                  serve on 127.0.0.1:8080 with a dev token
   relay run echo -p message=hi       run a job, print its output as it happens
   relay runs list                    your runs (RELAY_URL, RELAY_TOKEN: env or .env)
@@ -73,6 +74,7 @@ def parser() -> argparse.ArgumentParser:
     root.add_argument("--version", action="version", version=f"relay {__version__}")
     sub = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _serve(sub)
+    _init(sub)
     _tokens(sub)
     jobs = sub.add_parser("jobs", help="list and validate the job catalog")
     _json_option(jobs, "the jobs")
@@ -106,6 +108,14 @@ def _serve(sub: Commands) -> None:
     serve.add_argument("--host", help="address to listen on (default: RELAY_HOST)")
     serve.add_argument("--port", type=_port, help="port to listen on (default: RELAY_PORT)")
     serve.set_defaults(handler="serve:cmd_serve")
+
+
+def _init(sub: Commands) -> None:
+    init = sub.add_parser(
+        "init", help="write a jobs folder with the example jobs, a dev token and a .env"
+    )
+    init.add_argument("directory", nargs="?", default=".", help="where (default: here)")
+    init.set_defaults(handler="init:cmd_init")
 
 
 def _tokens(sub: Commands) -> None:

@@ -35,7 +35,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         )
         print(f"{job.name:20} {job.timeout_s:>6.0f}s egress={list(job.egress)} {params}")
     if not catalog.jobs:
-        print(f"no jobs in {settings.jobs_dir}", file=sys.stderr)
+        print(f"no jobs in {settings.jobs_dir}: `relay init` writes the examples", file=sys.stderr)
         return 0
     print(f"{len(catalog.jobs)} job(s) valid in {settings.jobs_dir}", file=sys.stderr)
     return 0

@@ -10,16 +10,18 @@ import errno
 import shlex
 import shutil
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from relay.auth import new_token
+from relay.cli.configuration import load_settings, open_store
 from relay.errors import ConfigError
+from relay.runs.catalog import Catalog
 from relay.settings import Settings
 
 if TYPE_CHECKING:
     from relay.providers.base import Provider
-from relay.cli.configuration import load_settings, open_store
 
 DEV_TOKEN_FILE = Path(".relay-dev-token")
 
@@ -64,10 +66,13 @@ def _command_name() -> str:
     return str(script.absolute())
 
 
-def _print_howto(settings: Settings, token: str | None) -> None:
+def _print_howto(settings: Settings, token: str | None, jobs: Collection[str] = ("echo",)) -> None:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host  # IPv6
     url = f"http://{host}:{settings.port}"
     relay = shlex.quote(_command_name())
+    if "echo" not in jobs:  # the example call would answer 422 unknown_job
+        _print_without_echo(settings, url, relay, jobs)
+        return
     shown = token or "<your token>"
     header = f"{settings.auth_header}: Bearer {shown}"
     caller = f"RELAY_URL={url} RELAY_TOKEN={shown}"
@@ -84,6 +89,18 @@ def _print_howto(settings: Settings, token: str | None) -> None:
         "--admin)\n",
         flush=True,
     )
+
+
+def _print_without_echo(settings: Settings, url: str, relay: str, jobs: Collection[str]) -> None:
+    if jobs:
+        print(f"\nThe relay is starting. Its jobs: {', '.join(sorted(jobs))} ({relay} jobs)\n")
+    else:
+        print(
+            f"\nThe relay is starting with no jobs: {settings.jobs_dir} holds none, so every run "
+            f"would be refused (422 unknown_job). Add one ({settings.jobs_dir}/NAME/job.toml), "
+            f"or write the example jobs with `{relay} init`, then restart it.\n"
+        )
+    print(f"The console: {url}/console\n", flush=True)
 
 
 def _check_address(host: str, port: int) -> None:
@@ -216,6 +233,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ),
     )
     if args.dev:
-        _print_howto(settings, token)
+        _print_howto(settings, token, Catalog.load(settings.jobs_dir).jobs)
     RelayServer(config, app).run()
     return 0
