@@ -4,8 +4,9 @@
 #
 #   docker build -t relay:local .                  # every provider SDK (EXTRAS=all)
 #   docker build --build-arg EXTRAS=e2b,modal -t relay:local .   # only those SDKs
-#   chmod 644 tokens.toml                          # hashes only; the image runs as uid 10001
+#   chmod 640 tokens.toml                          # webhook secrets are in it in clear
 #   docker run --rm -p 8080:8080 --env-file deploy/container.env \
+#     --group-add "$(stat -c %g tokens.toml)" \
 #     -v "$PWD/tokens.toml:/etc/relay/tokens.toml:ro" \
 #     --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
 #     --security-opt systempaths=unconfined relay:local

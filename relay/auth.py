@@ -12,7 +12,13 @@ command = false                # may send a raw argv
 providers = ["*"]
 max_timeout_s = 300
 admin = false                  # may read every token's runs and cancel any (the console)
+expires = 2026-07-01T00:00:00Z # refused from then on (401 token_expired); none: never
+previous_sha256 = "…"          # the value before `relay tokens rotate --overlap`,
+previous_until = 2026-06-01T13:00:00Z   # valid until then
 ```
+
+Each authenticated value's last use is noted in memory (:meth:`TokenStore.take_uses`), for a
+writer to store now and then (relay/store/token_uses.py): a request never waits on a write.
 """
 
 from __future__ import annotations
@@ -20,23 +26,37 @@ from __future__ import annotations
 import difflib
 import hashlib
 import hmac
-import json
 import logging
 import os
 import re
-import secrets
+import stat
+import time
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from relay.errors import ConfigError, Unauthorized
+from relay.errors import ConfigError, TokenExpired, Unauthorized
+from relay.token_file import NAME_PATTERN, utc_text
+from relay.token_file import hash_token as hash_token
+from relay.token_file import new_token as new_token
+from relay.token_file import revoke_token as revoke_token
+from relay.token_file import rotate_token as rotate_token
 
-TOKEN_PREFIX = "rly_"  # noqa: S105 - a prefix, not a secret
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _LIMIT_KEYS = ("max_timeout_s", "max_concurrent", "runs_per_day", "usd_per_day")
-TOKEN_KEYS = ("sha256", "jobs", "command", "providers", *_LIMIT_KEYS, "webhook_secret", "admin")
+_ROTATION_KEYS = ("expires", "previous_sha256", "previous_until")
+TOKEN_KEYS = (
+    "sha256",
+    "jobs",
+    "command",
+    "providers",
+    *_LIMIT_KEYS,
+    "webhook_secret",
+    "admin",
+    *_ROTATION_KEYS,
+)
 """Every key a token's table may have; any other is refused with the file and key named."""
 
 log = logging.getLogger("relay.auth")
@@ -57,6 +77,10 @@ class Principal:
     webhook_secret: str | None = field(default=None, repr=False)
     admin: bool = False
     """Reads every token's runs and may cancel any; runs and limits stay its own."""
+    expires_at: float | None = None
+    """Unix time from which the token is refused (``token_expired``); None: never."""
+    previous_until: float | None = None
+    """Until when the value before the last rotation stays valid, if it was kept."""
 
     def may_read_run(self, token: str) -> bool:
         """Whether this principal may read (and cancel) a run of ``token``."""
@@ -69,14 +93,42 @@ class Principal:
         return "*" in self.providers or provider in self.providers
 
 
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
 @dataclass(frozen=True)
 class _Entry:
+    """One value that authenticates as ``principal``, until ``until`` (None: for ever)."""
+
     digest: bytes
     principal: Principal
+    until: float | None = None
+    previous: bool = False
+    """The value the last ``relay tokens rotate --overlap`` replaced."""
+
+    def valid(self, now: float) -> bool:
+        return self.until is None or now < self.until
+
+    def refusal(self) -> TokenExpired:
+        moment = utc_text(self.until or 0)
+        if self.previous:
+            return TokenExpired(
+                f"this token value was replaced and its overlap ended at {moment}: "
+                "use the token's new value"
+            )
+        return TokenExpired(f"the token expired at {moment}; ask its owner for a new one")
+
+
+def _moment(value: Any, where: str) -> float | None:
+    """A TOML date-time with its zone (``2026-06-01T13:00:00Z``) as unix time."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise ConfigError(f"{where}: must be a date-time with its zone, like 2026-06-01T13:00:00Z")
+    return value.timestamp()
+
+
+def _digest(value: Any, where: str) -> bytes:
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ConfigError(f"{where}: must be 64 lower-case hex digits")
+    return bytes.fromhex(value)
 
 
 def _string_set(value: Any, where: str) -> frozenset[str]:
@@ -90,7 +142,7 @@ def _suggestion(key: str, known: tuple[str, ...]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _parse_entry(name: str, table: Any, path: Path) -> _Entry:
+def _parse_entries(name: str, table: Any, path: Path) -> list[_Entry]:
     where = f"{path}: tokens.{name}"
     if not NAME_PATTERN.match(name):
         raise ConfigError(f"{where}: token names are lower-case letters, digits, '.', '_', '-'")
@@ -106,9 +158,12 @@ def _parse_entry(name: str, table: Any, path: Path) -> _Entry:
     secret = table.get("webhook_secret")
     if secret is not None and (not isinstance(secret, str) or not secret):
         raise ConfigError(f"{where}.webhook_secret: must be a non-empty string")
-    digest = table.get("sha256")
-    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
-        raise ConfigError(f"{where}.sha256: must be 64 lower-case hex digits")
+    digest = _digest(table.get("sha256"), f"{where}.sha256")
+    expires = _moment(table.get("expires"), f"{where}.expires")
+    previous = table.get("previous_sha256")
+    until = _moment(table.get("previous_until"), f"{where}.previous_until")
+    if (previous is None) != (until is None):
+        raise ConfigError(f"{where}: previous_sha256 and previous_until go together")
     limits: dict[str, Any] = {}
     for key in _LIMIT_KEYS:
         value = table.get(key)
@@ -123,9 +178,15 @@ def _parse_entry(name: str, table: Any, path: Path) -> _Entry:
         providers=_string_set(table.get("providers", ["*"]), f"{where}.providers"),
         webhook_secret=secret,
         admin=table.get("admin", False),
+        expires_at=expires,
+        previous_until=until,
         **limits,
     )
-    return _Entry(bytes.fromhex(digest), principal)
+    entries = [_Entry(digest, principal, expires)]
+    if previous is not None and until is not None:
+        ends = until if expires is None else min(until, expires)
+        entries.append(_Entry(_digest(previous, f"{where}.previous_sha256"), principal, ends, True))
+    return entries
 
 
 class TokenStore:
@@ -141,6 +202,9 @@ class TokenStore:
         self._entries: list[_Entry] = []
         self._seen: tuple[int, int, int] | None = None
         self._listeners: list[Callable[[], None]] = []
+        self._uses: dict[bytes, tuple[str, float]] = {}
+        self.next_expiry: float | None = None
+        """The next moment a value in use stops being valid (None: none will)."""
         self.problem: str | None = None
         """Why the file on disk is not what the relay uses (None while they agree)."""
         self.load()
@@ -159,7 +223,7 @@ class TokenStore:
 
     def load(self) -> None:
         try:
-            stat = self.path.stat()
+            found = self.path.stat()
             data = tomllib.loads(self.path.read_text("utf-8"))
         except FileNotFoundError as exc:
             raise ConfigError(
@@ -181,15 +245,28 @@ class TokenStore:
         tokens = data.get("tokens", {})
         if not isinstance(tokens, dict):
             raise ConfigError(f"{self.path}: [tokens] must be a table")
-        entries = [_parse_entry(name, table, self.path) for name, table in tokens.items()]
+        entries = [
+            entry
+            for name, table in tokens.items()
+            for entry in _parse_entries(name, table, self.path)
+        ]
         if not entries:
             raise ConfigError(f"{self.path}: no token configured; the relay never runs open")
         self._entries = entries
-        self._seen = _signature(stat)
+        self._seen = _signature(found)
         self.problem = None
+        self._plan_expiry(time.time())
+
+    def _plan_expiry(self, now: float) -> None:
+        ahead = [entry.until for entry in self._entries if entry.until and entry.until > now]
+        self.next_expiry = min(ahead, default=None)
 
     def refresh(self) -> None:
-        """Re-read the file if it changed since the last look."""
+        """Re-read the file if it changed since the last look; tell the listeners when a
+        value stopped being valid since (a rotated token's old value, an expired token)."""
+        if self.next_expiry is not None and time.time() >= self.next_expiry:
+            self._plan_expiry(time.time())
+            self._reloaded()
         try:
             seen = _signature(self.path.stat())
         except FileNotFoundError:
@@ -226,13 +303,22 @@ class TokenStore:
             raise Unauthorized("missing token")
         self.refresh()
         digest = hashlib.sha256(token.encode("utf-8")).digest()
-        found: Principal | None = None
+        found: _Entry | None = None
         for entry in self._entries:
             if hmac.compare_digest(digest, entry.digest):
-                found = entry.principal
+                found = entry
         if found is None:
             raise Unauthorized("unknown token")
-        return found
+        now = time.time()
+        if not found.valid(now):
+            raise found.refusal()
+        self._uses[digest] = (found.principal.name, now)  # memory only: see take_uses
+        return found.principal
+
+    def take_uses(self) -> dict[str, tuple[str, float]]:
+        """The values used since the last call: SHA-256 (hex) → token name, last use."""
+        taken, self._uses = self._uses, {}
+        return {digest.hex(): use for digest, use in taken.items()}
 
     def webhook_secret(self, name: str) -> str | None:
         """The named token's own webhook secret (re-reading a changed file), if any."""
@@ -244,121 +330,47 @@ class TokenStore:
 
     @property
     def principals(self) -> list[Principal]:
-        return [entry.principal for entry in self._entries]
+        return [entry.principal for entry in self._entries if not entry.previous]
+
+    def values(self) -> dict[str, tuple[str, str | None]]:
+        """Each token's name → its value's SHA-256 (hex), and the value its last rotation
+        kept (None: none), as written in the file and whether still valid or not."""
+        found: dict[str, tuple[str, str | None]] = {}
+        for entry in self._entries:
+            current, previous = found.get(entry.principal.name, ("", None))
+            if entry.previous:
+                previous = entry.digest.hex()
+            else:
+                current = entry.digest.hex()
+            found[entry.principal.name] = (current, previous)
+        return found
 
     def holds_value(self, digest: str) -> bool:
-        """Whether a token with this value's SHA-256 (hex, as :func:`hash_token`) is in use."""
-        wanted = bytes.fromhex(digest)
-        return any(hmac.compare_digest(wanted, entry.digest) for entry in self._entries)
+        """Whether a token value with this SHA-256 (hex, as :func:`hash_token`) is valid now:
+        in the file, not expired, and not a rotated value past its overlap."""
+        wanted, now = bytes.fromhex(digest), time.time()
+        return any(
+            hmac.compare_digest(wanted, entry.digest) and entry.valid(now)
+            for entry in self._entries
+        )
+
+    def exposed_secrets(self) -> str | None:
+        """Why the token file should not be readable by others, when it is and holds a webhook
+        secret (in clear, unlike the tokens' hashes); None when all is well."""
+        try:
+            mode = stat.S_IMODE(self.path.stat().st_mode)
+        except OSError:
+            return None
+        if not mode & stat.S_IROTH or not any(p.webhook_secret for p in self.principals):
+            return None
+        return (
+            f"{self.path} holds webhook secrets and is readable by every user (mode "
+            f"{mode:04o}): chmod 600 {self.path.name}, or chmod 640 with a group the "
+            "relay's user is in"
+        )
 
 
-def _signature(stat: os.stat_result) -> tuple[int, int, int]:
+def _signature(info: os.stat_result) -> tuple[int, int, int]:
     # Size and inode as well as mtime: a rewrite within one mtime tick, or a file
     # renamed into place, is still a change.
-    return stat.st_mtime_ns, stat.st_size, stat.st_ino
-
-
-def _toml_value(value: Any) -> str:
-    # json.dumps writes strings, numbers, booleans and lists of strings as valid TOML.
-    return json.dumps(value)
-
-
-def new_token(
-    path: Path,
-    name: str,
-    *,
-    jobs: list[str] | None = None,
-    command: bool = False,
-    providers: list[str] | None = None,
-    limits: dict[str, float | int | None] | None = None,
-    webhook_secret: str | None = None,
-    admin: bool = False,
-) -> str:
-    """Append a new token to the file (mode 0600) and return it; it is shown only once."""
-    if not NAME_PATTERN.match(name):
-        raise ConfigError(f"token name {name!r}: use lower-case letters, digits, '.', '_', '-'")
-    existing: dict[str, Any] = {}
-    if path.exists():
-        try:
-            existing = tomllib.loads(path.read_text("utf-8")).get("tokens", {})
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML ({exc}); fix it first") from exc
-    if name in existing:
-        raise ConfigError(f"{path}: a token named {name!r} exists already")
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    lines = [
-        f"\n[tokens.{name}]",
-        f"sha256 = {_toml_value(hash_token(token))}",
-        f"jobs = {_toml_value(jobs or ['*'])}",
-        f"command = {_toml_value(command)}",
-        f"providers = {_toml_value(providers or ['*'])}",
-    ]
-    for key, value in (limits or {}).items():
-        if value is not None:
-            lines.append(f"{key} = {_toml_value(value)}")
-    if webhook_secret is not None:
-        lines.append(f"webhook_secret = {_toml_value(webhook_secret)}")
-    if admin:
-        lines.append("admin = true")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(fd, "a", encoding="utf-8") as handle:
-        if not existing and path.stat().st_size == 0:
-            handle.write("# relay tokens: SHA-256 hashes only; see `relay tokens new --help`\n")
-        handle.write("\n".join(lines) + "\n")
-    return token
-
-
-def _token_block(lines: list[str], name: str, path: Path) -> tuple[int, int]:
-    """Where ``[tokens.NAME]`` starts and ends (the next table header) in the file's lines."""
-    header = re.compile(rf"^\s*\[\s*tokens\s*\.\s*(\"{re.escape(name)}\"|{re.escape(name)})\s*\]")
-    start = next((i for i, line in enumerate(lines) if header.match(line)), None)
-    if start is None:
-        names = [p.name for p in TokenStore(path).principals] if path.exists() else []
-        raise ConfigError(
-            f"{path}: no token named {name!r}; the tokens are: {', '.join(names) or 'none'}"
-        )
-    end = next(
-        (i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines)
-    )
-    return start, end
-
-
-def _rewrite(path: Path, lines: list[str]) -> None:
-    """Replace the file in one rename (mode 0600), so a relay never reads half of it."""
-    spare = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write("".join(lines))
-    os.replace(spare, path)
-
-
-def _lines(path: Path) -> list[str]:
-    try:
-        return path.read_text("utf-8").splitlines(keepends=True)
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{path}: no token file; create a token with `relay tokens new NAME`"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot be read ({type(exc).__name__})") from None
-
-
-def revoke_token(path: Path, name: str) -> None:
-    """Remove the named token from the file; a running relay stops accepting it at once."""
-    lines = _lines(path)
-    start, end = _token_block(lines, name, path)
-    _rewrite(path, lines[:start] + lines[end:])
-
-
-def rotate_token(path: Path, name: str) -> str:
-    """Give the named token a new value (same name, scopes and limits); returns it once."""
-    lines = _lines(path)
-    start, end = _token_block(lines, name, path)
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    digest = re.compile(r"^\s*sha256\s*=")
-    found = [i for i in range(start, end) if digest.match(lines[i])]
-    if not found:
-        raise ConfigError(f"{path}: token {name!r} has no sha256 line; fix the file first")
-    lines[found[0]] = f"sha256 = {_toml_value(hash_token(token))}\n"
-    _rewrite(path, lines)
-    return token
+    return info.st_mtime_ns, info.st_size, info.st_ino

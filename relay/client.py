@@ -12,10 +12,11 @@ The job's output is printed as it happens (``GET /v1/runs/{id}/events``): stdout
 stdout, stderr to stderr. Ctrl-C stops following and says how to follow or cancel the
 run; a second Ctrl-C within a few seconds cancels it.
 
-Exits with the job's exit code; 124 when the job timed out; 2 (printing ``error: …``)
-when the relay or the network failed; 130 after Ctrl-C. A retried submit reuses one
-Idempotency-Key, so it never starts a second sandbox. On an auth error the response body
-is never printed.
+Exits with the job's exit code, else by what went wrong (:data:`EXIT_CODES`, printing one
+``error: …`` line): 2 usage, 3 auth, 4 not found, 5 a limit, 6 the relay, provider or
+network failed, 7 the run was canceled, 124 the job timed out, 130 after Ctrl-C. A retried
+submit reuses one Idempotency-Key, so it never starts a second sandbox. On an auth error
+the response body is never printed.
 
 A webhook receiver checks each callback with ``verify_signature(secret, header, body)``.
 """
@@ -30,6 +31,7 @@ import hmac
 import json
 import os
 import sys
+import textwrap
 import threading
 import time
 import typing
@@ -44,6 +46,30 @@ from typing import Any
 FINAL = {"succeeded", "failed", "timed_out", "canceled", "error", "lost"}
 RETRYABLE = {429, 502, 503, 504}
 MAX_MESSAGE_CHARS = 300
+
+EXIT_USAGE = 2
+EXIT_AUTH = 3
+EXIT_NOT_FOUND = 4
+EXIT_LIMIT = 5
+EXIT_UNAVAILABLE = 6
+EXIT_CANCELED = 7
+EXIT_TIMED_OUT = 124
+EXIT_INTERRUPTED = 130
+EXIT_CODES = {
+    0: "the job succeeded (or the command did what it was asked)",
+    EXIT_USAGE: "usage: a bad argument or setting, or a request the relay refused as asked "
+    "(400, 409, 413, 415, 422)",
+    EXIT_AUTH: "auth: the token is missing, unknown or expired, or may not do that (401, 403)",
+    EXIT_NOT_FOUND: "not found: no such run (or not yours), job or token (404, unknown_job)",
+    EXIT_LIMIT: "limit: a rate, concurrency or spend limit; retry later (429)",
+    EXIT_UNAVAILABLE: "the relay, the provider or the network failed (5xx, unreachable; a run "
+    "that ended in error or lost)",
+    EXIT_CANCELED: "the run was canceled",
+    EXIT_TIMED_OUT: "the job timed out",
+    EXIT_INTERRUPTED: "Ctrl-C (the run goes on unless a second one canceled it)",
+}
+"""Exit codes by what went wrong. A job that ran and failed exits with its own code, so a
+script that must tell a job's 3 from an auth error reads the run (``--json``)."""
 
 
 class RelayClientError(Exception):
@@ -74,21 +100,36 @@ AUTH_HINTS = {
 }
 
 
+AUTH_CODES = {
+    "token_expired": "the token has expired (token_expired): ask its owner for a new one "
+    "(relay tokens rotate NAME --expires …), or use the new value if it was rotated",
+}
+"""Relay error codes an auth failure may name, and what to do; only these are read from it."""
+
+
+def _error_detail(error: urllib.error.HTTPError) -> dict[str, Any] | None:
+    try:
+        payload = json.loads(error.read() or b"{}")
+    except ValueError:
+        return None
+    detail = payload.get("error") if isinstance(payload, dict) else None
+    return detail if isinstance(detail, dict) else None
+
+
 def _http_error(error: urllib.error.HTTPError) -> RelayClientError:
     """What an error answer may show: the relay's own code and message, nothing else."""
     if error.code in (401, 403, 407):
         # Never echo what came back with an auth failure (a proxy's page may quote a key):
-        # what to check is said from the status alone.
+        # what to check is said from the status alone, or from a code the relay names.
+        code = (_error_detail(error) or {}).get("code") if error.code == 401 else None
+        if code in AUTH_CODES:
+            return RelayClientError(AUTH_CODES[str(code)], error.code, str(code))
         return RelayClientError(
             f"the relay (or a proxy before it) refused the request: HTTP {error.code}; "
             + AUTH_HINTS[error.code],
             error.code,
         )
-    try:
-        payload = json.loads(error.read() or b"{}")
-    except ValueError:
-        payload = {}
-    detail = payload.get("error") if isinstance(payload, dict) else None
+    detail = _error_detail(error)
     if not isinstance(detail, dict):
         return RelayClientError(f"HTTP {error.code}", error.code)
     message = str(detail.get("message") or f"HTTP {error.code}")[:MAX_MESSAGE_CHARS]
@@ -520,12 +561,38 @@ def client_from_environment(args: argparse.Namespace | None = None) -> Client:
 
 
 def exit_code(run: dict[str, Any]) -> int:
+    """A finished run's exit code: the job's own, else by how it ended (:data:`EXIT_CODES`)."""
     state = run.get("state")
-    if state in ("succeeded", "failed"):
-        return int(run.get("exit_code") or 0) if state == "failed" else 0
+    if state == "succeeded":
+        return 0
+    if state == "failed":
+        return int(run.get("exit_code") or 1)  # a failed run with no code still failed
     if state == "timed_out":
-        return 124
-    return 2
+        return EXIT_TIMED_OUT
+    if state == "canceled":
+        return EXIT_CANCELED
+    return EXIT_UNAVAILABLE  # error, lost
+
+
+def error_exit_code(error: RelayClientError) -> int:
+    """The exit code for a refusal or failure (:data:`EXIT_CODES`), from its status."""
+    status = error.status
+    if status is None or not 400 <= status < 500:  # unreachable, 5xx, or not the relay
+        return EXIT_UNAVAILABLE
+    if status in (401, 403, 407):
+        return EXIT_AUTH
+    if status == 404 or error.code == "unknown_job":
+        return EXIT_NOT_FOUND
+    if status == 429:
+        return EXIT_LIMIT
+    return EXIT_USAGE
+
+
+def exit_codes_text() -> str:
+    """The exit codes, for a command's ``--help``."""
+    lines = ["exit codes (the job's own when it ran and failed):"]
+    lines += [f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items()]
+    return "\n".join(lines)
 
 
 CANCEL_WINDOW_S = 3.0
@@ -551,9 +618,9 @@ def interrupted(client: Client, run_id: str, prog: str) -> int:
             client.cancel(run_id)
         except RelayClientError as error:
             print(f"error: cancel of {run_id} failed: {error}", file=sys.stderr)
-            return 130
+            return EXIT_INTERRUPTED
         print(f"canceled {run_id}", file=sys.stderr)
-    return 130
+    return EXIT_INTERRUPTED
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -563,19 +630,31 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
-def arguments(prog: str = "client.py") -> argparse.ArgumentParser:
+def arguments(prog: str = "client.py", *, raw: bool = False) -> argparse.ArgumentParser:
+    """The client's options; ``raw``: for a raw command only (``relay exec``), no job."""
+    what = "Run a raw command (tokens with the command scope)" if raw else "Run a declared job"
     parser = OneLineParser(
         prog=prog,
-        description="Run a declared job on a relay and print its output as it happens. "
-        "RELAY_URL and RELAY_TOKEN come from the environment, else from .env. "
-        "A raw command (tokens with the command scope) goes after --: "
-        f"{prog} [OPTIONS] -- ls -la",
-        epilog="Exit code: the job's; 124 when it timed out; 2 when the relay refused or "
-        "could not be reached; 130 after Ctrl-C.",
+        usage=f"{prog} [OPTIONS] -- ARGV..." if raw else None,
+        description=textwrap.fill(
+            f"{what} on a relay and print its output as it happens. "
+            "RELAY_URL and RELAY_TOKEN come from the environment, else from .env."
+            + ("" if raw else f" A raw command (command scope) goes after --: {prog} -- ls -la"),
+            width=78,
+        ),
+        epilog=exit_codes_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("job", nargs="?", help="the job to run (or --attach RUN_ID)")
-    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
-                        help="a string param; KEY:=JSON for numbers, booleans, lists")  # fmt: skip
+    if not raw:
+        parser.add_argument("job", nargs="?", help="the job to run (or --attach RUN_ID)")
+        parser.add_argument(
+            "-p",
+            "--param",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a string param; KEY:=JSON for numbers, booleans, lists",
+        )
     parser.add_argument("--stdin", metavar="FILE|-", help="send this file (or - for this "
                         "process's stdin) as the job's stdin")  # fmt: skip
     parser.add_argument("--env", action="append", default=[], metavar="K=V",
@@ -593,8 +672,9 @@ def arguments(prog: str = "client.py") -> argparse.ArgumentParser:
     )
     parser.add_argument("--idempotency-key", help="reuse a key across runs of this script")
     parser.add_argument("--no-wait", action="store_true", help="print the accepted run, exit 0")
-    parser.add_argument("--attach", "--run", dest="attach", metavar="RUN_ID",
-                        help="follow a run submitted before")  # fmt: skip
+    if not raw:
+        parser.add_argument("--attach", "--run", dest="attach", metavar="RUN_ID",
+                            help="follow a run submitted before")  # fmt: skip
     parser.add_argument(
         "--max-wait-s",
         type=float,
@@ -631,30 +711,32 @@ def stdout_closed() -> int:
     return 141
 
 
-def main(argv: list[str] | None = None, *, prog: str = "client.py") -> int:
+def main(argv: list[str] | None = None, *, prog: str = "client.py", raw: bool = False) -> int:
+    """Run the client; ``raw``: a raw command only (``relay exec``)."""
     try:
-        code = _main(argv, prog)
+        code = _main(argv, prog, raw)
         sys.stdout.flush()  # here, not at exit, where a closed pipe is a printed traceback
     except BrokenPipeError:
         return stdout_closed()
     return code
 
 
-def _main(argv: list[str] | None, prog: str) -> int:
+def _main(argv: list[str] | None, prog: str, raw: bool) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] | None = None
     if "--" in argv:
         at = argv.index("--")
         argv, command = argv[:at], argv[at + 1 :]
-    parser = arguments(prog)
+    parser = arguments(prog, raw=raw)
     args = parser.parse_args(argv)
+    if raw:
+        args.job = args.attach = None
+        args.param = []
     given = [bool(args.job), bool(args.attach), bool(command)]
     if sum(given) != 1:
-        print(
-            f"error: give a JOB, --attach RUN_ID, or a command after -- (see {prog} --help)",
-            file=sys.stderr,
-        )
-        return 2
+        wanted = "a command after --" if raw else "a JOB, --attach RUN_ID, or a command after --"
+        print(f"error: give {wanted} (see {prog} --help)", file=sys.stderr)
+        return EXIT_USAGE
     run: dict[str, Any] = {}
     try:
         client = client_from_environment(args)
@@ -682,12 +764,21 @@ def _main(argv: list[str] | None, prog: str) -> int:
     except KeyboardInterrupt:
         if run.get("id") and run.get("state") not in FINAL:
             return interrupted(client, str(run["id"]), prog)
-        return 130
-    except (RelayClientError, ValueError) as error:
+        return EXIT_INTERRUPTED
+    except RelayClientError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return error_exit_code(error)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     if args.json:
         print(json.dumps(run, indent=2))
+    return finished(run)
+
+
+def finished(run: dict[str, Any]) -> int:
+    """Say why a run that did not run to its end ended (one ``error:`` line), and return
+    its exit code (:func:`exit_code`)."""
     if run.get("state") not in ("succeeded", "failed"):
         why = run.get("error") or {}
         print(

@@ -11,6 +11,7 @@ a provider's response body, headers or keys are never copied into one.
     ├── InvalidRequest (400 invalid_request)
     │   └── InvalidJson (400 invalid_json)
     ├── Unauthorized (401 unauthorized)
+    │   └── TokenExpired (401 token_expired)
     ├── Forbidden (403 forbidden)
     ├── NotFound (404 not_found)
     ├── MethodNotAllowed (405 method_not_allowed)
@@ -84,6 +85,12 @@ class InvalidJson(InvalidRequest):
 
 class Unauthorized(RelayError):
     status, code, default_message = 401, "unauthorized", "a valid token is required"
+
+
+class TokenExpired(Unauthorized):
+    """A token past its ``expires``, or a rotated token's old value past its overlap."""
+
+    code, default_message = "token_expired", "the token has expired"
 
 
 class Forbidden(RelayError):
@@ -216,6 +223,7 @@ ERROR_CLASSES: tuple[type[RelayError], ...] = (
     InvalidRequest,
     InvalidJson,
     Unauthorized,
+    TokenExpired,
     Forbidden,
     NotFound,
     MethodNotAllowed,

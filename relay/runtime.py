@@ -1,16 +1,17 @@
 """The composition root: one relay process's parts, built in order, started, ended in order.
 
 :meth:`Relay.open` builds the store, the providers, the event bus, the run service (which
-makes its runner, warm pools and sandbox sources), the reaper, the webhook dispatcher and the
-pruner; :meth:`Relay.start` begins their background work; leaving ``open`` ends it all, in
-this order:
+makes its runner, warm pools and sandbox sources), the reaper, the webhook dispatcher, the
+pruner and the token-use writer; :meth:`Relay.start` begins their background work; leaving
+``open`` ends it all, in this order:
 
 1. the runs drain (the service: no new run, those running get ``RELAY_DRAIN_S`` to end,
    the rest are canceled and written final; the warm pools terminate their sandboxes);
 2. what the caller serves beside the relay closes, last entered first (the HTTP layer's MCP
    sessions, after the drain so that a tool call whose run finished meanwhile has its
    answer; its live run streams);
-3. the webhook dispatcher and the pruner stop, and the dispatcher's client closes;
+3. the webhook dispatcher, the pruner and the token-use writer stop (its last uses written),
+   and the dispatcher's client closes;
 4. the reaper stops, mid-sweep if it must (the next process's sweep does the rest);
 5. this replica's heartbeat row goes, so the others need not wait to judge it dead;
 6. the providers' clients close, then the store.
@@ -41,6 +42,7 @@ from relay.runs.service import RunService
 from relay.settings import Settings
 from relay.store.database import Store
 from relay.store.retention import Pruner
+from relay.store.token_uses import TokenUseWriter
 from relay.webhooks.dispatcher import WebhookDispatcher
 
 log = logging.getLogger("relay.runtime")
@@ -77,9 +79,11 @@ class Relay:
     reaper: Reaper
     webhooks: WebhookDispatcher
     pruner: Pruner
+    token_uses: TokenUseWriter
+    """Notes when each token value was last used, a minute at a time (not once a request)."""
     _reaping: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     _background: list[asyncio.Task[None]] = field(default_factory=list, init=False, repr=False)
-    """The dispatcher's and the pruner's tasks."""
+    """The dispatcher's, the pruner's and the token uses' tasks."""
     _beside: contextlib.AsyncExitStack = field(
         default_factory=contextlib.AsyncExitStack, init=False, repr=False
     )
@@ -153,8 +157,19 @@ class Relay:
         pruner = Pruner(
             store, retention_days=settings.retention_days, interval_s=settings.prune_interval_s
         )
+        token_uses = TokenUseWriter(store, tokens.take_uses)
         return cls(
-            settings, tokens, catalog, store, providers, events, service, reaper, webhooks, pruner
+            settings,
+            tokens,
+            catalog,
+            store,
+            providers,
+            events,
+            service,
+            reaper,
+            webhooks,
+            pruner,
+            token_uses,
         )
 
     async def start(self, *beside: Beside) -> None:
@@ -168,6 +183,7 @@ class Relay:
         self._background += [
             asyncio.create_task(self.webhooks.run_forever()),
             asyncio.create_task(self.pruner.run_forever()),
+            asyncio.create_task(self.token_uses.run_forever()),
         ]
         for context in beside:
             if isinstance(context, AbstractAsyncContextManager):
@@ -181,6 +197,8 @@ class Relay:
         await self._beside.aclose()
         for task in self._background:
             await _stopped(task)
+        with contextlib.suppress(Exception):  # the last minute's token uses
+            await self.token_uses.write()
         await self.webhooks.aclose()
         if self._reaping is not None:
             await _stopped(self._reaping)

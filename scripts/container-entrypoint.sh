@@ -27,7 +27,7 @@ if [ "${1:-}" = "serve" ]; then
         refuse "no tokens file at $tokens; mount yours: -v \"\$PWD/tokens.toml:$tokens:ro\""
     fi
     if [ ! -r "$tokens" ]; then
-        refuse "$tokens is not readable by uid $(id -u) (make serve writes it 0600); on the host: chmod 644 tokens.toml (hashes only), or chgrp 10001 tokens.toml && chmod 640 tokens.toml"
+        refuse "$tokens is not readable by uid $(id -u) (relay tokens writes it 0600); on the host: chmod 640 tokens.toml and docker run --group-add \"\$(stat -c %g tokens.toml)\" (compose: TOKENS_GID in deploy/.env), or chgrp 10001 tokens.toml && chmod 640 tokens.toml; never 644: webhook secrets are in it"
     fi
 fi
 exec relay "$@"

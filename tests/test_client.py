@@ -119,10 +119,10 @@ def test_exit_codes_follow_the_run(relay: RelayProcess, client_file: Path) -> No
     failed = run_client(client_file, "fail", url=relay.url, token=token)
     assert (failed.returncode, failed.stdout, failed.stderr) == (3, "partial\n", "oops\n")
     unknown = run_client(client_file, "nope", url=relay.url, token=token)
-    assert unknown.returncode == 2
+    assert unknown.returncode == 4  # not found
     assert unknown.stderr.startswith("error: no job named 'nope'; jobs here: ")
     refused = run_client(client_file, "echo", "-p", "message=x", url=relay.url, token="rly_bad")
-    assert refused.returncode == 2 and refused.stderr.startswith("error: ")
+    assert refused.returncode == 3 and refused.stderr.startswith("error: ")  # auth
     assert "HTTP 401" in refused.stderr and "unknown" not in refused.stderr
     for url in ("127.0.0.1:8080", "ftp://relay.example"):  # no scheme, or not HTTP
         bad_url = run_client(client_file, "echo", url=url, token=token)
@@ -131,7 +131,7 @@ def test_exit_codes_follow_the_run(relay: RelayProcess, client_file: Path) -> No
     no_token = run_client(client_file, "echo", url=relay.url)
     assert no_token.returncode == 2 and "RELAY_TOKEN" in no_token.stderr
     down = run_client(client_file, "echo", "--attempts", "1", url="http://127.0.0.1:9", token=token)
-    assert down.returncode == 2 and down.stderr.startswith("error: cannot reach the relay")
+    assert down.returncode == 6 and down.stderr.startswith("error: cannot reach the relay")
 
 
 def test_waits_past_the_relays_hold_and_polls(relay: RelayProcess, client_file: Path) -> None:
@@ -207,13 +207,18 @@ def test_a_lost_answer_is_retried_with_the_same_key_and_runs_once(
     assert len(after) == len(before) + 1  # one sandbox, not two
 
 
-@pytest.mark.parametrize("status", [401, 403, 407])
-def test_an_auth_error_body_is_never_printed(client_file: Path, status: int) -> None:
-    body = json.dumps({"error": {"code": "x", "message": f"key {CANARY} refused"}}).encode()
+@pytest.mark.parametrize(
+    ("status", "code"), [(401, "x"), (403, "x"), (407, "x"), (401, "token_expired")]
+)
+def test_an_auth_error_body_is_never_printed(client_file: Path, status: int, code: str) -> None:
+    """Only a code the relay names for an auth failure is read from it (token_expired: what
+    to do differs), never its message."""
+    body = json.dumps({"error": {"code": code, "message": f"key {CANARY} refused"}}).encode()
     with Recorder(lambda h, _: answer(h, status, body)) as hostile:
         done = run_client(client_file, "echo", url=hostile.url, token="rly_x")
-    assert done.returncode == 2 and done.stderr.startswith("error: ")
+    assert done.returncode == 3 and done.stderr.startswith("error: ")
     assert CANARY not in done.stderr + done.stdout
+    assert ("token_expired" in done.stderr) == (code == "token_expired"), done.stderr
     assert len(hostile.requests) == 1  # an auth error is not retried
 
 
@@ -221,7 +226,7 @@ def test_a_page_that_is_not_the_relay_is_never_printed(client_file: Path) -> Non
     page = f"<html>proxy says {CANARY}</html>".encode()
     with Recorder(lambda h, _: answer(h, 200, page)) as hostile:
         done = run_client(client_file, "echo", url=hostile.url, token="rly_x")
-    assert done.returncode == 2 and CANARY not in done.stderr + done.stdout
+    assert done.returncode == 6 and CANARY not in done.stderr + done.stdout
 
 
 def test_header_choices(client_file: Path) -> None:

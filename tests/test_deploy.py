@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -267,6 +268,7 @@ def compose_project(tmp_path: Path) -> Path:
         "COMPOSE_PROJECT_NAME=relay\n"
         "RELAY_DOMAIN=relay.example.com\n"
         "POSTGRES_PASSWORD=0123456789abcdef\n"
+        "TOKENS_GID=1000\n"
         "RELAY_PROVIDERS=e2b\n"
         "RELAY_E2B_API_KEY=e2b_dummy\n"
     )
@@ -709,13 +711,15 @@ def test_container_env_binds_all_addresses_with_the_image_paths_and_bwrap() -> N
 
 
 def _entrypoint(
-    env: dict[str, str], *argv: str, uid: int | None = None
+    env: dict[str, str], *argv: str, uid: int | None = None, groups: list[int] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """The image's entrypoint, run by dash (the slim image's /bin/sh) with the image's ENV
-    overridden by an env file, as `docker run --env-file` does."""
+    overridden by an env file, as `docker run --env-file` does (``groups``: as
+    `--group-add` gives)."""
     command = ["dash", str(ENTRYPOINT), *argv]
     if uid is not None:
-        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
+        added = f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups"
+        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", added, *command]
     full = {**_image_env(), **env, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
     return _run(command, env=full)
 
@@ -745,8 +749,13 @@ def test_entrypoint_names_the_fix_for_a_tokens_file_the_image_user_cannot_read()
         done = _entrypoint(env, "serve", uid=IMAGE_UID)
         assert done.returncode == 2
         [line] = done.stderr.splitlines()
-        assert f"not readable by uid {IMAGE_UID}" in line and "chmod 644 tokens.toml" in line
-        tokens.chmod(0o644)  # the fix it names: then relay itself runs
+        assert f"not readable by uid {IMAGE_UID}" in line and "chmod 640 tokens.toml" in line
+        assert "--group-add" in line and "never 644" in line
+        # The fix it names: the file's group (here one --group-add would give) may read it.
+        os.chown(tokens, -1, 4242)
+        tokens.chmod(0o640)
+        readable = _entrypoint(env, "serve", "--help", uid=IMAGE_UID, groups=[4242])
+        assert "not readable" not in readable.stderr, readable.stderr
         done = _entrypoint(env, "serve", "--help")
         assert done.returncode == 0 and "usage: relay serve" in done.stdout, done.stderr
         # Other commands (`tokens new` into a mounted folder) are not checked.

@@ -7,10 +7,22 @@ recipe or hint may tell anyone to ``pip install relay``.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
+import stat
+import subprocess
+import sys
+import sysconfig
+import time
 import tomllib
 from pathlib import Path
 
+import httpx
+import pytest
+
+from testing.relay_server import free_port
 from tests.conftest import REPO
 
 DISTRIBUTION = "sandbox-relay"
@@ -119,3 +131,84 @@ def test_make_test_and_ci_install_from_the_lock() -> None:
     assert "make test" in (REPO / ".ci" / "run").read_text()
     readme = (REPO / "README.md").read_text()
     assert "pip install -c requirements/dev.lock -e '.[dev]'" in readme and "make lock" in readme
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built from this checkout and installed in a fresh venv outside it (its
+    dependencies from the test venv's site-packages, added by a .pth: offline and quick;
+    the editable install's own path is not, so `relay` comes from the wheel alone)."""
+    folder = tmp_path_factory.mktemp("wheel")
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+    _run([*build, "-w", str(folder / "dist"), str(REPO)], cwd=folder)
+    (wheel,) = (folder / "dist").glob("sandbox_relay-*.whl")
+    venv = folder / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], cwd=folder)
+    _run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+         cwd=folder)  # fmt: skip
+    (site,) = (venv / "lib").glob("python3.*/site-packages")
+    (site / "test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
+
+
+def _run(command: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        command, cwd=cwd, capture_output=True, text=True, timeout=180, check=False,
+        env={"PATH": os.environ["PATH"], "HOME": str(cwd), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+             **env},
+    )  # fmt: skip
+    assert done.returncode == 0, (command, done.stdout, done.stderr)
+    return done
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_types_urls_and_the_example_jobs(installed: Path) -> None:
+    (site,) = (installed / "lib").glob("python3.*/site-packages")
+    assert (site / "relay" / "py.typed").is_file()
+    assert (site / "relay" / "examples" / "jobs" / "echo" / "job.toml").is_file()
+    (metadata,) = site.glob("sandbox_relay-*.dist-info/METADATA")
+    urls = [line for line in metadata.read_text().splitlines() if line.startswith("Project-URL")]
+    assert {url.split(":")[1].split(",")[0].strip() for url in urls} >= {
+        "Homepage", "Documentation", "Changelog"
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_pip_install_then_relay_init_then_serve_and_run(installed: Path, tmp_path: Path) -> None:
+    """As a user with no checkout: `relay init`, the command it prints, and a run."""
+    relay = str(installed / "bin" / "relay")
+    where = _run([relay, "--version"], cwd=tmp_path)
+    assert where.stdout.startswith("relay ")
+    found = _run([str(installed / "bin" / "python"), "-c", "import relay; print(relay.__file__)"],
+                 cwd=tmp_path).stdout  # fmt: skip
+    assert found.startswith(str(installed)), found  # the wheel's, not the checkout's
+    told = _run([relay, "init", "app"], cwd=tmp_path).stdout
+    app = tmp_path / "app"
+    assert "Next: cd app && relay serve --dev" in told
+    assert sorted(path.name for path in (app / "jobs").iterdir()) == [
+        "echo", "http-status", "params", "python"
+    ]  # fmt: skip
+    assert stat.S_IMODE((app / ".env").stat().st_mode) == 0o600
+    assert stat.S_IMODE((app / "tokens.toml").stat().st_mode) == 0o600
+    port = str(free_port())
+    env = {"PATH": f"{installed / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path),
+           "RELAY_PORT": port, "RELAY_URL": f"http://127.0.0.1:{port}"}  # fmt: skip
+    with (tmp_path / "serve.log").open("w") as log:
+        server = subprocess.Popen(["relay", "serve", "--dev"], cwd=app, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and server.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.2)
+        assert server.poll() is None, (tmp_path / "serve.log").read_text()
+        ran = subprocess.run(["relay", "run", "echo", "-p", "message=from a wheel"], cwd=app,
+                             env=env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        assert (ran.returncode, ran.stdout) == (0, "from a wheel\n"), ran.stderr
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    again = _run([relay, "init", "app"], cwd=tmp_path).stdout
+    assert "kept" in again and "wrote" not in again  # a second init overwrites nothing

@@ -225,6 +225,9 @@ def create_app(
     stop on a missing SDK or key in one line); else the lifespan builds them. Either way
     the lifespan closes them."""
     tokens = TokenStore(settings.tokens_file)
+    exposed = tokens.exposed_secrets()
+    if exposed is not None:
+        log.warning(exposed)
     catalog = Catalog.load(settings.jobs_dir)
     check_start(settings, catalog)
     metrics_token = settings.metrics_token

@@ -106,9 +106,12 @@ class McpEndpoint:
         """The sessions' task group: entered once, for the app's lifetime."""
         async with self.manager.run(), anyio.create_task_group() as closing:
             self.owners.closing = closing
+            watching = anyio.CancelScope()
+            closing.start_soon(self.owners.close_when_values_expire, watching)
             try:
                 yield
             finally:
+                watching.cancel()
                 self.owners.closing = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -119,8 +122,8 @@ class McpEndpoint:
         check_origin(request.headers.get("origin"), self.allowed_origins)
         try:
             principal = authenticate(request)
-        except Unauthorized as exc:
-            raise Unauthorized(
+        except Unauthorized as exc:  # the same class (token_expired stays so), with the header
+            raise type(exc)(
                 exc.message, headers={"WWW-Authenticate": 'Bearer realm="relay"'}
             ) from None
         token = presented_token(request) or ""

@@ -17,8 +17,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
+import anyio
 from anyio.abc import TaskGroup
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 MAX_SESSIONS_PER_TOKEN = 32
 """Open sessions one token value may hold: a session lives until it idles 30 minutes, and the
 SDK's room (10 000) is shared, so one token must not fill it and lock the others out."""
+EXPIRY_LOOK_S = 30.0
+"""How often the sessions' keeper looks for a value that stopped being valid."""
 OWNER_SEPARATOR = "#"
 """Between a session owner's token name and its value's digest (names hold no '#')."""
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -78,6 +82,7 @@ class SessionOwners:
         self.tokens = tokens
         self.closing: TaskGroup | None = None
         """Where closed sessions' transports are terminated (set while the app runs)."""
+        self._reloaded = anyio.Event()
         tokens.on_reload(self.close_revoked)
 
     def user(self, principal: Principal, token: str) -> AuthenticatedUser:
@@ -101,6 +106,7 @@ class SessionOwners:
         """Close every session whose token value is no longer in the token file (called when
         it reloads): forgotten at once (its id answers 404, it no longer counts), its
         transport terminated beside, which cancels its calls."""
+        self._reloaded.set()  # the next expiry may have moved
         manager = self.manager
         for session_id, owner in list(self._owners().items()):
             if self.tokens.holds_value(_digest(owner)):
@@ -110,6 +116,20 @@ class SessionOwners:
             transport = manager._server_instances.pop(session_id, None)
             if transport is not None and self.closing is not None:
                 self.closing.start_soon(_terminate, transport)
+
+    async def close_when_values_expire(self, scope: anyio.CancelScope) -> None:
+        """Close a value's sessions as soon as it stops being valid by the clock (a rotated
+        token's old value at the end of its overlap, an expired token), with or without a
+        request to make the token store look: it looks at each such moment (planned anew at
+        each reload), and every :data:`EXPIRY_LOOK_S` for a changed file no request read."""
+        with scope:
+            while True:
+                due = self.tokens.next_expiry
+                wait = EXPIRY_LOOK_S if due is None else due - time.time()
+                with anyio.move_on_after(min(EXPIRY_LOOK_S, max(0.0, wait))):
+                    await self._reloaded.wait()
+                self._reloaded = anyio.Event()
+                self.tokens.refresh()
 
     def _owners(self) -> dict[str, str]:
         return {

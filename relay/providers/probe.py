@@ -8,10 +8,11 @@ relay's reaper leaves it alone until it is past a probe's lifetime, then ends it
 terminating it here failed).
 
 The store is only read, and only for the line's pool words: where ``RELAY_DATABASE_URL``
-names a store that already holds pooled rows of this provider, ``relay probe`` (relay/cli.py)
-adds ``pool_ready=N pool_claimed=N pool_idle_s=N pool_idle_usd=X`` before ``limits=``
-(:attr:`ProbeResult.pool`; relay/store/pools.py reads them without creating or migrating
-anything). A store that is missing, unreachable or older leaves the line as it was.
+names a store that already holds pooled rows of this provider, ``relay probe``
+(relay/cli/probe.py) adds ``pool_ready=N pool_claimed=N pool_idle_s=N pool_idle_usd=X``
+before ``limits=`` (:attr:`ProbeResult.pool`; relay/store/pools.py reads them without
+creating or migrating anything). A store that is missing, unreachable or older leaves the
+line as it was.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from relay.run_state import ACTIVE
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 metadata = sa.MetaData()
 
@@ -151,6 +151,17 @@ pooled = sa.Table(
 its end: which replica holds it, whether a run claimed it, what its idle time cost."""
 
 
+token_uses = sa.Table(
+    "token_uses",
+    metadata,
+    sa.Column("sha256", sa.String(64), primary_key=True),  # the value's, as the token file
+    sa.Column("token", sa.String(64), nullable=False),
+    sa.Column("last_used_at", sa.Float, nullable=False),
+)
+"""When each token value was last used to authenticate, written from memory every minute and
+at shutdown (relay/store/token_uses.py), never on a request's path: ``relay tokens list``."""
+
+
 def _create_tables(*tables: sa.Table) -> Callable[[Connection], None]:
     def step(conn: Connection) -> None:
         metadata.create_all(conn, tables=list(tables))
@@ -272,6 +283,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     7: _bound_listings_and_retention,
     8: _add_columns(runs, "request"),
     9: _create_tables(pooled),
+    10: _create_tables(token_uses),
 }
 """Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
 never drops or rewrites a run. A relay refuses a database newer than it knows."""

@@ -9,12 +9,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import httpx
 import pytest
 
-from relay.auth import revoke_token, rotate_token
+from relay.auth import TokenStore, revoke_token, rotate_token
 from relay.errors import Forbidden
 from relay.http.mcp_sessions import MAX_SESSIONS_PER_TOKEN, check_origin, own_origins
 from relay.settings import Settings
@@ -242,3 +243,63 @@ def test_the_relays_own_origin_is_its_public_url_else_its_loopback_port() -> Non
         Settings(mcp_allowed_origins="https://a.test/app")
     with pytest.raises(ValueError, match="http"):
         Settings(public_url="relay.example.com")
+
+
+def test_an_old_values_sessions_live_through_the_overlap_and_close_at_its_end_unasked(
+    relay: RelayProcess,
+) -> None:
+    """`relay tokens rotate --overlap`: the old value's session (and its call) goes on while
+    the old value is valid, and is closed when the overlap ends, with no request to make
+    the relay look: its run is canceled at that moment, not at the next request."""
+    name = "overlapped"
+    old = relay.add_token(name, jobs=["echo", "sleep"])
+    admin = relay.add_token("reader-overlap", jobs=["echo"], admin=True)
+    with httpx.Client(base_url=relay.url, timeout=30) as client:
+        opened = open_session(client, relay, old)
+        assert opened.status_code == 200
+        session = {"Mcp-Session-Id": opened.headers["mcp-session-id"]}
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        client.post("/mcp", json=initialized, headers=relay.headers(old, **ACCEPT, **session))
+        call = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "sleep", "arguments": {"seconds": 366}},
+        }
+
+        def calling() -> None:
+            with httpx.Client(base_url=relay.url, timeout=60) as caller:
+                caller.post("/mcp", json=call, headers=relay.headers(old, **ACCEPT, **session))
+
+        thread = threading.Thread(target=calling)
+        thread.start()
+        try:
+            wait_for_states(relay, admin, name, ["running"])
+            overlap_s = 2.0
+            new = rotate_token(relay.tokens_file, name, overlap_s=overlap_s)
+            (ends,) = [
+                p.previous_until for p in TokenStore(relay.tokens_file).principals if p.name == name
+            ]
+            assert ends is not None
+            listing = {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}
+            still = client.post(
+                "/mcp", json=listing, headers=relay.headers(old, **ACCEPT, **session)
+            )
+            assert still.status_code == 200  # read the changed file: the old value is valid
+            assert open_session(client, relay, new).status_code == 200
+            time.sleep(max(0.0, ends - time.time()) + 2.0)  # no request meanwhile
+            found = httpx.get(
+                relay.url + "/v1/runs",
+                params={"job": "sleep", "token": name},
+                headers=relay.headers(admin),
+                timeout=10,
+            )
+            answer = found.json()["runs"]
+        finally:
+            thread.join(30)
+        assert [run["state"] for run in answer] == ["canceled"]
+        ended = datetime.fromisoformat(answer[0]["ended_at"]).timestamp()
+        assert ended < ends + 1.5, ended - ends  # closed at the end, not by the last request
+        expired = client.post("/mcp", json=listing, headers=relay.headers(old, **ACCEPT))
+        assert expired.status_code == 401
+        assert expired.json()["error"]["code"] == "token_expired"

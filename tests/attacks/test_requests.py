@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from relay.auth import TokenStore, new_token
-from relay.cli import DEV_TOKEN_FILE, _dev_setup
+from relay.cli.serve import DEV_TOKEN_FILE, _dev_setup
 from testing.relay_server import RelayProcess
 from tests.conftest import make_settings
 

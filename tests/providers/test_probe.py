@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from relay.cli import _probe
+from relay.cli.probe import _probe
 from relay.providers.probe import run_probe
 from relay.store.database import Store
 from relay.store.limits import day_start
@@ -38,9 +38,11 @@ LINE = re.compile(
 )
 
 
-def probe(provider: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def probe(
+    provider: str, tmp_path: Path, *flags: str, **env: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "relay", "probe", provider],
+        [sys.executable, "-m", "relay", "probe", provider, *flags],
         cwd=tmp_path,
         env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env},
         capture_output=True,
@@ -60,6 +62,18 @@ def test_local_probe_prints_one_dated_line_and_leaves_nothing(tmp_path: Path) ->
     assert {"create", "exec", "terminate"} == set(re.findall(r"(\w+)=\d+ms", line))
     assert "disk" in match["limits"].split(",")  # the limits in force are shown
     assert list(root.iterdir()) == []  # the sandbox is gone
+
+
+def test_local_probe_says_the_same_as_json(tmp_path: Path) -> None:
+    root = tmp_path / "sandboxes"
+    done = probe(
+        "local", tmp_path, "--json", RELAY_LOCAL_ISOLATION="bwrap", RELAY_LOCAL_ROOT=str(root)
+    )
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    found = json.loads(done.stdout)
+    assert found["ok"] is True and found["provider"] == "local" and found["failed_step"] is None
+    assert set(found["timings_ms"]) == {"create", "exec", "terminate"}
+    assert found["started_at"].endswith("Z") and found["limits"]["disk"] is True
 
 
 def test_unknown_or_unconfigured_provider_exits_2(tmp_path: Path) -> None:
@@ -111,7 +125,7 @@ def test_a_refusing_provider_fails_at_create_without_echoing_it(
         RELAY_VERCEL_BASE_URL=hostile,
         RELAY_CREATE_TIMEOUT_S="5",
     )
-    assert done.returncode == 2
+    assert done.returncode == 6  # the provider failed
     [line] = done.stdout.splitlines()
     match = LINE.match(line)
     assert match and match["verdict"] == "failed at create", line
