@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -237,6 +237,8 @@ def build_app(world: World, key: str | None, open_auth: bool = False) -> Starlet
             return await route(request)
         except Refused as refused:
             return error(refused.status, refused.code)
+        except ClientDisconnect:  # the caller went away mid-body (a relay killed mid-create)
+            return Response(status_code=400)
 
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
     return Starlette(routes=[Route("/{path:path}", dispatch, methods=methods)])
