@@ -109,9 +109,10 @@ def test_the_readme_error_table_names_every_error_code() -> None:
 PLACEHOLDER = re.compile(r"<[a-z][a-z0-9-]*>")
 """How the README marks what a reader fills in (``<your-token>``, ``<run-id>``): such a
 line is not run."""
-NOT_RUN_HERE = ("make ", "git clone", "pip install")
+NOT_RUN_HERE = ("make ", "git clone", "pip install", "cd deploy/cloudflare")
 """Blocks that install or serve (``make serve`` is tested by test_cli's dev-serve test, and
-``pip install`` then ``relay init`` by test_install's wheel test)."""
+``pip install`` then ``relay init`` by test_install's wheel test), or deploy to a Cloudflare
+account (the Worker's own code runs in tests/test_cloudflare_worker.py)."""
 
 
 def shell_blocks() -> list[str]:
