@@ -213,6 +213,13 @@ def caller(relay: RelayProcess, name: str = "cli") -> dict[str, str]:
     return {"RELAY_URL": relay.url, "RELAY_TOKEN": relay.tokens[name]}
 
 
+def hears_ctrl_c() -> None:
+    """In the child before exec: SIGINT back to its default. A job started in the
+    background (`make test &`, CI without a terminal) inherits SIGINT ignored, and Python
+    then never raises KeyboardInterrupt: the child would not hear the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def started(relay: RelayProcess, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "relay", *args],
@@ -221,7 +228,19 @@ def started(relay: RelayProcess, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=hears_ctrl_c,
     )
+
+
+@pytest.fixture
+def ignoring_ctrl_c() -> Iterator[None]:
+    """This process ignores SIGINT while the test runs, as one started in the background
+    does: a child must hear Ctrl-C wherever the suite was started from."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def read_until(stream: IO[str] | None, wanted: str, timeout_s: float = 30) -> str:
@@ -334,6 +353,7 @@ def test_the_token_may_come_from_dot_env(relay: RelayProcess, tmp_path: Path) ->
     assert relay_cli("run", "echo", "--no-auth-header", cwd=tmp_path).returncode == 2  # exists
 
 
+@pytest.mark.usefixtures("ignoring_ctrl_c")
 def test_ctrl_c_says_how_to_follow_and_a_second_one_cancels(relay: RelayProcess) -> None:
     process = started(relay, "run", "sleep", "-p", "seconds:=30")
     try:
@@ -351,6 +371,7 @@ def test_ctrl_c_says_how_to_follow_and_a_second_one_cancels(relay: RelayProcess)
     assert run["state"] == "canceled"
 
 
+@pytest.mark.usefixtures("ignoring_ctrl_c")
 def test_one_ctrl_c_leaves_the_run_going(relay: RelayProcess) -> None:
     process = started(relay, "run", "sleep", "-p", "seconds:=30")
     try:
