@@ -22,6 +22,9 @@ from relay.auth import TokenStore
 from relay.client import parse_params
 from tests.relay_server import RelayProcess, free_port
 
+# A `python -m relay` process (~1.5 s of CPU) per command, many of them.
+pytestmark = pytest.mark.slow
+
 
 def relay_cli(
     *args: str, cwd: Path, env: dict[str, str] | None = None

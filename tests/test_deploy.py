@@ -28,6 +28,7 @@ import yaml
 
 from relay.settings import Settings
 from tests.postgres import temp_base
+from tests.relay_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -787,6 +788,8 @@ def test_local_isolation_bwrap_refuses_to_start_in_one_line_without_bubblewrap(
         "RELAY_DATABASE_URL": f"sqlite:///{tmp_path / 'relay.db'}",
         "RELAY_LOCAL_ROOT": str(tmp_path / "sandboxes"),
         "RELAY_JOBS_DIR": str(ROOT / "jobs"),
+        # Not the default 8080: another relay on this machine may hold it.
+        "RELAY_PORT": str(free_port()),
     }
     made = _run([sys.executable, "-m", "relay", "tokens", "new", "ci"], env=env, cwd=tmp_path)
     assert made.returncode == 0, made.stderr

@@ -22,6 +22,8 @@ from relay.http.console_page import ASSETS, CONTENT_SECURITY_POLICY
 from relay.http.operator import MAX_SPEND_DAYS
 from tests.relay_server import REPO, RelayProcess
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="chromium is absent (scripts/system-deps.sh test)"

@@ -19,6 +19,9 @@ from relay.providers.local.root import marked_pids
 from relay.runs.reaper import BEATS_BEFORE_JUDGING
 from tests.relay_server import RelayProcess
 
+# Each test restarts or kills relays and waits out real reap intervals.
+pytestmark = pytest.mark.slow
+
 FINAL = {"succeeded", "failed", "timed_out", "canceled", "error", "lost"}
 REAP_INTERVAL_S = 1
 

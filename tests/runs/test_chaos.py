@@ -15,6 +15,9 @@ import pytest
 
 from tests.chaos import fake_backend, run_many, run_schedule
 
+# Hundreds of schedules.
+pytestmark = pytest.mark.slow
+
 SCHEDULES = 200
 FAKES = [
     n
