@@ -48,6 +48,7 @@ def test_page_and_assets_answer_without_a_token_under_the_policy(relay: RelayPro
         assert relay.get(None, f"/docs/{other}").status_code == 404, other
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is absent (scripts/system-deps.sh test)")
 def test_chromium_renders_the_operations(relay: RelayProcess, tmp_path: Path) -> None:
     assert CHROMIUM is not None
