@@ -30,6 +30,7 @@ PROVIDERS: dict[str, Entry] = {
     "vercel": Entry("relay.providers.vercel:VercelProvider", "vercel"),
     "sprites": Entry("relay.providers.sprites:SpritesProvider", "sprites"),
     "daytona": Entry("relay.providers.daytona:DaytonaProvider", "daytona"),
+    "exedev": Entry("relay.providers.exedev.provider:ExedevProvider", "exedev"),
     # In-memory, for tests and benchmarks (like httpx's MockTransport); never a default.
     "memory": Entry("relay.providers.memory:MemoryProvider", None),
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from testing.rigs.daytona import DaytonaRig
 from testing.rigs.e2b import E2BRig
+from testing.rigs.exedev import ExedevRig
 from testing.rigs.local import LocalRig
 from testing.rigs.memory import MemoryRig
 from testing.rigs.modal import ModalRig
@@ -20,7 +21,7 @@ __all__ = ["ON_FAKES", "RIGS", "Rig"]
 
 RIGS: dict[str, type[Rig]] = {
     rig.name: rig
-    for rig in (LocalRig, E2BRig, ModalRig, VercelRig, SpritesRig, DaytonaRig, MemoryRig)
+    for rig in (LocalRig, E2BRig, ModalRig, VercelRig, SpritesRig, DaytonaRig, ExedevRig, MemoryRig)
 }
 """Every provider's rig, by provider name, in the order of the provider registry."""
 
