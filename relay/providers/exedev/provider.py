@@ -174,8 +174,11 @@ class ExedevProvider(SandboxProvider[ExedevSandbox]):
         transport = BoundedReads(
             lobby_s=lobby_s, stream_s=STREAM_READ_S, connect_s=min(CONNECT_S, lobby_s)
         )
+        timeout = httpx.Timeout(STREAM_READ_S, connect=CONNECT_S)
         self._http = httpx.AsyncClient(
-            transport=transport, event_hooks={"response": [self._note_retry_after]}
+            transport=transport,
+            timeout=timeout,
+            event_hooks={"response": [self._note_retry_after]},
         )
         # Token passed: the SDK never reads EXE_TOKEN. No retries of its own: it would wait
         # out a Retry-After (up to 60 s) inside a create it shields from cancellation.
@@ -188,7 +191,7 @@ class ExedevProvider(SandboxProvider[ExedevSandbox]):
             "Content-Type": "text/plain",
             "Accept": "application/json, application/x-ndjson",
         }
-        self._channel = Channel(self._http, config.url.rstrip("/") + "/exec", headers)
+        self._channel = Channel(self._http, config.url.rstrip("/") + "/exec", headers, timeout)
 
     def check(self, spec: SandboxSpec) -> None:
         egress_of(spec.egress)

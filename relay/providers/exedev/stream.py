@@ -58,11 +58,13 @@ class BoundedReads(httpx.AsyncHTTPTransport):
 @dataclass(frozen=True)
 class Channel:
     """Where the relay's own requests go: the client (with :class:`BoundedReads`), the
-    ``/exec`` URL and the headers the SDK would send (the token's among them)."""
+    ``/exec`` URL, the headers the SDK would send (the token's among them), and how long a
+    command's stream may be silent (set on each request: httpx's default is 5 s)."""
 
     http: httpx.AsyncClient
     url: str
     headers: dict[str, str]
+    timeout: httpx.Timeout
 
 
 @dataclass
@@ -90,7 +92,9 @@ async def follow(
     stream that ends early returns with what came (the caller follows again)."""
     followed = Followed()
     body = f"ssh {shlex.quote(vm)} {shlex.quote(command)}".encode()
-    request = channel.http.build_request("POST", channel.url, content=body, headers=channel.headers)
+    request = channel.http.build_request(
+        "POST", channel.url, content=body, headers=channel.headers, timeout=channel.timeout
+    )
     try:
         response = await channel.http.send(request, stream=True)
     except httpx.TransportError:
