@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import logging
 import math
 from datetime import UTC, datetime
 from typing import ClassVar, Literal
@@ -46,8 +45,6 @@ from relay.providers.exedev.sandbox import ExedevSandbox
 from relay.providers.exedev.stream import BoundedReads, Channel
 from relay.providers.lifecycle import ErrorTable, SandboxProvider
 from relay.settings import ProviderSettings, Settings
-
-log = logging.getLogger("relay.providers.exedev")
 
 API_URL = "https://exe.dev"
 """exe.dev's API base (``POST {base}/exec``), the SDK's default."""
