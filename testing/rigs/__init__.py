@@ -10,6 +10,7 @@ from __future__ import annotations
 from testing.rigs.cloudflare import CloudflareRig
 from testing.rigs.daytona import DaytonaRig
 from testing.rigs.e2b import E2BRig
+from testing.rigs.exedev import ExedevRig
 from testing.rigs.local import LocalRig
 from testing.rigs.memory import MemoryRig
 from testing.rigs.modal import ModalRig
@@ -28,6 +29,7 @@ RIGS: dict[str, type[Rig]] = {
         VercelRig,
         SpritesRig,
         DaytonaRig,
+        ExedevRig,
         CloudflareRig,
         MemoryRig,
     )
