@@ -3,7 +3,8 @@
 The lifespan enters the relay's runtime (relay/runtime.py: the store, providers, run
 service, reaper, dispatcher and pruner, started at once beside serving, ended in order on
 shutdown) and serves the app's own parts beside it: metrics, live run streams, ``/mcp``.
-Token file and job catalog are read before the app exists, so a bad one stops startup.
+Token file and job catalog are read before the app exists, so a bad one stops startup; the
+catalog reloads later (relay/runs/jobs_folder.py), and ``/mcp`` follows it.
 """
 
 from __future__ import annotations
@@ -245,6 +246,7 @@ def create_app(
         )
         async with opened as relay:
             metrics.follow(relay)
+            relay.jobs.follow(mcp.tools_changed)  # open sessions re-list their tools
             app.state.relay = state = AppState.of(relay)
             state.live = live = LiveRuns(
                 relay.events, max_streams_per_token=settings.max_streams_per_token
@@ -254,7 +256,13 @@ def create_app(
             yield {}
 
     app = Starlette(
-        routes=[*routes, *operator_routes, *docs_routes, *console_routes, Route("/mcp", mcp)],
+        routes=[
+            *routes,
+            *operator_routes,
+            *docs_routes,
+            *console_routes,
+            Route("/mcp", mcp),
+        ],
         lifespan=lifespan,
         exception_handlers={
             RelayError: _relay_error,

@@ -17,6 +17,7 @@ from relay.runs.models import (
     ErrorBody,
     Health,
     JobList,
+    JobsReload,
     OperatorHealth,
     OutcomeReport,
     ProviderList,
@@ -132,6 +133,7 @@ _SERIALIZED = (
     SpendReport,
     OperatorHealth,
     OutcomeReport,
+    JobsReload,
 )
 """The answers' models, described as the relay writes them."""
 
@@ -354,6 +356,32 @@ def _reference_paths(common: dict[str, Any]) -> dict[str, Any]:
 
     return {
         "/v1/jobs": read("Jobs this token may run", "listJobs", "JobList", "jobs"),
+        "/v1/jobs/reload": {
+            "post": {
+                "summary": "Read this replica's jobs folder again (admin tokens only)",
+                "description": (
+                    "What `relay jobs reload` and `SIGHUP` do: the whole folder is read and "
+                    "checked first; if it loads, it replaces the jobs at once (a run already "
+                    "planned keeps its plan), the warm pools follow and open `/mcp` sessions "
+                    "are told; if not, nothing changes, the answer is `422 jobs_invalid` "
+                    "naming the file and the problem, and `/readyz` says it (`degraded`) until "
+                    "a reload succeeds. Each replica reloads its own folder: behind a balancer, "
+                    "call each one."
+                ),
+                "operationId": "reloadJobs",
+                "security": _AUTH,
+                "responses": {
+                    "200": _json("JobsReload", "the jobs now served, and what changed"),
+                    **_errors(400, 403),
+                    "422": _json(
+                        "ErrorBody",
+                        "error codes: jobs_invalid (the folder does not load: the message "
+                        "names the file and the problem; the last good jobs serve on)",
+                    ),
+                    **common,
+                },
+            }
+        },
         "/v1/usage": read(
             "This token's runs, sandbox seconds and spend today and this month",
             "getUsage",
