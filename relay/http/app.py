@@ -36,6 +36,7 @@ from relay.http.access_log import report
 from relay.http.app_state import AppState
 from relay.http.console_page import console_routes
 from relay.http.docs_page import docs_routes
+from relay.http.index_page import index_routes
 from relay.http.mcp_server import McpEndpoint
 from relay.http.mcp_sessions import own_origins
 from relay.http.metrics import Metrics
@@ -257,6 +258,7 @@ def create_app(
 
     app = Starlette(
         routes=[
+            *index_routes,
             *routes,
             *operator_routes,
             *docs_routes,

@@ -16,6 +16,7 @@ from relay.runs.models import (
     MAX_SEARCH_CHARS,
     ErrorBody,
     Health,
+    Index,
     JobList,
     JobsReload,
     OperatorHealth,
@@ -134,6 +135,7 @@ _SERIALIZED = (
     OperatorHealth,
     OutcomeReport,
     JobsReload,
+    Index,
 )
 """The answers' models, described as the relay writes them."""
 
@@ -453,6 +455,24 @@ def _reference_paths(common: dict[str, Any]) -> dict[str, Any]:
 def _operations_paths() -> dict[str, Any]:
     """What operators and machines read, without a run token: health, metrics, this."""
     return {
+        "/": {
+            "get": {
+                "summary": "Where to go from here: the docs, the console, health",
+                "description": "JSON, or a small page of links when `Accept` prefers HTML. "
+                "Nothing beyond what `/healthz` says: no version, no secret.",
+                "operationId": "index",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "links",
+                        "content": {
+                            "application/json": {"schema": _ref("Index")},
+                            "text/html": {"schema": {"type": "string"}},
+                        },
+                    }
+                },
+            }
+        },
         "/healthz": {
             "get": {
                 "summary": "Liveness",

@@ -369,6 +369,17 @@ class JobsReload(BaseModel):
     )
 
 
+class Index(BaseModel):
+    """``GET /``: where to go from here (no version, nothing secret)."""
+
+    name: Literal["relay"] = "relay"
+    docs: str = Field(description="The API reference (Swagger UI).")
+    openapi: str
+    console: str = Field(description="The operator console (an admin token).")
+    healthz: str
+    readyz: str
+
+
 class ProviderInfo(BaseModel):
     name: str
     enabled: bool
