@@ -140,6 +140,27 @@ _SERIALIZED = (
 """The answers' models, described as the relay writes them."""
 
 
+DESCRIPTION = """\
+An endpoint you own that runs **declared jobs** in short-lived sandboxes (local bubblewrap,
+E2B, Modal, Vercel, Daytona, Sprites…) and answers with JSON. The provider keys stay here.
+
+- **Auth**: `Authorization: Bearer <token>` on every `/v1` call (or the header the relay
+  names in `RELAY_AUTH_HEADER`). A token may run the jobs it lists; an admin token reads every
+  token's runs and reloads the jobs (`relay tokens new NAME --admin`).
+- **A run**: `POST /v1/runs` with `{"job": "echo", "params": {"message": "hi"}}` waits for the
+  run and answers it (`state`, `exit_code`, `stdout`, `stderr`, `error`); `wait: false` answers
+  `202` at once, to poll or follow (`GET /v1/runs/{run_id}/events`). A retry with the same
+  `Idempotency-Key` never starts a second sandbox.
+- **Errors**: `{"error": {"code", "message", "request_id"}}`, the `code` stable.
+- **Webhooks**: a run with a `callback_url` is POSTed there when it ends, signed as
+  [Standard Webhooks](https://www.standardwebhooks.com/) sign (see *Webhooks* below: `runFinished`).
+- **Also here**: [`/console`](/console) (the operator console, an admin token),
+  [`/healthz`](/healthz) and [`/readyz`](/readyz) (no token), `/metrics`, and `/mcp`
+  (the jobs as MCP tools, not described here).
+"""
+"""What ``/docs`` shows above the operations (Markdown)."""
+
+
 @cache
 def document() -> dict[str, Any]:
     """The whole document; cached, since it depends on code only."""
@@ -153,8 +174,9 @@ def document() -> dict[str, Any]:
     }
     return {
         "openapi": "3.1.0",
-        "info": {"title": "relay", "version": __version__},
+        "info": {"title": "relay", "version": __version__, "description": DESCRIPTION},
         "paths": paths,
+        "webhooks": {"runFinished": {"post": _run_finished()}},
         "components": {
             "schemas": _schemas(),
             "securitySchemes": {
@@ -336,6 +358,72 @@ def _run_events(common: dict[str, Any]) -> dict[str, Any]:
             **_errors(404),
             **_STORE_DOWN,
             **common,
+        },
+    }
+
+
+_WEBHOOK_HEADERS = [
+    {
+        "name": name,
+        "in": "header",
+        "required": required,
+        "description": text,
+        "schema": {"type": "string"},
+    }
+    for name, required, text in (
+        (
+            "webhook-id",
+            True,
+            "The delivery's id (`dlv_…`), the same on every attempt: dedupe on it.",
+        ),
+        ("webhook-timestamp", True, "When this attempt was signed, in Unix seconds."),
+        (
+            "webhook-signature",
+            True,
+            "`v1,<base64 HMAC-SHA256>` of `<webhook-id>.<webhook-timestamp>.<body>` (Standard "
+            "Webhooks), keyed with the token's webhook secret (else `RELAY_WEBHOOK_SECRET`): a "
+            "`whsec_` secret's base64-decoded bytes, any other secret's UTF-8 bytes. Any "
+            "Standard Webhooks library verifies it (`Webhook(secret).verify(body, headers)`); "
+            "refuse a timestamp more than 5 minutes off.",
+        ),
+        (
+            "Relay-Signature",
+            True,
+            "The relay's older signature of the same body: `t=<unix seconds>,v1=<hex HMAC-SHA256 "
+            'of "<t>.<body>">` keyed with the secret\'s UTF-8 bytes '
+            "(`relay.client.verify_signature` checks either).",
+        ),
+        ("Relay-Run-Id", True, "The run's id."),
+        ("Relay-Delivery-Id", True, "The same as `webhook-id`."),
+        ("Relay-Delivery-Attempt", True, "1 for the first attempt, then 2, 3…"),
+    )
+]
+
+
+def _run_finished() -> dict[str, Any]:
+    """The webhook: what a ``callback_url`` receives when its run ends."""
+    return {
+        "summary": "A run ended: its callback_url receives it, signed",
+        "description": (
+            "Sent once the run is final (`succeeded`, `failed`, `timed_out`, `canceled`, "
+            "`error` or `lost`), from the relay to the run's `callback_url`. The body is "
+            "exactly what `GET /v1/runs/{run_id}` answers at that moment (with `deliveries`). "
+            "Verify the signature over the raw body before parsing it. Any 2xx answer ends "
+            "the delivery; anything else (a redirect too), a timeout (`RELAY_WEBHOOK_TIMEOUT_S`) "
+            "or a connection error is retried after `RELAY_WEBHOOK_BACKOFF_S * 2^(attempt-1)`, "
+            "with jitter, up to `RELAY_WEBHOOK_MAX_ATTEMPTS` attempts. The answer's body is "
+            "never read."
+        ),
+        "operationId": "runFinished",
+        "security": [],
+        "parameters": _WEBHOOK_HEADERS,
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _ref("Run")}},
+        },
+        "responses": {
+            "2XX": {"description": "delivered: no further attempt"},
+            "default": {"description": "not delivered: retried later, until the attempts run out"},
         },
     }
 
