@@ -20,6 +20,7 @@ from relay.http.operator import operator_routes
 from relay.http.routes import routes
 from relay.providers.registry import PROVIDERS
 from relay.settings import Settings
+from relay.webhooks.dispatcher import signature_headers
 from testing.relay_server import RelayProcess
 from tests.conftest import REPO
 
@@ -89,6 +90,24 @@ def test_openapi_covers_every_route_and_error_code() -> None:
     for cls in ERROR_CLASSES:
         if cls.status >= 400 and cls.code != "internal":
             assert cls.code in described, cls.code
+
+
+def test_the_webhook_is_described_as_the_dispatcher_sends_it() -> None:
+    """``webhooks.runFinished`` names every header a delivery carries and the Run as its body,
+    and the document says what the relay is (``/docs`` shows both)."""
+    doc = document()
+    assert "declared jobs" in doc["info"]["description"]
+    finished = doc["webhooks"]["runFinished"]["post"]
+    documented = {parameter["name"] for parameter in finished["parameters"]}
+    sent = set(signature_headers("whsec_" + "A" * 43, "dlv_1", b"{}"))
+    sent |= {"Relay-Run-Id", "Relay-Delivery-Id", "Relay-Delivery-Attempt"}
+    assert documented == sent
+    assert {"webhook-id", "webhook-timestamp", "webhook-signature"} <= documented
+    body = finished["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/Run"}
+    dispatcher = (REPO / "relay" / "webhooks" / "dispatcher.py").read_text()
+    for header in sent - set(signature_headers("x", "dlv_1", b"{}")):
+        assert f'"{header}":' in dispatcher, header
 
 
 def test_the_readme_error_table_names_every_error_code() -> None:
