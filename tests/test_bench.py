@@ -24,7 +24,7 @@ def test_smoke_run_writes_every_section_and_every_request_succeeds(tmp_path: Pat
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=240,
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
