@@ -150,6 +150,7 @@ class Relay:
             grace_s=settings.grace_s,
             single_replica=store.is_sqlite,
             reap_interval_s=settings.reap_interval_s,
+            before_sweep=service.replay_spool,
         )
         webhooks = WebhookDispatcher(
             settings, store, secret_for=tokens.webhook_secret, events=events
@@ -173,11 +174,14 @@ class Relay:
         )
 
     async def start(self, *beside: Beside) -> None:
-        """Write this replica's first heartbeat, then start the background work beside
-        serving: the reaper (its first sweep at once: hundreds of orphans must not keep the
-        relay from answering), the warm pools' fill, the webhook dispatcher, the pruner.
-        ``beside`` is entered last, and closed right after the runs drain."""
+        """Write this replica's first heartbeat, replay the spool (the outcomes a relay
+        that stopped with the store down left: written, or held, before any reaper may mark
+        those runs lost), then start the background work beside serving: the reaper (its
+        first sweep at once: hundreds of orphans must not keep the relay from answering),
+        the warm pools' fill, the webhook dispatcher, the pruner. ``beside`` is entered
+        last, and closed right after the runs drain."""
         await self.store.heartbeat(self.instance_id)
+        await self.service.replay_spool()
         self._reaping = asyncio.create_task(self.reaper.run_forever(sweep_first=True))
         self.service.start()
         self._background += [

@@ -37,7 +37,12 @@ async def _create_forever(provider: LocalProvider, prefix: str, lane: int) -> No
         spec = SandboxSpec(f"run_{prefix}{lane}x{number}", "test", timeout_s=60, grace_s=5)
         async with provider.sandbox(spec) as box:
             await box.exec(
-                ["sleep", "30"], stdin=None, env={}, workdir=None, timeout_s=60, output=OutputSink(64)
+                ["sleep", "30"],
+                stdin=None,
+                env={},
+                workdir=None,
+                timeout_s=60,
+                output=OutputSink(64),
             )
 
 

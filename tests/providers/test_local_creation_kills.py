@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import secrets
+import signal
 import subprocess
 import sys
 import time

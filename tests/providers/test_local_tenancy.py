@@ -157,7 +157,12 @@ async def test_a_uid_a_stray_process_runs_as_is_held_back_and_the_relay_starts(
             for number in range(4):  # the range's next uid rotates: each is tried
                 async with provider.sandbox(SandboxSpec(f"run_u{number}", "test", 10)) as box:
                     result = await box.exec(
-                        ["true"], stdin=None, env={}, workdir=None, timeout_s=10, output=OutputSink(64)
+                        ["true"],
+                        stdin=None,
+                        env={},
+                        workdir=None,
+                        timeout_s=10,
+                        output=OutputSink(64),
                     )
                     assert result.exit_code == 0
                     assert isinstance(box, LocalSandbox) and box.uid is not None

@@ -41,14 +41,15 @@ to run a no-network job in it, while an explicit ``none`` is the operator's choi
 
 The modules: provider.py, the provider (isolation and limits found at startup, the egress
 check, a sandbox's life and terminate, the setup steps); sandbox.py, a sandbox (uploads,
-exec, the release of bwrap's child after the setup steps, the output pumps);
-invocation.py, the host command that starts a job (bubblewrap's options, rlimits, memfds,
-the setpriv wrapper and the tie to the relay); deathwatch.py, the process that outlives a
-relay killed outright to end the sandboxes it was releasing; root.py, the sandbox root and each sandbox's folder, lock and marked
-processes; spawn.py, which starts a sandbox's process without forking the relay;
-cgroups.py, a sandbox's memory, process and CPU limits; private_network.py, a sandbox's
-own network for its egress; uids.py, the host uid each sandbox of a root relay runs as;
-file_table.py, the sandboxes' share of the host's open-file table. They import only the
-provider contract and lifecycle (relay.providers.contract, relay.providers.lifecycle), the
-cancellation tools and the shared settings and errors.
+exec, the release of bwrap's child after the setup steps, the output pumps); invocation.py,
+the host command that starts a job (bubblewrap's options, rlimits, memfds, the setpriv
+wrapper and the tie to the relay); deathwatch.py, the process that outlives a relay killed
+outright to end the sandboxes it was releasing; root.py, the sandbox root and each
+sandbox's folder, lock and marked processes; spawn.py, which starts a sandbox's process
+without forking the relay; cgroups.py, a sandbox's memory, process and CPU limits;
+private_network.py, a sandbox's own network for its egress; uids.py, the host uid each
+sandbox of a root relay runs as; file_table.py, the sandboxes' share of the host's
+open-file table. They import only the provider contract and lifecycle
+(relay.providers.contract, relay.providers.lifecycle), the cancellation tools and the
+shared settings and errors.
 """

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import subprocess
+import weakref
 
 from relay.providers.contract import SANDBOX_MARKER
 
@@ -61,6 +62,7 @@ class Deathwatch:
         self._pipe: int | None = None
         self._owner: int | None = None  # the pid that started it: a forked child starts anew
         self._broken = False
+        self._finalizer: weakref.finalize[..., Deathwatch] | None = None
 
     def _started(self) -> int | None:
         """The pipe to this process's watcher, started now if need be."""
@@ -68,6 +70,8 @@ class Deathwatch:
             return self._pipe
         if self._owner is not None and self._owner != os.getpid():
             self._pipe, self._process = None, None  # the parent's: it watches the parent
+            if self._finalizer is not None:
+                self._finalizer.detach()
         read, write = os.pipe()  # neither end inherited by any other child of the relay
         try:
             self._process = subprocess.Popen(
@@ -86,6 +90,8 @@ class Deathwatch:
             os.close(read)
         os.set_blocking(write, False)  # a stuck watcher must never hold a run
         self._pipe, self._owner = write, os.getpid()
+        # A provider dropped without aclose (a test's) ends its watcher as aclose would.
+        self._finalizer = weakref.finalize(self, _end, write, self._process)
         return write
 
     def watch(self, pid: int, sandbox_id: str) -> None:
@@ -118,8 +124,13 @@ class Deathwatch:
         was terminated) and reap it."""
         if self._owner != os.getpid() or self._pipe is None:
             return
-        os.close(self._pipe)
         self._pipe = None
-        if self._process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(_CLOSE_TIMEOUT_S)
+        if self._finalizer is not None:
+            self._finalizer()
+
+
+def _end(pipe: int, process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        os.close(pipe)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(_CLOSE_TIMEOUT_S)
