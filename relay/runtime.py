@@ -14,7 +14,8 @@ pruner and the token-use writer; :meth:`Relay.start` begins their background wor
    and the dispatcher's client closes;
 4. the reaper stops, mid-sweep if it must (the next process's sweep does the rest);
 5. this replica's heartbeat row goes, so the others need not wait to judge it dead;
-6. the providers' clients close, then the store.
+6. the cleanup the providers do beside serving gets a few seconds to end (a terminate a
+   run's answer did not wait for), then their clients close, then the store.
 
 The HTTP app's lifespan is one ``async with Relay.open(...)`` (relay/http/app.py); the
 benchmarks enter it the same way. Nothing here knows HTTP: what the app adds (metrics, the
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from relay.auth import TokenStore
 from relay.errors import ConfigError
 from relay.providers.contract import Provider
+from relay.providers.lifecycle import SandboxProvider
 from relay.providers.registry import load_providers
 from relay.runs.catalog import Catalog
 from relay.runs.event_bus import EventBus
@@ -219,6 +221,10 @@ async def _stopped(task: asyncio.Task[None]) -> None:
 
 
 async def _close_providers(providers: Mapping[str, Provider]) -> None:
+    # First the cleanup no caller waited for (a sweep, a terminate past its wait), a few
+    # seconds at most; what is left of it is the next sweep's (relay/providers/aftercare.py).
+    aftercare = [p.aftercare for p in providers.values() if isinstance(p, SandboxProvider)]
+    await asyncio.gather(*(each.finish() for each in aftercare), return_exceptions=True)
     for provider in providers.values():
         with contextlib.suppress(Exception):
             await provider.aclose()

@@ -57,6 +57,11 @@ class FinalWrites:
         kept = self._unwritten.get(run_id)
         return kept.final if kept is not None else None
 
+    @property
+    def refused(self) -> int:
+        """Outcomes the store has refused and not taken since (``/readyz`` reads it)."""
+        return len(self._unwritten)
+
     def settled(self) -> dict[str, float]:
         """The runs the store still counts running though their outcome is known here,
         with what each cost (relay/store/limits.py takes them off)."""

@@ -325,6 +325,11 @@ class RunService:
     def active_runs(self) -> int:
         return len(self.runner.tasks())
 
+    @property
+    def refused_final_writes(self) -> int:
+        """Runs whose final write the store refuses now (relay/runs/final_writes.py)."""
+        return self.runner.finals.refused
+
     # -- starting and shutdown -----------------------------------------------------------
 
     def start(self) -> None:
