@@ -239,7 +239,11 @@ class Runner:
         try:
             final = await task.steps()
         except asyncio.CancelledError:
-            final = canceled(task.run, self._cancel_reason.get(run.id, "shutdown"))
+            reason = self._cancel_reason.get(run.id, "shutdown")
+            # Stopped by the relay's own shutdown after the job ended (during its
+            # terminate): the job's outcome stands, nobody asked to cancel it.
+            kept = task.outcome if reason == "shutdown" else {}
+            final = kept or canceled(task.run, reason)
             cancelled = True
         finally:
             # From here stop() leaves the task alone (the flag changes while this task
