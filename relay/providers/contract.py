@@ -159,6 +159,7 @@ class OutputSink:
         self.listener = listener
         self._kept: dict[StreamName, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         self._seen: dict[StreamName, int] = {"stdout": 0, "stderr": 0}
+        self._dropped: dict[StreamName, bool] = {"stdout": False, "stderr": False}
         self.first_output_at: float | None = None
 
     def write(self, stream: StreamName, data: bytes) -> None:
@@ -178,8 +179,13 @@ class OutputSink:
     def output(self, stream: StreamName) -> bytes:
         return bytes(self._kept[stream])
 
+    def mark_truncated(self, stream: StreamName) -> None:
+        """Record that output of ``stream`` was dropped before it reached the sink (a
+        provider's own cap, such as the Cloudflare job Worker's): :meth:`truncated` says so."""
+        self._dropped[stream] = True
+
     def truncated(self, stream: StreamName) -> bool:
-        return self._seen[stream] > self.limit
+        return self._seen[stream] > self.limit or self._dropped[stream]
 
     def text(self, stream: StreamName) -> str:
         return self.output(stream).decode("utf-8", errors="replace")

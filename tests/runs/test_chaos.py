@@ -15,6 +15,9 @@ import pytest
 from testing.chaos import fake_backend, run_many, run_schedule
 from testing.rigs import ON_FAKES
 
+# Hundreds of schedules.
+pytestmark = pytest.mark.slow
+
 SCHEDULES = 200
 
 
