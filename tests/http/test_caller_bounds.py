@@ -49,12 +49,16 @@ def silent_url() -> Iterator[str]:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["e2b", "cloudflare", "exedev"])
 def test_create_and_list_hanging_answer_504_at_the_create_timeout(
-    tmp_path: Path, silent_url: str
+    tmp_path: Path, silent_url: str, name: str
 ) -> None:
-    rig = RIGS["e2b"]
+    """Through each provider's own client (an SDK, or httpx for the Worker), against an
+    address that takes connections and never answers."""
+    rig = RIGS[name]
     settings = make_settings(
-        tmp_path, providers=["e2b"], create_timeout_s=2, **rig.keys, **rig.urls(silent_url)
+        tmp_path, providers=[name], create_timeout_s=2, **{**rig.keys, **rig.urls(silent_url)}
     )
     token = new_token(settings.tokens_file, "ops", command=True)
     with TestClient(create_app(settings)) as client:
@@ -108,6 +112,7 @@ async def test_a_hanging_terminate_does_not_hold_the_answer_and_the_sandbox_stil
         await store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 def test_readyz_fails_while_the_store_refuses_a_final_write(tmp_path: Path) -> None:
     """The relay's SQLite file on a disk with 64 KiB left: the heartbeat's one-row write

@@ -54,6 +54,7 @@ def _left(prefix: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
 def test_relays_killed_mid_creation_leave_no_sandbox_process(tmp_path: Path) -> None:
     prefix = secrets.token_hex(3)

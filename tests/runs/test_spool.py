@@ -106,6 +106,7 @@ async def test_outcomes_the_full_disk_refused_are_spooled_at_shutdown_and_replay
             assert list(spool.glob("run_*.json")) == []
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_an_outcome_survives_a_sigterm_with_postgresql_stopped_and_a_restart(
     tmp_path: Path,
