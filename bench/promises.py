@@ -8,11 +8,15 @@
 The schedules of testing/chaos.py (submits, cancels, provider faults, relay crashes against
 the real RunService, Reaper and SQLite store, with the in-memory provider world), plus the
 newer faults: the store refusing every write for a while (final writes, admissions and
-heartbeats fail, then it comes back), and a same-cluster sandbox the store does not know
-(another relay's, young). Three counts, each must be 0:
+heartbeats fail, then it comes back), a same-cluster sandbox the store does not know
+(another relay's, young), and a shutdown with the store down (the store refuses every write
+while jobs end and while the relay stops, as after a SIGTERM; a new relay on the same state
+directory then starts with the store back, replaying the spool before its reaper sweeps:
+issue 37). Three counts, each must be 0:
 
 - **sandboxes leaked**: alive at the provider once the schedule has ended and been swept;
-- **finished output lost**: runs whose job ended in a relay that did not crash, whose
+- **finished output lost**: runs whose job ended in a relay that did not crash (a relay
+  stopped with the store down did not crash: its outcomes must come through the spool), whose
   final row does not carry that job's output and exit code (a DELETE that reaches a run
   between its job's end and its final write records it canceled with its output but no
   exit code: counted apart);
@@ -55,6 +59,8 @@ class FlakyStore:
     def __init__(self, store: Store) -> None:
         self._store = store
         self.down = False
+        self.held = False
+        """Down until cleared, whatever an outage's end says (a shutdown with the store down)."""
         self.refused = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -63,7 +69,7 @@ class FlakyStore:
             return attribute
 
         async def write(*args: Any, **kwargs: Any) -> Any:
-            if self.down:
+            if self.down or self.held:
                 self.refused += 1
                 raise OperationalError("write", {}, Exception("database or disk is full"))
             return await attribute(*args, **kwargs)
@@ -138,6 +144,9 @@ class Counts:
     outages: int = 0
     refused_writes: int = 0
     foreign: int = 0
+    stops: int = 0
+    spooled: int = 0
+    finished_at_stop: int = 0
     leaked: list[str] = field(default_factory=list)
     output_lost: list[str] = field(default_factory=list)
     canceled_at_end: list[str] = field(default_factory=list)
@@ -155,6 +164,7 @@ async def play(seed: int, tmp: Path, steps: int = 30) -> Counts:
     relay = Relay(store, backend, tmp, {})  # type: ignore[arg-type]
     relays, crashed_at = [relay], {0: float("inf")}
     owner: dict[str, int] = {}
+    stopped: set[int] = set()
     foreign: set[str] = set()
     outages: set[asyncio.Task[None]] = set()
     await relay.reaper.sweep()
@@ -171,8 +181,9 @@ async def play(seed: int, tmp: Path, steps: int = 30) -> Counts:
                     "sweep",
                     "outage",
                     "foreign",
+                    "stop",
                 ],
-                [10, 2, 3, 2, 1, 4, 2, 2, 1],
+                [10, 2, 3, 2, 1, 4, 2, 2, 1, 1],
             )[0]
             if action == "submit":
                 request = RunRequest(
@@ -205,6 +216,21 @@ async def play(seed: int, tmp: Path, steps: int = 30) -> Counts:
             elif action == "outage":
                 counts.outages += 1
                 outages.add(asyncio.create_task(store.outage(rng.uniform(0.01, 0.2))))
+            elif action == "stop":
+                # SIGTERM with the store down: jobs end meanwhile, their final writes
+                # refused; the drain gives up and spools them; the next start replays.
+                counts.stops += 1
+                store.held = True
+                await asyncio.sleep(rng.uniform(0.02, 0.08))
+                await relay.service.shutdown()
+                stopped.add(len(relays) - 1)
+                store.held = False
+                relay = Relay(store, backend, tmp, {})  # type: ignore[arg-type]
+                relays.append(relay)
+                crashed_at[len(relays) - 1] = float("inf")
+                with contextlib.suppress(OperationalError):
+                    counts.spooled += len(await relay.service.replay_spool())
+                    await relay.reaper.sweep()
             elif action == "foreign":
                 spec = SandboxSpec(
                     run_id=f"run_other{seed}_{len(foreign)}", cluster="test", timeout_s=600
@@ -231,6 +257,10 @@ async def play(seed: int, tmp: Path, steps: int = 30) -> Counts:
         counts.refused_writes = store.refused
         await real.close()
     rows = await final_rows(tmp, sorted(owner))
+    counts.finished_at_stop = sum(
+        run_id in owner and owner[run_id] in stopped and crashed_at[owner[run_id]] == float("inf")
+        for run_id in backend.ledger.finished
+    )
     return _count(counts, backend, rows, owner, crashed_at, foreign)
 
 
@@ -292,6 +322,9 @@ def summarize(results: list[Counts], seconds: float) -> str:
             f"relay crashes: {total('crashes')}",
             f"store outages: {total('outages')} ({total('refused_writes')} writes refused), "
             f"foreign young sandboxes: {total('foreign')}",
+            f"shutdowns with the store down: {total('stops')} "
+            f"({total('spooled')} outcomes spooled and replayed; jobs finished in a relay "
+            f"so stopped: {total('finished_at_stop')})",
             f"jobs finished in a relay that did not crash: {total('finished')}",
             f"sandboxes leaked: {total('leaked')}",
             f"runs whose finished output was lost: {total('output_lost')}",
@@ -315,7 +348,8 @@ def write_section(results_md: Path, text: str, schedules: int) -> None:
         "## Fault promises (issue 18): no leak, no finished output lost, no healthy run killed",
         "",
         f"`python -m bench.promises {schedules} --write` (bench/promises.py): the seeded schedules "
-        "of testing/chaos.py plus store write outages and foreign young same-cluster sandboxes, "
+        "of testing/chaos.py plus store write outages, foreign young same-cluster sandboxes and "
+        "shutdowns with the store down (the spool, issue 37), "
         "against the real service, reaper and SQLite store with the in-memory provider world. "
         "The three counts must be 0.",
         "",

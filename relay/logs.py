@@ -39,6 +39,9 @@ FIELDS = (
     "duration_ms",
     "delivery_id",
     "attempt",
+    "exit_code",
+    "stdout_bytes",
+    "stderr_bytes",
     "traceback",
 )
 

@@ -19,7 +19,8 @@ warm pools follow.
    and the dispatcher's client closes;
 4. the reaper stops, mid-sweep if it must (the next process's sweep does the rest);
 5. this replica's heartbeat row goes, so the others need not wait to judge it dead;
-6. the providers' clients close, then the store.
+6. the cleanup the providers do beside serving gets a few seconds to end (a terminate a
+   run's answer did not wait for), then their clients close, then the store.
 
 The HTTP app's lifespan is one ``async with Relay.open(...)`` (relay/http/app.py); the
 benchmarks enter it the same way. Nothing here knows HTTP: what the app adds (metrics, the
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from relay.auth import TokenStore
 from relay.errors import ConfigError
 from relay.providers.contract import Provider
+from relay.providers.lifecycle import SandboxProvider
 from relay.providers.registry import load_providers
 from relay.runs.catalog import Catalog
 from relay.runs.event_bus import EventBus
@@ -158,6 +160,7 @@ class Relay:
             grace_s=settings.grace_s,
             single_replica=store.is_sqlite,
             reap_interval_s=settings.reap_interval_s,
+            before_sweep=service.replay_spool,
         )
         webhooks = WebhookDispatcher(
             settings, store, secret_for=tokens.webhook_secret, events=events
@@ -189,11 +192,14 @@ class Relay:
         return await self.jobs.reload()
 
     async def start(self, *beside: Beside) -> None:
-        """Write this replica's first heartbeat, then start the background work beside
-        serving: the reaper (its first sweep at once: hundreds of orphans must not keep the
-        relay from answering), the warm pools' fill, the webhook dispatcher, the pruner.
-        ``beside`` is entered last, and closed right after the runs drain."""
+        """Write this replica's first heartbeat, replay the spool (the outcomes a relay
+        that stopped with the store down left: written, or held, before any reaper may mark
+        those runs lost), then start the background work beside serving: the reaper (its
+        first sweep at once: hundreds of orphans must not keep the relay from answering),
+        the warm pools' fill, the webhook dispatcher, the pruner. ``beside`` is entered
+        last, and closed right after the runs drain."""
         await self.store.heartbeat(self.instance_id)
+        await self.service.replay_spool()
         self._reaping = asyncio.create_task(self.reaper.run_forever(sweep_first=True))
         self.service.start()
         self._background += [
@@ -234,6 +240,10 @@ async def _stopped(task: asyncio.Task[None]) -> None:
 
 
 async def _close_providers(providers: Mapping[str, Provider]) -> None:
+    # First the cleanup no caller waited for (a sweep, a terminate past its wait), a few
+    # seconds at most; what is left of it is the next sweep's (relay/providers/aftercare.py).
+    aftercare = [p.aftercare for p in providers.values() if isinstance(p, SandboxProvider)]
+    await asyncio.gather(*(each.finish() for each in aftercare), return_exceptions=True)
     for provider in providers.values():
         with contextlib.suppress(Exception):
             await provider.aclose()

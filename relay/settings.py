@@ -118,6 +118,9 @@ class Settings(BaseSettings):
     database_url: str = "sqlite:///relay.db"
     state_dir: Path | None = None
     """The relay's own folder (default: the SQLite file's, else the working directory)."""
+    spool_max_bytes: int = Field(16 * 1024 * 1024, ge=65_536)
+    """The bound of the spool (``spool`` in the state dir, relay/runs/spool.py): outcomes
+    the store could not take before the relay stopped; kept reserved on disk."""
 
     # Providers
     providers: Annotated[list[str], NoDecode] = ["local"]

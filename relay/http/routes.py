@@ -403,6 +403,12 @@ async def readiness(state: AppState) -> Health:
     if status == "ok" and not await state.store.can_write(state.service.instance_id):
         checks["store"] = "not writable"
         status = "unavailable"
+    # A store may take the heartbeat's one-row write and refuse a run's output (a disk
+    # with room for the one, not the other): a final write it refuses is one it cannot take.
+    refused = state.service.refused_final_writes
+    if status == "ok" and refused:
+        checks["store"] = f"refusing final writes ({refused} run(s) waiting)"
+        status = "unavailable"
     if not state.service.accepting:
         checks["relay"] = "draining"
         status = "unavailable"

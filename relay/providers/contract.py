@@ -16,7 +16,9 @@ provider by ``tests/contract``:
    :meth:`Provider.list_owned` finds it for the reaper;
 3. leaving :meth:`Provider.sandbox` terminates it on every exit path, shielded from
    cancellation; a failed terminate is logged and raised, never swallowed (the reaper
-   retries it);
+   retries it). The caller waits for it a bounded time: a terminate, or the sweep after a
+   failed create, still going then goes on beside serving, tracked, until it ends what it
+   must (relay/providers/aftercare.py);
 4. SDK exceptions become :class:`relay.errors.ProviderError` subclasses, without the
    provider's body, headers or keys;
 5. output goes through an :class:`OutputSink`, which keeps at most ``limit`` bytes per

@@ -3,9 +3,11 @@
 :class:`SandboxProvider` and :class:`ProviderSandbox` keep the provider contract
 (relay/providers/contract.py, the guarantees listed there) for every provider: the bounded
 create and the sweep after a failed one, the shielded terminate that never replaces the
-run's error, the bounded listing, :class:`relay.errors.SandboxLost` for a sandbox killed
-under a command, and every SDK exception mapped through the provider's :data:`ErrorTable`
-(the capability ``check`` is the planner's, run once before any sandbox exists). A provider
+run's error, the bounded listing, the caller's bounds kept (a sweep or a terminate still
+going when the answer is due goes on beside serving: relay/providers/aftercare.py),
+:class:`relay.errors.SandboxLost` for a sandbox killed under a command, and every SDK
+exception mapped through the provider's :data:`ErrorTable` (the capability ``check`` is
+the planner's, run once before any sandbox exists). A provider
 module is a driver: it supplies ``create``, ``destroy`` and ``list_tagged``, a sandbox
 class with ``write_files`` and ``run``, and its :data:`ErrorTable`. A job's environment
 takes one door: ``run``'s ``env``, passed with the command (a spec carries none to create).
@@ -13,6 +15,7 @@ takes one door: ``run``'s ``env``, passed with the command (a spec carries none 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
@@ -34,6 +37,7 @@ from relay.errors import (
     SandboxLost,
     ValidationFailed,
 )
+from relay.providers.aftercare import TERMINATE_WAIT_S, Aftercare
 from relay.providers.contract import (
     ExecResult,
     OutputSink,
@@ -158,10 +162,12 @@ class SandboxProvider(ABC, Generic[S]):
 
     :meth:`sandbox` creates (bounded by ``create_timeout_s``; after a failed or cancelled
     create it sweeps what the create may have left: :meth:`left_by_create`, by default the
-    sandboxes listed with the run's tag), yields, then
-    terminates shielded from any number of cancellations. A failed terminate is logged and
-    left to the reaper; it is raised only when nothing else went wrong, never in place of
-    the run's own error. Every SDK exception is mapped through :attr:`errors`.
+    sandboxes listed with the run's tag, within what is left of that bound, then beside
+    serving), yields, then terminates shielded from any number of cancellations, waiting
+    for the terminate at most :data:`~relay.providers.aftercare.TERMINATE_WAIT_S` (it goes
+    on beside serving). A failed terminate is logged and left to the reaper; it is raised
+    only when nothing else went wrong, never in place of the run's own error. Every SDK
+    exception is mapped through :attr:`errors`.
     """
 
     name: ClassVar[str]
@@ -228,6 +234,14 @@ class SandboxProvider(ABC, Generic[S]):
         except ProviderError:
             return False
 
+    @property
+    def aftercare(self) -> Aftercare:
+        """The cleanup this provider does beside serving (relay/providers/aftercare.py)."""
+        found: Aftercare | None = self.__dict__.get("_aftercare")
+        if found is None:
+            found = self.__dict__["_aftercare"] = Aftercare(self.name)
+        return found
+
     # -- the lifecycle ----------------------------------------------------------------------
 
     @asynccontextmanager
@@ -245,9 +259,21 @@ class SandboxProvider(ABC, Generic[S]):
             yield box
         except BaseException:
             with contextlib.suppress(ProviderError):  # logged; the run's error is the one
-                await shielded(self.terminate(box.id))
+                await shielded(self.ended(box.id))
             raise
-        await shielded(self.terminate(box.id))
+        await shielded(self.ended(box.id))
+
+    async def ended(self, sandbox_id: str) -> None:
+        """:meth:`terminate`, waited for at most
+        :data:`~relay.providers.aftercare.TERMINATE_WAIT_S`: a provider that does not answer
+        must not hold the run's answer. Still going then, it goes on beside serving (within
+        ``terminate_timeout_s``; its failure logged, the reaper retrying it)."""
+        ending = asyncio.ensure_future(self.terminate(sandbox_id))
+        done, _ = await asyncio.wait({ending}, timeout=TERMINATE_WAIT_S)
+        if done:
+            ending.result()  # its failure raised, as terminate's
+            return
+        self.aftercare.adopt(ending, f"terminating sandbox {sandbox_id}")
 
     async def created(self, spec: SandboxSpec) -> S:
         """Create a sandbox the caller terminates (:meth:`sandbox` and a warm pool use it):
@@ -262,7 +288,7 @@ class SandboxProvider(ABC, Generic[S]):
                 raise  # the request's own fault (a size, a path): nothing was created
             error: ProviderError | None = exc
             if self.may_have_created(exc):
-                await shielded(self._sweep(spec))
+                await shielded(self._swept(spec, called))
             raise
         except BaseException as exc:
             error = None
@@ -271,7 +297,7 @@ class SandboxProvider(ABC, Generic[S]):
             elif isinstance(exc, Exception):
                 error = self.mapped(exc, "creating the sandbox", in_sandbox=False)
             if error is None or self.may_have_created(error):
-                await shielded(self._sweep(spec))
+                await shielded(self._swept(spec, called))
             if error is None:
                 raise
             raise error from exc
@@ -297,6 +323,17 @@ class SandboxProvider(ABC, Generic[S]):
         with its run's tag. A provider whose sandbox is named by the relay before the create
         (Sprites) answers that name instead, so a listing it can't trust is not needed."""
         return [ref.sandbox_id for ref in await self.list_owned() if ref.run_id == spec.run_id]
+
+    async def _swept(self, spec: SandboxSpec, called: float) -> None:
+        """Sweep what a failed create left (:meth:`_sweep`), waited for within what is left
+        of the create's bound (``create_timeout_s`` from ``called``): the caller has its
+        answer by then, and the sweep goes on beside serving."""
+        sweep = self.aftercare.start(
+            self._sweep(spec), f"the sweep after run {spec.run_id}'s failed create"
+        )
+        left = called + self.create_timeout_s - time.monotonic()
+        if sweep is not None and left > 0:
+            await asyncio.wait({sweep}, timeout=left)
 
     async def _sweep(self, spec: SandboxSpec) -> None:
         """Terminate what a failed create left (:meth:`left_by_create`; bounded, best effort)."""

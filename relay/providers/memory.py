@@ -108,6 +108,10 @@ class MemoryFaults:
     """Each sandbox that starts a command is killed this long after."""
     upload_hang: bool = False
     """Uploads never answer (a provider that stopped answering after the create)."""
+    list_hang: bool = False
+    """Listings never answer."""
+    terminate_hang: bool = False
+    """Terminates never answer (the sandbox lives on)."""
 
 
 @dataclass
@@ -231,6 +235,11 @@ class MemoryWorld:
         box.lifetime_s = time.time() - box.created_at + lifetime_s
         box.expiry = asyncio.get_running_loop().call_later(lifetime_s, self.end, box_id, "lifetime")
 
+    async def stalled(self, call: str) -> None:
+        """A call the world does not answer until :meth:`reset` (then a 503)."""
+        await self._release.wait()
+        raise MemoryAPIError(503, f"{call} abandoned")
+
     def list(self, api_key: str, cluster: str) -> list[Box]:
         self._answer(api_key)
         return [box for box in self.boxes.values() if box.alive and box.cluster == cluster]
@@ -336,12 +345,16 @@ class MemoryProvider(SandboxProvider["MemorySandbox"]):
         return MemorySandbox(self, box.id)
 
     async def destroy(self, sandbox_id: str) -> None:
+        if self.world.faults.terminate_hang:
+            await self.world.stalled("terminate")
         self.world.destroy(self._api_key, self._client, sandbox_id)
 
     async def extend_lifetime(self, sandbox_id: str, lifetime_s: int) -> None:
         self.world.extend(self._api_key, sandbox_id, lifetime_s)
 
     async def list_tagged(self) -> list[SandboxRef]:
+        if self.world.faults.list_hang:
+            await self.world.stalled("list")
         return [
             SandboxRef(box.id, box.tags.get(TAG_RUN), datetime.fromtimestamp(box.created_at, UTC))
             for box in self.world.list(self._api_key, self.cluster)

@@ -37,6 +37,7 @@ Decided in the database with the other limits, so it holds across replicas; its 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from relay.auth import Principal
 from relay.errors import BudgetExceeded, RateLimited
@@ -46,8 +47,15 @@ from relay.store.limits import Admission, LimitReached, Standing, day_start
 DAY_S = 86_400
 
 
-def admission_for(principal: Principal, settings: Settings, now: float) -> Admission:
-    """The limits a run of ``principal`` submitted at ``now`` is admitted under."""
+def admission_for(
+    principal: Principal,
+    settings: Settings,
+    now: float,
+    settled: Mapping[str, float] | None = None,
+) -> Admission:
+    """The limits a run of ``principal`` submitted at ``now`` is admitted under;
+    ``settled``, the runs this replica knows ended (their cost) while the store still
+    counts them running (their final write has not landed: relay/runs/final_writes.py)."""
     return Admission(
         token_concurrent=principal.max_concurrent,
         global_concurrent=settings.max_concurrent,
@@ -55,6 +63,7 @@ def admission_for(principal: Principal, settings: Settings, now: float) -> Admis
         usd_per_day=principal.usd_per_day,
         now=now,
         token_share=fair_share(settings),
+        settled=dict(settled or {}),
     )
 
 

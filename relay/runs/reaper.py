@@ -118,8 +118,12 @@ class Reaper:
         reap_interval_s: float = 60.0,
         beats_before_judging: int = BEATS_BEFORE_JUDGING,
         clock: Callable[[], float] = time.time,
+        before_sweep: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.clock = clock
+        self.before_sweep = before_sweep
+        """Run before each sweep: the spool's replay (relay/runs/spool.py), so an outcome a
+        stopped relay on this machine spooled is held before its run could be judged lost."""
         self.reap_interval_s = reap_interval_s
         self.store = store
         self.providers = providers
@@ -245,6 +249,8 @@ class Reaper:
     async def sweep(self, *, dry_run: bool = False, judge_now: bool = False) -> SweepReport:
         """One sweep; ``judge_now``: every other replica counts as dead at once (an
         operator who knows none runs), not only after its missed heartbeats."""
+        if self.before_sweep is not None and not dry_run:
+            await self.before_sweep()
         async with self.store.sweep_lock() as got:
             if not got:
                 return SweepReport()

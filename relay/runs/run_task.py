@@ -65,6 +65,8 @@ class RunTask:
         self.watch = _Stopwatch()
         self.provenance: Provenance | None = None
         """Where the sandbox came from, once there is one."""
+        self.outcome: RunValues = {}
+        """The state the job ended in, once its command has ended (before the terminate)."""
 
     async def steps(self) -> RunValues:
         """Run the job in a sandbox, always terminated; the state it ended in. A failure
@@ -80,7 +82,7 @@ class RunTask:
                 record = self._mark_running(sandbox.id)
                 try:
                     assert self.run.started_at is not None
-                    final = await self._exec(sandbox, self.run.started_at)
+                    final = self.outcome = await self._exec(sandbox, self.run.started_at)
                 finally:
                     record.cancel()
                 terminate_started = time.monotonic()

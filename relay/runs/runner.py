@@ -1,16 +1,17 @@
 """The runs in flight: each admitted run in a task of its own, and its final write.
 
 The :class:`Runner` starts a run's task (its steps: relay/runs/run_task.py), writes its
-final state once, retrying while the store refuses, and keeps what this process knows of
-its runs in flight: which it holds (the reaper leaves those alone), their output so far,
-final states the store has not taken yet. The public side (submit, get, wait, cancel) is
+final state once (relay/runs/final_writes.py: retried while the store refuses, spooled at
+shutdown if it still does, relay/runs/spool.py), and keeps what this process knows of its
+runs in flight: which it holds (the reaper leaves those alone), their output so far, final
+states the store has not taken yet. At start it replays the spool an earlier relay left
+(:meth:`Runner.replay`). The public side (submit, get, wait, cancel) is
 relay/runs/service.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -18,20 +19,17 @@ from collections.abc import Mapping
 
 from relay.cancellation import shielded
 from relay.providers.contract import OutputSink, SandboxSource
-from relay.run_state import RunState, transition
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
+from relay.runs.final_writes import FinalWrites
 from relay.runs.planning import Plan
 from relay.runs.run_task import RunTask, canceled
+from relay.runs.spool import Spool, Spooled
 from relay.settings import Settings
-from relay.store.database import Store
+from relay.store.database import Store, is_store_failure
 from relay.store.records import RunRecord, RunValues
 
 log = logging.getLogger("relay.service")
-
-FINAL_WRITE_RETRY_S = (0.1, 5.0)
-"""A final write the store refused is tried again after the first figure, doubling up to
-the second, until it lands (the outcome waits in memory meanwhile)."""
 
 
 class _Done:
@@ -100,10 +98,12 @@ class Runner:
         # (or given up at shutdown). The reaper leaves them alone; any other active run
         # owned by this process is an orphan (its task died without a final write).
         self._held: set[str] = set()
-        # Final records the store has refused so far, kept until a retry lands.
-        self._unwritten: dict[str, RunRecord] = {}
+        self.spool = Spool(settings.state_directory() / "spool", settings.spool_max_bytes)
+        # Final writes, and the outcomes the store has refused so far (kept until it takes
+        # them, spooled at shutdown).
+        self.finals = FinalWrites(store)
+        self._replaying: set[asyncio.Task[None]] = set()  # spooled outcomes being written
         self._output: dict[str, OutputSink] = {}  # running runs' output so far, for a GET
-        self._closing = asyncio.Event()  # set at shutdown: final writes stop retrying
         # Set once the shutdown has closed what it could: a run still ending then (its
         # provider not answering the terminate) is no longer waited for.
         self.stopped = False
@@ -138,7 +138,12 @@ class Runner:
 
     def unwritten(self, run_id: str) -> RunRecord | None:
         """The run finished here whose final state the store has not taken yet."""
-        return self._unwritten.get(run_id)
+        return self.finals.unwritten(run_id)
+
+    def settled(self) -> dict[str, float]:
+        """The runs whose outcome is known here but not stored yet, with their cost: the
+        limits this replica enforces take them off what the store counts."""
+        return self.finals.settled()
 
     def output(self, run_id: str) -> OutputSink | None:
         """A running run's output so far."""
@@ -171,7 +176,15 @@ class Runner:
                 # Cancelled before its first step: its body, and the finally that writes
                 # the final state, never ran; no sandbox was made.
                 reason = self._cancel_reason.get(run_id, "shutdown")
-                run = await self.store.get_run(run_id)
+                try:
+                    run = await self.store.get_run(run_id)
+                except Exception as exc:
+                    if not is_store_failure(exc):
+                        raise
+                    # The store down at shutdown: its row stays as admitted, and the next
+                    # process's reaper records it lost (it never had a sandbox).
+                    log.warning("could not read a canceled run", extra={"run_id": run_id})
+                    continue
                 if run is not None:
                     # Final already (ended through another replica, or reaped): nothing
                     # to write; _finish finds it so and lets the run go.
@@ -186,12 +199,16 @@ class Runner:
             await asyncio.wait(tasks, timeout=drain_s)
         for run_id in list(self._tasks):
             self.stop(run_id, "shutdown")
-        # Final writes the store refuses get one more try each, then are given up: the
-        # next process's reaper records those runs lost.
-        self._closing.set()
+        # Final writes the store refuses get one more try each, then go to the spool,
+        # which the next start replays before its reaper marks anything lost.
+        self.finals.close()
         await self.closed(set(self._tasks))
-        if self._writes:
-            await asyncio.wait(set(self._writes), timeout=self.settings.create_timeout_s)
+        for pending in (self._writes, self._replaying):
+            if pending:
+                await asyncio.wait(set(pending), timeout=self.settings.create_timeout_s)
+        # On the loop's thread (no store write of this relay meanwhile). Twice at a SIGTERM
+        # (the server's drain, then the relay's end): spooled once.
+        self.finals.forget(self.spool.write(self.finals.pending()))
         # Runs still ending now (a terminate the provider does not answer) would hold their
         # `wait` callers until the server cancels them (a bare 500): they get the run as it
         # is, before the listener closes.
@@ -222,7 +239,11 @@ class Runner:
         try:
             final = await task.steps()
         except asyncio.CancelledError:
-            final = canceled(task.run, self._cancel_reason.get(run.id, "shutdown"))
+            reason = self._cancel_reason.get(run.id, "shutdown")
+            # Stopped by the relay's own shutdown after the job ended (during its
+            # terminate): the job's outcome stands, nobody asked to cancel it.
+            kept = task.outcome if reason == "shutdown" else {}
+            final = kept or canceled(task.run, reason)
             cancelled = True
         finally:
             # From here stop() leaves the task alone (the flag changes while this task
@@ -258,6 +279,44 @@ class Runner:
             log.info("run ended elsewhere; ending its sandbox", extra={"run_id": run_id})
             self.stop(run_id, "elsewhere")
 
+    # -- the spool an earlier relay left ------------------------------------------------
+
+    def prepare_spool(self) -> None:
+        """Keep the spool's room reserved on disk (relay/runs/spool.py)."""
+        self.spool.reserve()
+
+    async def replay(self) -> list[str]:
+        """Write the outcomes an earlier relay spooled (those not taken up already): held
+        from now on, so no reaper marks them lost; each tried once now, then, if the store
+        still refuses, as any final write (its file goes once the store has it). The run
+        ids taken up."""
+        adopted = await asyncio.to_thread(self.spool.load, self.finals.settled())
+        for spooled in adopted:
+            self._held.add(spooled.run.id)
+            self.finals.adopt(spooled)
+            log.info("replaying a spooled outcome", extra={"run_id": spooled.run.id})
+        tasks = [asyncio.create_task(self._replayed(spooled)) for spooled in adopted]
+        self._replaying.update(tasks)
+        for task in tasks:
+            task.add_done_callback(self._replaying.discard)
+        if tasks:  # most land at once; those the store refuses go on beside serving
+            await asyncio.wait(tasks, timeout=self.settings.create_timeout_s)
+        return [spooled.run.id for spooled in adopted]
+
+    async def _replayed(self, spooled: Spooled) -> None:
+        run_id = spooled.run.id
+        finished = await self.finals.write(spooled.run, spooled.values)
+        if finished is None:
+            return  # shutting down: it is spooled again
+        self.spool.remove(run_id)
+        self._held.discard(run_id)
+        if finished.state != spooled.values.get("state"):
+            log.warning(
+                "a spooled outcome was not written: the run had ended otherwise meanwhile",
+                extra={"run_id": run_id, "state": finished.state},
+            )
+        self.events.publish(RunEvent(run_id, "finished", state=finished.state, run=finished))
+
     async def _finish(
         self, run: RunRecord, final: RunValues, sink: OutputSink, timings: dict[str, int | bool]
     ) -> None:
@@ -292,77 +351,15 @@ class Runner:
             log.info("run finished", extra={"run_id": run_id, "state": finished.state})
 
     async def _write_final(self, run: RunRecord, values: RunValues) -> RunRecord | None:
-        """Store the final ``values``, trying again with backoff while the store refuses
-        (a full disk, a database restarting): the run is finished, its outcome must not
-        be lost. Meanwhile the outcome is kept in memory (a GET here reads it) and the run
-        stays held, so the reaper leaves it alone. Only a shutdown gives up (then the
-        reaper of the next process records the run ``lost``); None then."""
-        run_id = run.id
-        delay, longest = FINAL_WRITE_RETRY_S
-        while True:
-            try:
-                callback = run.callback_url is not None
-                if await self.store.finish_run(run_id, values, callback=callback):
-                    finished: RunRecord | None = run.changed(**values)
-                else:
-                    finished = await self._finish_contended(run_id, values)
-            except Exception as exc:
-                if self._closing.is_set():
-                    log.error(
-                        "writing the final state failed; shutting down, so giving up",
-                        extra={"run_id": run_id, "error_class": type(exc).__name__},
-                    )
-                    finished = None
-                    break
-                self._unwritten[run_id] = unwritten = run.changed(**values)
-                event = self._done.get(run_id)
-                if event is not None and event.run is None:
-                    # A caller held on ``wait`` gets the outcome now, not when the store
-                    # is back (or its wait runs out): the run is over either way.
-                    event.run = unwritten
-                    event.set()
-                log.warning(
-                    "writing the final state failed; trying again",
-                    extra={
-                        "run_id": run_id,
-                        "error_class": type(exc).__name__,
-                        "retry_in_s": delay,
-                    },
-                )
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._closing.wait()  # at shutdown: one last try at once
-                delay = min(delay * 2, longest)
-                continue
-            if run_id in self._unwritten:
-                del self._unwritten[run_id]
-                log.info("final state written after retrying", extra={"run_id": run_id})
-            break
-        self._unwritten.pop(run_id, None)
-        return finished
+        """Store the final ``values`` (relay/runs/final_writes.py). While the store refuses
+        them the run stays held, so the reaper leaves it alone, and a caller held on
+        ``wait`` gets the outcome at once, not when the store is back (or its wait runs
+        out): the run is over either way. None at shutdown, the outcome spooled."""
 
-    async def _finish_contended(self, run_id: str, values: RunValues) -> RunRecord | None:
-        """The run was made final elsewhere (then it stays as it is), or canceled through
-        another replica, which terminated the sandbox under us: then it reads canceled,
-        unless the job had succeeded anyway."""
-        run = await self.store.get_run(run_id)
-        if run is None or run.state.final:
-            return run
-        if values.get("state") != RunState.succeeded:
-            kept: RunValues = {"state": transition(run, RunState.canceled)}
-            for key in _KEPT_WHEN_CANCELED:
-                if key in values:
-                    kept[key] = values[key]  # type: ignore[literal-required]
-            values = kept
-        if await self.store.update_run(run_id, **values):
-            return run.changed(**values)
-        return await self.store.get_run(run_id)
+        def refused(final: RunRecord) -> None:
+            event = self._done.get(run.id)
+            if event is not None and event.run is None:
+                event.run = final
+                event.set()
 
-
-_KEPT_WHEN_CANCELED = (
-    *("sandbox_id", "started_at", "sandbox_s", "cost_usd"),
-    *("ended_at", "duration_ms", "timings"),
-    # Everything printed until the cancel stays with the run.
-    *("stdout", "stderr", "stdout_truncated", "stderr_truncated"),
-)
-"""What a run canceled through another replica keeps of what its task measured."""
+        return await self.finals.write(run, values, refused)

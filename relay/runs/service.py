@@ -141,7 +141,7 @@ class RunService:
             request=json.dumps(request.echo(), separators=(",", ":")),
         )
         self.runner.hold(run_id)  # before the row exists: a sweep now must not orphan it
-        admission = admission_for(principal, self.settings, now)
+        admission = admission_for(principal, self.settings, now, self.runner.settled())
         try:
             standing = await self.store.admit_run(run, admission)
         except DuplicateKey:
@@ -325,11 +325,24 @@ class RunService:
     def active_runs(self) -> int:
         return len(self.runner.tasks())
 
+    @property
+    def refused_final_writes(self) -> int:
+        """Runs whose final write the store refuses now (relay/runs/final_writes.py)."""
+        return self.runner.finals.refused
+
     # -- starting and shutdown -----------------------------------------------------------
 
     def start(self) -> None:
         """Start the background work the service owns (the warm pools' refill)."""
         self.pools.start()
+
+    async def replay_spool(self) -> builtins.list[str]:
+        """Write into the store the outcomes a relay that stopped with the store down
+        spooled (relay/runs/spool.py), before any reaper may mark those runs lost; then
+        keep the spool's room reserved. The run ids taken up."""
+        adopted = await self.runner.replay()
+        await asyncio.to_thread(self.runner.prepare_spool)
+        return adopted
 
     def begin_drain(self) -> None:
         """Stop accepting runs (SIGTERM); running ones get ``RELAY_DRAIN_S`` to finish."""

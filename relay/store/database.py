@@ -40,6 +40,7 @@ from sqlalchemy.ext.compiler import compiles
 
 from relay.errors import ConfigError, InvalidRequest
 from relay.run_state import ACTIVE, FINAL
+from relay.store.answering import StoreAnswer
 from relay.store.connection import database_url, sqlite_engine
 from relay.store.limits import Admission, DuplicateKey, Standing, check_limits
 from relay.store.records import RunRecord, RunValues
@@ -226,6 +227,8 @@ class Store:
         self._aside: sa.Engine | None = None  # SQLite file: long reads on their own connection
         self._write_checked: tuple[float, bool] | None = None  # (monotonic time, answer)
         self.sqlite_path: str | None = None
+        self.answer = StoreAnswer()
+        """Whether writes are refused now; who to tell the moment one is taken again."""
 
     @property
     def is_sqlite(self) -> bool:
@@ -262,7 +265,20 @@ class Store:
 
     async def write(self, work: Callable[[Connection], T]) -> T:
         """``work`` in one transaction that may write: committed if it returns, rolled back
-        if it raises (on SQLite, in the group commit of this turn of the loop)."""
+        if it raises (on SQLite, in the group commit of this turn of the loop). Each
+        outcome is told to :attr:`answer`."""
+        try:
+            result = await self._write(work)
+        except Exception as exc:
+            if is_store_failure(exc):
+                self.answer.failed()
+            else:  # the database answered (a limit, a duplicate key): it is back
+                self.answer.took()
+            raise
+        self.answer.took()
+        return result
+
+    async def _write(self, work: Callable[[Connection], T]) -> T:
         if self.commits is not None:
             return await self.commits.write(work)
         assert self.engine is not None

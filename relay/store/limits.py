@@ -3,7 +3,10 @@
 Per token: runs at once, runs a day, USD a day (the worst case of active runs counts, the
 measured cost of ended ones; both read from one ``token_days`` row, which triggers keep);
 per relay: runs at once, and a token without a limit of runs at once of its own holds at
-most its fair share of them (``token_share``, relay/runs/limits.py says why).
+most its fair share of them (``token_share``, relay/runs/limits.py says why). A run the
+admitting replica knows ended (``Admission.settled``: its final write has not landed yet,
+the store down a moment ago) counts as ended: not at once, and at its cost, not its
+reservation, so its slot is free the moment its outcome is known.
 ``Store.admit_run`` calls :func:`check_limits` between the idempotency check and the
 insert, under an advisory lock on PostgreSQL, so the limits hold across replicas, and
 raises :class:`LimitReached`; what the caller is told of it (the 429) is the run service's
@@ -12,7 +15,8 @@ raises :class:`LimitReached`; what the caller is told of it (the 429) is the run
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
@@ -39,6 +43,9 @@ class Admission:
     now: float
     token_share: int | None = None
     """Runs at once of a token with no ``token_concurrent``: its share of the relay's."""
+    settled: Mapping[str, float] = field(default_factory=dict)
+    """Runs the admitting replica knows ended, with their cost, though the store still
+    counts them active (their final write not landed yet): counted as ended."""
 
 
 @dataclass(frozen=True)
@@ -78,12 +85,44 @@ _TODAY = sa.select(
 ).where(token_days.c.token == sa.bindparam("token"), token_days.c.day == sa.bindparam("day"))
 
 
+@dataclass(frozen=True)
+class _Settled:
+    """What the store counts of the settled runs still active in it: runs in all, the
+    token's, and how much more than their cost their reservations count in its day."""
+
+    everyone: int = 0
+    mine: int = 0
+    usd_over: float = 0.0
+
+
+_SETTLED = sa.select(runs.c.id, runs.c.token, runs.c.created_at, runs.c.reserved_usd).where(
+    _active, runs.c.id.in_(sa.bindparam("ids", expanding=True))
+)
+
+
+def _settled(conn: Connection, run: RunRecord, admission: Admission) -> _Settled:
+    """Read only when the replica has settled runs (after a store outage): one query."""
+    if not admission.settled:
+        return _Settled()
+    rows = conn.execute(_SETTLED, {"ids": list(admission.settled)}).all()
+    mine = [row for row in rows if row.token == run.token]
+    today = day_number(run.created_at)
+    over = sum(
+        row.reserved_usd - admission.settled[row.id]
+        for row in mine
+        if day_number(row.created_at) == today
+    )
+    return _Settled(len(rows), len(mine), over)
+
+
 def check_limits(conn: Connection, run: RunRecord, admission: Admission) -> Standing:
     """Raise :class:`LimitReached` if inserting ``run`` would pass a limit; else the
     token's standing before ``run`` (for the RateLimit headers of the answer)."""
+    settled = _settled(conn, run, admission)
     everyone: int | None = None
     if admission.global_concurrent is not None:
         (everyone,) = fast_path.row(conn, _ACTIVE_ALL, {})
+        everyone -= settled.everyone
         if everyone >= admission.global_concurrent:
             frees_in = _frees_in(conn, None, admission.now)
             raise LimitReached("concurrency", admission.global_concurrent, frees_in)
@@ -91,21 +130,23 @@ def check_limits(conn: Connection, run: RunRecord, admission: Admission) -> Stan
     # Fewer runs in all than the share: this token cannot be at it (no second count).
     if share is not None and (everyone is None or everyone >= share):
         (count,) = fast_path.row(conn, _ACTIVE_MINE, {"token": run.token})
+        count -= settled.mine
         if count >= share:
             raise LimitReached("fair_share", share, _frees_in(conn, run.token, admission.now))
     standing = Standing()
     if admission.token_concurrent is not None:
         (count,) = fast_path.row(conn, _ACTIVE_MINE, {"token": run.token})
+        count -= settled.mine
         standing = Standing(active=count)
         if count >= admission.token_concurrent:
             frees_in = _frees_in(conn, run.token, admission.now)
-            daily = _today(conn, run, admission)
+            daily = _today(conn, run, admission, settled)
             standing = Standing(count, frees_in, *daily)
             raise LimitReached("concurrency", admission.token_concurrent, frees_in, standing)
     if admission.runs_per_day is None and admission.usd_per_day is None:
         return standing
     next_day = day_start(admission.now) + 86_400 - admission.now
-    runs_today, used = _today(conn, run, admission)
+    runs_today, used = _today(conn, run, admission, settled)
     standing = Standing(standing.active, None, runs_today, used)
     if admission.runs_per_day is not None and (runs_today or 0) >= admission.runs_per_day:
         raise LimitReached("runs_per_day", admission.runs_per_day, next_day, standing)
@@ -118,14 +159,14 @@ def check_limits(conn: Connection, run: RunRecord, admission: Admission) -> Stan
 
 
 def _today(
-    conn: Connection, run: RunRecord, admission: Admission
+    conn: Connection, run: RunRecord, admission: Admission, settled: _Settled
 ) -> tuple[int | None, float | None]:
     """The token's runs and USD of the day ``run`` is in (``None``: no daily limit)."""
     if admission.runs_per_day is None and admission.usd_per_day is None:
         return None, None
     today = {"token": run.token, "day": day_number(run.created_at)}
     count, used = fast_path.row(conn, _TODAY, today)
-    return int(count), float(used)
+    return int(count), float(used) - settled.usd_over
 
 
 RECENT_RUNS = 50

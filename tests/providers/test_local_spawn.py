@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from relay.cancellation import Deadline
-from relay.providers.contract import Egress, OutputSink, SandboxSpec
+from relay.providers.contract import SANDBOX_MARKER, Egress, OutputSink, SandboxSpec
 from relay.providers.local import spawn
 from relay.providers.local.invocation import HOST_ENV, base_rlimits, bwrap_works
 from relay.providers.local.provider import LocalProvider
@@ -76,13 +76,14 @@ def test_a_bwrap_sandbox_is_started_without_a_fork_of_the_relay(tmp_path: Path) 
     spec = SandboxSpec(run_id="run_spawn", cluster="test", timeout_s=5, egress=Egress(()))
     box = LocalSandbox(provider, "lcl-spawn", spec)
     box.uid = provider.uids.take() if provider.uids is not None else None  # as root
-    invocation = box.launch(["true"], "/workspace", 10, {"LD_PRELOAD": "/x.so"})
+    invocation = box.launch(["true"], "/workspace", 10, {"LD_PRELOAD": "/x.so"}, lifetime_s=10)
     invocation.close()
     if box.uid is not None:
         box.uid.release()
     assert invocation.setup is None  # no preexec_fn, so subprocess may vfork
     assert invocation.argv[0].endswith("prlimit") and "--args" in invocation.argv
-    assert invocation.env == HOST_ENV  # the job's variables never reach a host process
+    # The job's variables never reach a host process; the sandbox's marker does.
+    assert invocation.env == {**HOST_ENV, SANDBOX_MARKER: "lcl-spawn"}
     assert spawn.PIDFDS  # this kernel has pidfds, so the Popen path is the one in use
 
 
@@ -161,7 +162,7 @@ def test_an_invocation_never_closes_a_number_twice(tmp_path: Path) -> None:
         provider, "lcl-fds", SandboxSpec(run_id="run_fds", cluster="test", timeout_s=5)
     )
     box.uid = provider.uids.take() if provider.uids is not None else None  # as root
-    invocation = box.launch(["true"], "/workspace", 10, {})
+    invocation = box.launch(["true"], "/workspace", 10, {}, lifetime_s=10)
     if box.uid is not None:
         box.uid.release()
     invocation.close_child_ends()

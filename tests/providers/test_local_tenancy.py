@@ -17,6 +17,7 @@ from relay.providers.contract import OutputSink, Sandbox, SandboxSpec
 from relay.providers.local import file_table, uids
 from relay.providers.local.invocation import bwrap_works
 from relay.providers.local.provider import LocalProvider
+from relay.providers.local.sandbox import LocalSandbox
 from tests.conftest import make_settings
 
 needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
@@ -114,19 +115,69 @@ def test_a_range_given_to_users_as_subordinate_ids_is_refused(
         uids.check_free(uids.UidRange(730_000_000, 730_000_100))
 
 
-@needs_root
-def test_a_range_another_process_runs_in_is_refused() -> None:
+def _running_as(uid: int) -> subprocess.Popen[bytes]:
+    """A process running as ``uid`` (in no relay's sandbox group), once it does."""
     stranger = subprocess.Popen(
-        ["setpriv", "--reuid=730000200", "--regid=730000200", "--clear-groups", "sleep", "30"]
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "60"]
     )
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{stranger.pid}").stat().st_uid != uid:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return stranger
+
+
+@needs_root
+@needs_bwrap
+async def test_a_uid_a_stray_process_runs_as_is_held_back_and_the_relay_starts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A relay killed outright may leave a sandbox process running as its uid (cgroups off:
+    no group sweep finds it; or one that survived the sweep). The next relay used to refuse
+    to start ("uid N is used by process P, which is no relay's sandbox"), so a job could
+    stop every restart. It starts, says so in one line, and gives that uid to no sandbox
+    while the process lives; once it is gone, the uid is given again."""
+    first = 730_000_400
+    stranger = _running_as(first)
     try:
-        deadline = time.monotonic() + 5
-        while Path(f"/proc/{stranger.pid}").stat().st_uid != 730_000_200:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        with pytest.raises(ConfigError, match=rf"uid 730000200 is used by process {stranger.pid}"):
-            uids.check_free(uids.UidRange(730_000_150, 730_000_250))
-        uids.check_free(uids.UidRange(730_000_201, 730_000_250))
+        settings = make_settings(
+            tmp_path,
+            local_isolation="bwrap",
+            local_cgroups=False,
+            local_uids=(first, first + 1),
+            local_max_sandboxes=1,
+            pool_max=0,
+        )
+        with caplog.at_level(logging.WARNING, "relay.providers.local"):
+            provider = LocalProvider(settings)
+        [line] = [r.getMessage() for r in caplog.records if "RELAY_LOCAL_UIDS" in r.getMessage()]
+        assert f"({first})" in line and f"{stranger.pid} (sleep)" in line
+        try:
+            given = set()
+            for number in range(4):  # the range's next uid rotates: each is tried
+                async with provider.sandbox(SandboxSpec(f"run_u{number}", "test", 10)) as box:
+                    result = await box.exec(
+                        ["true"],
+                        stdin=None,
+                        env={},
+                        workdir=None,
+                        timeout_s=10,
+                        output=OutputSink(64),
+                    )
+                    assert result.exit_code == 0
+                    assert isinstance(box, LocalSandbox) and box.uid is not None
+                    given.add(box.uid.uid)
+                    with pytest.raises(ProviderRateLimited):  # not the stray's, even now
+                        provider.uids.take()  # type: ignore[union-attr]
+            assert given == {first + 1}
+            stranger.kill()
+            stranger.wait()
+            held = [provider.uids.take() for _ in range(2)]  # type: ignore[union-attr]
+            assert {uid.uid for uid in held} == {first, first + 1}
+            for uid in held:
+                uid.release()
+        finally:
+            await provider.aclose()
     finally:
         stranger.kill()
         stranger.wait()

@@ -205,6 +205,33 @@ async def test_a_run_still_ending_after_the_shutdown_answers_its_waiter(
     assert not any(box.alive for box in backend.world.boxes.values())
 
 
+async def test_a_job_that_ended_before_the_shutdown_keeps_its_outcome(
+    world: tuple[MemoryBackend, Store, Path],
+) -> None:
+    """The shutdown stops a run whose command has ended while its sandbox is being
+    terminated: the run is the job's outcome (it read canceled, its exit code lost)."""
+    backend, store, tmp = world
+    relay = Relay(store, backend, tmp, {})  # drain_s=0: shutdown stops runs at once
+    backend.world.faults.terminate_hang = True
+    run, _ = await relay.service.submit(
+        PRINCIPAL, RunRequest(command=["sh", "-c", "echo done; exit 3"], wait=False), None
+    )
+    for _ in range(100):  # the command has ended; the terminate does not answer
+        if any(c.ended for box in backend.world.boxes.values() for c in box.commands):
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    await relay.service.shutdown()
+    for _ in range(50):  # the terminate goes on past the shutdown's wait, then the write
+        final = await store.get_run(run.id)
+        if final is not None and final.state.final:
+            break
+        await asyncio.sleep(0.1)
+    backend.world.reset()
+    assert final is not None
+    assert (final.state, final.exit_code, final.stdout) == ("failed", 3, "done\n")
+
+
 async def test_an_upload_that_never_answers_ends_at_the_jobs_timeout(
     world: tuple[MemoryBackend, Store, Path],
 ) -> None:

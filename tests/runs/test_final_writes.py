@@ -235,3 +235,57 @@ def test_a_store_refusing_writes_is_503_store_unavailable_and_not_ready(
         assert client.get("/readyz").status_code == 200
         answer = client.post("/v1/runs", json=body, headers=headers)
         assert answer.status_code == 200 and answer.json()["state"] == "succeeded"
+
+
+async def test_a_burst_fired_as_get_shows_final_after_an_outage_is_admitted_in_full(
+    tmp_path: Path,
+) -> None:
+    """Issue 37, item 2. Four runs fill the relay (``RELAY_MAX_CONCURRENT=4``) and end while
+    the store refuses writes; a caller polling ``GET`` sees them final (from memory) once
+    the store is back, and fires four new runs at once. The old runs' final writes were
+    sleeping out their backoff (seconds), so the store still counted them running: 429s
+    although nothing ran. Now a run whose outcome is known here is not counted, and the
+    first write the store takes wakes the waiting final writes at once."""
+    settings = make_settings(tmp_path, local_isolation="bwrap", max_concurrent=4, token_share=1.0)
+    store = await Store.open(settings.database_url)
+    service = RunService(
+        settings, store, Catalog.load(REPO / "jobs"), {"local": LocalProvider(settings)}
+    )
+    assert store.commits is not None
+    driver = store.commits._driver
+    try:
+        old = []
+        for number in range(4):
+            request = RunRequest(command=["sh", "-c", f"sleep 0.5; echo old{number}"], wait=False)
+            old.append((await service.submit(PRINCIPAL, request, None))[0].id)
+        await asyncio.sleep(0.3)  # running, their `running` state stored
+        driver.execute("PRAGMA query_only = 1")
+        for _ in range(100):  # they end; their final writes are refused and back off
+            seen = [await service.get(PRINCIPAL, run_id) for run_id in old]
+            if all(run.state.final for run in seen):
+                break
+            await asyncio.sleep(0.1)
+        # Past 3 s of refusals the next try is 3 s away (0.1 s doubling).
+        await asyncio.sleep(3.3)
+        driver.execute("PRAGMA query_only = 0")
+        seen = [await service.get(PRINCIPAL, run_id) for run_id in old]
+        assert [run.state for run in seen] == ["succeeded"] * 4  # what a caller sees now
+        fired = time.monotonic()
+        burst = [
+            (await service.submit(PRINCIPAL, RunRequest(command=["true"], wait=False), None))[0]
+            for _ in range(4)
+        ]  # a 429 would raise here
+        stored: list[RunRecord | None] = []
+        while time.monotonic() - fired < 10:
+            stored = [await store.get_run(run_id) for run_id in old]
+            if all(run is not None and run.state.final for run in stored):
+                break
+            await asyncio.sleep(0.02)
+        landed_after_s = time.monotonic() - fired
+        assert landed_after_s < 1.0, f"the final writes landed {landed_after_s:.1f} s later"
+        assert [run.stdout if run else None for run in stored] == [f"old{n}\n" for n in range(4)]
+        for run in burst:
+            assert (await service.wait(run.id, 10)).state == "succeeded"
+    finally:
+        await service.shutdown()
+        await store.close()

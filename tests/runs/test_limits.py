@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,9 @@ from relay.runs.costs import CostModel
 from relay.runs.models import SIZES, RunRequest, Size
 from relay.runs.service import RunService
 from relay.store.database import Store
-from relay.store.limits import day_start
+from relay.store.limits import Admission, LimitReached, day_start
 from testing.relay_server import RelayProcess
+from testing.rows import run_row
 from tests.conftest import REPO, make_settings
 
 PROVIDER_CLASSES: dict[str, Any] = {
@@ -196,6 +197,34 @@ async def test_budget_reserves_the_worst_case_then_records_the_actual(rig: Rig) 
     assert today.usd == pytest.approx(sum(r.cost_usd for r in done))
     assert today.usd < 0.025  # the actual cost replaced the reservation; there is room now
     await rig.service.submit(principal, RunRequest(command=["true"], timeout_s=0.1), None)
+
+
+async def test_runs_this_replica_knows_ended_count_as_ended(database_url: str) -> None:
+    """Issue 37, item 2: a run whose final write has not landed (the store down a moment
+    ago) but whose outcome the admitting replica knows (``settled``, with its cost) holds
+    no slot and counts at its cost, not its reservation, in the same transaction, on both
+    engines; one the store has final already is not taken off twice."""
+    store = await Store.open(database_url)
+    try:
+        now = time.time()
+        for number in range(3):
+            await store.admit_run(run_row(f"run_busy{number}", reserved_usd=0.5))
+        limits = Admission(
+            token_concurrent=3, global_concurrent=3, runs_per_day=None, usd_per_day=1.2, now=now
+        )
+        with pytest.raises(LimitReached):
+            await store.admit_run(run_row("run_refused"), limits)
+        await store.update_run("run_busy2", state="succeeded", cost_usd=0.1)
+        settled = {"run_busy0": 0.05, "run_busy2": 0.1}  # busy2's write landed meanwhile
+        standing = await store.admit_run(
+            run_row("run_admitted", reserved_usd=0.5), replace(limits, settled=settled)
+        )
+        assert standing is not None
+        assert standing.active == 1  # busy1; busy0 ended here; busy2 ended in the store
+        # The day counts busy0 at its cost (0.05), busy1 reserved (0.5), busy2 (0.1).
+        assert standing.usd_today == pytest.approx(0.65)
+    finally:
+        await store.close()
 
 
 @pytest.mark.parametrize(

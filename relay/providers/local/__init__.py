@@ -5,13 +5,15 @@ a read-only view of the system (``/usr`` and a few harmless ``/etc`` files, neve
 relay's own folder, token file or ``.env``; its own accounts, ``/etc/hosts``, host name and
 memory total), new PID, user, IPC, UTS and network namespaces (the network is shared only
 for ``egress = ["*"]``), no capabilities, a host uid of its own when the relay is root
-(uids.py), and ``--die-with-parent``: if the relay dies, its sandboxes die with it, and when
-the command ends everything it spawned ends too.
+(uids.py), and the ties of invocation.py and deathwatch.py: if the relay dies, even while it
+creates them, its sandboxes die with it, and when the command ends everything it spawned
+ends too.
 
 Nothing of a request reaches the host:
 
-* every process the relay starts on the host (``prlimit``, ``bwrap``) gets a fixed
-  environment of the relay's making (``invocation.HOST_ENV``); the job's variables enter the
+* every process the relay starts on the host (``prlimit``, ``setpriv``, ``sh``, ``timeout``,
+  ``bwrap``) gets a fixed environment of the relay's making (``invocation.HOST_ENV`` and the
+  sandbox's marker); the job's variables enter the
   sandbox only, through ``--clearenv`` and ``--setenv``;
 * bwrap reads its options from a memfd (``--args FD``), so the sandbox's
   ``/proc/1/cmdline`` shows ``bwrap --args N …`` and never a host path;
@@ -39,13 +41,15 @@ to run a no-network job in it, while an explicit ``none`` is the operator's choi
 
 The modules: provider.py, the provider (isolation and limits found at startup, the egress
 check, a sandbox's life and terminate, the setup steps); sandbox.py, a sandbox (uploads,
-exec, the release of bwrap's child after the setup steps, the output pumps);
-invocation.py, the host command that starts a job (bubblewrap's options, rlimits, memfds,
-the setpriv wrapper); root.py, the sandbox root and each sandbox's folder, lock and marked
-processes; spawn.py, which starts a sandbox's process without forking the relay;
-cgroups.py, a sandbox's memory, process and CPU limits; private_network.py, a sandbox's
-own network for its egress; uids.py, the host uid each sandbox of a root relay runs as;
-file_table.py, the sandboxes' share of the host's open-file table. They import only the
-provider contract and lifecycle (relay.providers.contract, relay.providers.lifecycle), the
-cancellation tools and the shared settings and errors.
+exec, the release of bwrap's child after the setup steps, the output pumps); invocation.py,
+the host command that starts a job (bubblewrap's options, rlimits, memfds, the setpriv
+wrapper and the tie to the relay); deathwatch.py, the process that outlives a relay killed
+outright to end the sandboxes it was releasing; root.py, the sandbox root and each
+sandbox's folder, lock and marked processes; spawn.py, which starts a sandbox's process
+without forking the relay; cgroups.py, a sandbox's memory, process and CPU limits;
+private_network.py, a sandbox's own network for its egress; uids.py, the host uid each
+sandbox of a root relay runs as; file_table.py, the sandboxes' share of the host's
+open-file table. They import only the provider contract and lifecycle
+(relay.providers.contract, relay.providers.lifecycle), the cancellation tools and the
+shared settings and errors.
 """

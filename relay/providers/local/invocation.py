@@ -56,6 +56,8 @@ OWN_FILES = {
 """``/etc/passwd``, ``/etc/group`` and ``/etc/hosts`` inside a sandbox: the host's would
 name its users and its internal hosts."""
 _PR_SET_PDEATHSIG = 1
+UNTIED_EXIT = 125
+"""How a sandbox's first process ends when the relay died before it was tied to it."""
 MIB = 1024 * 1024
 WRITABLE = ("/workspace", "/tmp")  # noqa: S108
 """The sandbox's writable mounts (tmpfs), the only places uploads and workdirs may be."""
@@ -183,12 +185,22 @@ _RLIMITS = {
 }
 
 
-def child_setup(limits: Mapping[str, tuple[int, int]]) -> Callable[[], None]:
-    """Runs in the child before exec: die with the relay, and apply the rlimits."""
+def child_setup(
+    limits: Mapping[str, tuple[int, int]], death_signal: int = signal.SIGKILL
+) -> Callable[[], None]:
+    """Runs in the forked child before exec: tie it to the relay (``death_signal`` when the
+    relay dies), and apply the rlimits.
+
+    The tie holds only if the relay is still the parent once it is made: a relay killed
+    between the fork and the ``prctl`` has left the child to init already, whose death never
+    comes. So the child checks its parent after tying itself, and ends if it changed."""
+    relay = os.getpid()  # the relay's, read before the fork
 
     def setup() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
+        if os.getppid() != relay:
+            os._exit(UNTIED_EXIT)
         for name, limit in limits.items():
             resource.setrlimit(_RLIMITS[name], limit)
 
@@ -222,8 +234,12 @@ class Invocation:
     """fds already closed: a number closed twice may by then be another object's."""
 
     def child_fds(self) -> list[int]:
+        """What the child gets, under the same numbers: the memfds, the write end of the
+        info pipe, and both ends of the block pipe (the write end is bubblewrap's
+        ``--sync-fd``: held on the host side until the sandbox ends, the relay's death
+        never reads as a release; bubblewrap's PID 1 keeps it, the job never sees it)."""
         ends = [self.info[1]] if self.info else []
-        ends += [self.block[0]] if self.block else []
+        ends += list(self.block) if self.block else []
         return [fd for fd in (*self.fds, *ends) if fd not in self.closed]
 
     def _close(self, fd: int) -> None:
@@ -233,8 +249,12 @@ class Invocation:
                 os.close(fd)
 
     def close_child_ends(self) -> None:
+        """Close, once the child has them, the fds the relay itself does not use (it keeps
+        the info pipe's read end and the block pipe's write end)."""
+        kept = {self.block[1]} if self.block else set()
         for fd in self.child_fds():
-            self._close(fd)
+            if fd not in kept:
+                self._close(fd)
 
     def close(self) -> None:
         self.close_child_ends()
@@ -272,15 +292,35 @@ def find_setpriv() -> str:
     return setpriv
 
 
-def host_wrapper(setpriv: str, uid: int | None) -> list[str]:
-    """``setpriv`` before bubblewrap: ``--pdeathsig KILL`` ends the sandbox's host-side
-    processes with the relay, and a relay running as root switches to the sandbox's own
-    ``uid`` (relay/providers/local/uids.py), for bubblewrap maps the sandbox's user to the
-    user that starts it: an escape would otherwise be the host's root."""
-    wrapper = [setpriv, "--pdeathsig=KILL"]
+TIED = '[ "$PPID" = "$1" ] || exit 125; shift; exec "$@"'
+"""The POSIX shell line between ``setpriv`` and ``timeout``: go on only if the relay (its
+first argument) is still the parent, now that ``setpriv`` has tied this process to it."""
+
+
+def host_wrapper(
+    setpriv: str, uid: int | None, shell: str, timeout: str, lifetime_s: int
+) -> list[str]:
+    """What runs on the host in front of bubblewrap, one process exec'ing the next:
+
+    * ``setpriv --pdeathsig ALRM`` ties the process to the relay; a relay running as root
+      switches here to the sandbox's own ``uid`` (relay/providers/local/uids.py), for
+      bubblewrap maps the sandbox's user to the user that starts it: an escape would
+      otherwise be the host's root;
+    * ``sh`` checks that the relay is still the parent (:data:`TIED`): a relay killed
+      between the spawn and the tie left the process to init, whose death never comes,
+      and nothing may start then;
+    * ``timeout -s KILL`` keeps the sandbox's hard lifetime, and takes the tie's signal:
+      ``ALRM`` is what its own timer sends, so the relay's death reads as the lifetime
+      spent, and it kills bubblewrap and its whole process group (bubblewrap's child, the
+      sandbox's PID 1, is in it until the job is released; after that the deathwatch,
+      relay/providers/local/deathwatch.py, ends it). Killed outright, ``timeout`` would
+      leave bubblewrap to its own ``--die-with-parent``, which it sets only once it has
+      made its namespaces, and which its child sets only once released."""
+    wrapper = [setpriv, "--pdeathsig=ALRM"]
     if uid is not None:
         wrapper += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         wrapper += ["--inh-caps=-all", "--bounding-set=-all"]
     elif os.geteuid() == 0:
         raise ProviderError("a sandbox of a relay running as root needs a uid of its own")
-    return [*wrapper, "--"]
+    tie = [shell, "-c", TIED, "relay-sandbox", str(os.getpid())]
+    return [*wrapper, "--", *tie, timeout, "-s", "KILL", str(lifetime_s)]

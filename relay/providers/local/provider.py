@@ -26,6 +26,7 @@ from relay.errors import ConfigError, EgressUnsupported, ProviderError, Provider
 from relay.providers.contract import TAG_CLUSTER, TAG_RUN, Rate, SandboxRef, SandboxSpec
 from relay.providers.lifecycle import SandboxProvider
 from relay.providers.local import cgroups, file_table, private_network, uids
+from relay.providers.local.deathwatch import Deathwatch
 from relay.providers.local.invocation import (
     HOST_ENV,
     MIB,
@@ -101,6 +102,9 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         self.prlimit = shutil.which("prlimit", path=HOST_ENV["PATH"])
         self.setpriv = find_setpriv() if self.isolation == "bwrap" else "setpriv"
         self.timeout = shutil.which("timeout", path=HOST_ENV["PATH"]) or "timeout"
+        self.shell = shutil.which("sh", path=HOST_ENV["PATH"]) or "/bin/sh"
+        self.deathwatch = Deathwatch(self.shell, dict(HOST_ENV))
+        """Kills what a relay killed outright leaves of a sandbox being released."""
         self.root = sandbox_root(settings)
         check_root(self.root)
         self.max_sandboxes = min(settings.local_max_sandboxes, settings.max_concurrent)
@@ -348,6 +352,7 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         for held in self._held.values():
             held.release()
         self._held.clear()
+        self.deathwatch.close()
         if self.tree is not None:  # this root's folder of groups, when no relay uses it
             for parent in self.tree.parents.values():
                 with contextlib.suppress(OSError):

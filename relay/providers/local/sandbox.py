@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from ipaddress import IPv4Network
@@ -27,6 +28,7 @@ from relay.providers.contract import (
 )
 from relay.providers.lifecycle import ProviderSandbox, SandboxOwner
 from relay.providers.local import cgroups, private_network
+from relay.providers.local.deathwatch import Deathwatch
 from relay.providers.local.invocation import (
     BASE_ENV,
     HOST_ENV,
@@ -80,6 +82,10 @@ class ProviderView(SandboxOwner, Protocol):
     @property
     def setpriv(self) -> str: ...
     @property
+    def shell(self) -> str: ...
+    @property
+    def deathwatch(self) -> Deathwatch: ...
+    @property
     def setup_steps(self) -> Sequence[SetupStep]: ...
     def sizes(self, spec: SandboxSpec) -> tuple[int, int]: ...
     def start_command(self) -> None: ...
@@ -102,6 +108,8 @@ class LocalSandbox(ProviderSandbox):
         self.group: cgroups.SandboxGroup | None = None
         self.lock: int | None = None
         self.network: private_network.Attachment | None = None
+        self.watched: int | None = None
+        """The pid of the sandbox's PID 1 while the deathwatch has it (bubblewrap's child)."""
         self.uid: HeldUid | None = None
         """The host uid of a root relay's sandbox (relay/providers/local/uids.py)."""
         self.memory_mb, self.disk_mb = provider.sizes(spec)
@@ -170,30 +178,33 @@ class LocalSandbox(ProviderSandbox):
         workdir: str,
         cpu_s: int,
         env: Mapping[str, str],
-        lifetime_s: int | None = None,
+        lifetime_s: int,
     ) -> Invocation:
         """How to start ``argv`` in this sandbox (the caller spawns it and closes the fds).
 
-        With bubblewrap, ``prlimit`` sets the rlimits and bwrap's ``--die-with-parent``
-        ties the sandbox to the relay, so no Python runs in the child and the spawn can
-        use vfork: a ``preexec_fn`` forces a full fork of the relay, 5-10 ms for a relay
-        of ~100 MB, on every run. Without bubblewrap (or prlimit) the child setup does it.
+        With bubblewrap, ``prlimit`` sets the rlimits and the host wrapper ties the sandbox
+        to the relay (:func:`~relay.providers.local.invocation.host_wrapper`), so no Python
+        runs in the child and the spawn can use vfork: a ``preexec_fn`` forces a full fork
+        of the relay, 5-10 ms for a relay of ~100 MB, on every run. Without bubblewrap (or
+        prlimit) the child setup does it.
 
         ``lifetime_s`` is the sandbox's hard deadline, kept by ``timeout -s KILL`` on the
-        host side of bubblewrap (under ``setpriv --pdeathsig KILL``, so it also dies with
-        the relay): a job cannot see, stop or outlive it.
+        host side of bubblewrap (which the relay's death ends early): a job cannot see,
+        stop or outlive it. Every host-side process carries the sandbox's marker in its
+        environment, as the job does, so a sweep finds them all.
         """
         limits = self.provider.rlimits(cpu_s, self.memory_mb)
-        if lifetime_s is not None and self.provider.isolation == "none":
-            argv = ["timeout", "-s", "KILL", str(lifetime_s), *argv]
         if self.provider.isolation == "none":
+            # The tie's signal goes to `timeout`, which then kills its process group.
+            argv = ["timeout", "-s", "KILL", str(lifetime_s), *argv]
             job_env = {**BASE_ENV, **env, SANDBOX_MARKER: self.id, "HOME": str(self.home / "work")}
             cwd = str(self._host_path(".", workdir))
-            return Invocation(list(argv), job_env, cwd, child_setup(limits))
+            setup = child_setup(limits, signal.SIGALRM)
+            return Invocation(list(argv), job_env, cwd, setup)
         refuse_nul(list(argv), "command")
         refuse_nul([*env, *env.values()], "environment")
         options, fds = self._bwrap_args(workdir, env)
-        invocation = Invocation([], dict(HOST_ENV), fds=fds)
+        invocation = Invocation([], {**HOST_ENV, SANDBOX_MARKER: self.id}, fds=fds)
         try:
             args_fd = memfd("bwrap-args", b"".join(o.encode() + b"\0" for o in options))
             invocation.fds.append(args_fd)
@@ -202,11 +213,21 @@ class LocalSandbox(ProviderSandbox):
         except BaseException:
             invocation.close()
             raise
-        command = host_wrapper(self.provider.setpriv, self.uid.uid if self.uid else None)
-        if lifetime_s is not None:
-            command += [self.provider.timeout, "-s", "KILL", str(lifetime_s)]
+        command = host_wrapper(
+            self.provider.setpriv,
+            self.uid.uid if self.uid else None,
+            self.provider.shell,
+            self.provider.timeout,
+            lifetime_s,
+        )
         command += [self.provider.bwrap, "--args", str(args_fd)]
         command += ["--info-fd", str(invocation.info[1]), "--block-fd", str(invocation.block[0])]
+        # The release waits for the relay's byte, never for the pipe's end: the chain in
+        # front of bubblewrap holds the write end too, so a relay killed during the setup
+        # steps leaves the sandbox blocked, in `timeout`'s process group, which its death
+        # kills. (The end of file of a plain block pipe released the sandbox at once, and it
+        # left that group before `timeout` could act.)
+        command += ["--sync-fd", str(invocation.block[1])]
         command += ["--", *argv]
         if self.provider.prlimit is None:
             invocation.argv, invocation.setup = command, child_setup(limits)
@@ -227,6 +248,9 @@ class LocalSandbox(ProviderSandbox):
             return
         try:
             pid = int(str(info["child-pid"]))
+            # Before the release: a relay killed from here on leaves the sandbox to it.
+            self.provider.deathwatch.watch(pid, self.id)
+            self.watched = pid
             for step in self.provider.setup_steps:
                 await step(self, pid)
         except private_network.NetworkError as exc:
@@ -335,6 +359,9 @@ class LocalSandbox(ProviderSandbox):
         """Wait for the cancelled pumps, release the pipes, detach the private network."""
         await asyncio.gather(*pumps, return_exceptions=True)
         close_child(process)
+        if self.watched is not None:  # its PID 1 has exited (bubblewrap waits for it)
+            self.provider.deathwatch.forget(self.watched)
+            self.watched = None
         if self.network is not None:
             network, self.network = self.network, None
             await network.close()

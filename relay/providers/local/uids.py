@@ -13,7 +13,13 @@ A uid is held by binding an abstract unix socket named after it (``relay-uid-N``
 or refused at once, by every relay on this host whatever its sandbox root (the names
 belong to the network namespace, and no sandbox shares the relay's), and released when
 the relay closes it or dies; no file is left behind. :func:`check_free` refuses at startup a
-range that another process, an account or a subordinate range uses.
+range that an account, a group or a subordinate range uses (a configuration fault), and
+holds back the uids that running processes use outside any relay's sandbox: a leftover
+sandbox of a relay killed outright, a process that outlived the sweep of its groups, or
+another program. Such a uid is no reason to refuse the start (a job must not be able to
+stop every restart), but no sandbox gets it while any process still runs as it: taking a
+held-back uid looks again at the processes found with it (and, once they are gone, at the
+whole process table for that uid alone).
 
 A relay that is not root cannot switch uid: its sandboxes run as its own uid (the kernel
 lets an unprivileged user map only itself into a user namespace; mapping others takes the
@@ -33,7 +39,7 @@ import pwd
 import secrets
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +88,9 @@ class UidRange:
         self.size = last - first + 1
         # Where this relay starts looking: relays sharing a range rarely try the same uid.
         self._next = secrets.randbelow(self.size)
+        self.held_back: dict[int, set[int]] = {}
+        """Uids running processes use outside any relay's sandbox, with those processes'
+        pids (:func:`check_free`): none is taken while any process runs as it."""
 
     @property
     def last(self) -> int:
@@ -96,12 +105,28 @@ class UidRange:
         for _ in range(self.size):
             uid = self.first + self._next
             self._next = (self._next + 1) % self.size
+            if uid in self.held_back and self._still_used(uid):
+                continue
             lock = _hold(uid)
             if lock is not None:
                 return HeldUid(uid, lock)
         raise ProviderRateLimited(
             "every uid of the local provider's range is in use", retry_after=5.0
         )
+
+    def _still_used(self, uid: int) -> bool:
+        """Whether a held-back uid still has a process: those found with it first (a few
+        reads), then, once they are gone, every process (it may have started others)."""
+        known = self.held_back[uid]
+        if any(uid in _ids_of(pid) for pid in known):
+            return True
+        users = _users(lambda found: found == uid).get(uid, set())
+        if users:
+            self.held_back[uid] = users
+            return True
+        del self.held_back[uid]
+        log.info("local provider: uid %d is no longer used by any process; sandboxes get it", uid)
+        return False
 
 
 def _process_ids(status: str, fields: tuple[str, ...]) -> set[int]:
@@ -111,6 +136,15 @@ def _process_ids(status: str, fields: tuple[str, ...]) -> set[int]:
         if line.startswith(fields):
             found.update(int(value) for value in line.split()[1:])
     return found
+
+
+def _ids_of(pid: int) -> set[int]:
+    """The uids and gids of a live process (not a zombie), empty when it is gone."""
+    with contextlib.suppress(OSError, ValueError):
+        status = Path(f"/proc/{pid}/status").read_text()
+        if "\nState:\tZ" not in status and "\nState:\tX" not in status:
+            return _process_ids(status, ("Uid:", "Gid:"))
+    return set()
 
 
 def _processes(fields: tuple[str, ...] = ("Uid:", "Gid:")) -> Iterator[tuple[int, set[int]]]:
@@ -142,8 +176,9 @@ def _subordinate_overlap(uids: UidRange) -> str | None:
 
 
 def check_free(uids: UidRange) -> None:
-    """Refuse a range that an account, a group, a subordinate range or a running process
-    other than a relay's sandbox uses (``ConfigError``, one line)."""
+    """Refuse a range that an account, a group or a subordinate range uses
+    (``ConfigError``, one line); hold back (:attr:`UidRange.held_back`) the uids that
+    running processes other than a relay's sandboxes use, saying so in one line."""
     fix = "set RELAY_LOCAL_UIDS to a range nothing else on this host uses"
     for account in pwd.getpwall():
         if account.pw_uid in uids:
@@ -158,41 +193,54 @@ def check_free(uids: UidRange) -> None:
     overlap = _subordinate_overlap(uids)
     if overlap is not None:
         raise ConfigError(f"RELAY_LOCAL_UIDS overlaps a subordinate range ({overlap}); {fix}")
-    # A sandbox of a relay that just died is dying too (SIGKILLed with it): looked at
-    # again for a moment before it counts.
+    # A sandbox of a relay that just died is dying too (its ties kill it): looked at again
+    # for a moment before it counts.
     found = _foreign(uids)
     for _ in range(_SETTLE_ROUNDS):
-        if found is None:
+        if not found:
             return
         time.sleep(_SETTLE_S)
         found = _foreign(uids)
-    if found is None:
+    if not found:
         return
-    pid, uid = found
-    raise ConfigError(
-        f"RELAY_LOCAL_UIDS: uid {uid} is used by process {pid} ({_command(pid)}), which is "
-        f"no relay's sandbox; {fix}"
+    uids.held_back = found
+    pids = sorted(pid for users in found.values() for pid in users)
+    named = ", ".join(f"{pid} ({_command(pid)})" for pid in pids[:3])
+    log.warning(
+        "local provider: %d uid(s) of RELAY_LOCAL_UIDS (%s) run %d process(es) that are no "
+        "relay's sandbox, such as %s (a sandbox a killed relay left, or another program); "
+        "no sandbox gets those uids while any process runs as them",
+        len(found),
+        ", ".join(str(uid) for uid in sorted(found)[:3]) + (", …" if len(found) > 3 else ""),
+        len(pids),
+        named,
     )
 
 
-_SETTLE_ROUNDS, _SETTLE_S = 40, 0.05
+_SETTLE_ROUNDS, _SETTLE_S = 20, 0.05
 
 
-def _foreign(uids: UidRange) -> tuple[int, int] | None:
-    """A live process (not a zombie) running as a uid of ``uids`` that no relay holds."""
+def _users(wanted: Callable[[int], bool]) -> dict[int, set[int]]:
+    """The live processes (not zombies) running as each ``wanted`` uid, by uid."""
+    users: dict[int, set[int]] = {}
     for pid, ids in _processes():
-        for uid in sorted(ids):
-            if uid not in uids:
-                continue
-            lock = _hold(uid)
-            if lock is None:
-                continue  # a sandbox of a relay on this host (another replica, a probe)
+        matching = [uid for uid in ids if wanted(uid)]
+        if matching and _ids_of(pid):  # a zombie's status names its ids still
+            for uid in matching:
+                users.setdefault(uid, set()).add(pid)
+    return users
+
+
+def _foreign(uids: UidRange) -> dict[int, set[int]]:
+    """The processes running as a uid of ``uids`` that no relay holds, by uid."""
+    found = _users(lambda uid: uid in uids)
+    for uid in list(found):
+        lock = _hold(uid)
+        if lock is None:
+            del found[uid]  # a sandbox of a relay on this host (another replica, a probe)
+        else:
             lock.close()
-            with contextlib.suppress(OSError):
-                state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-                if state not in ("Z", "X"):
-                    return pid, uid
-    return None
+    return found
 
 
 def shared_own_uid() -> list[str]:
