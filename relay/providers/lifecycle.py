@@ -13,7 +13,9 @@ takes one door: ``run``'s ``env``, passed with the command (a spec carries none 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import logging
 import re
 import shlex
@@ -54,6 +56,14 @@ DOMAIN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}
 KILLED_EXIT_CODES: frozenset[int | None] = frozenset({137, -1, -9, None})
 """How a command killed with its sandbox reads (SIGKILL, a lost status, no status)."""
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+SWEEP_ASIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("sweep_aside", default=False)
+"""Set (by a route with another provider to try, relay/runs/route.py) where the sweep after
+a failed create may run beside what comes next instead of before it: the next attempt is
+on another provider, so the sweep cannot touch its sandbox, and what the sweep leaves, the
+reaper ends once the run is final (its sandboxes are tagged with the run)."""
+_ASIDE: set[asyncio.Task[None]] = set()
+"""Sweeps running aside, held until they end (a task nobody holds may be collected)."""
 
 
 def variables_file(env: Mapping[str, str]) -> bytes:
@@ -262,7 +272,7 @@ class SandboxProvider(ABC, Generic[S]):
                 raise  # the request's own fault (a size, a path): nothing was created
             error: ProviderError | None = exc
             if self.may_have_created(exc):
-                await shielded(self._sweep(spec))
+                await self._swept(spec)
             raise
         except BaseException as exc:
             error = None
@@ -271,7 +281,7 @@ class SandboxProvider(ABC, Generic[S]):
             elif isinstance(exc, Exception):
                 error = self.mapped(exc, "creating the sandbox", in_sandbox=False)
             if error is None or self.may_have_created(error):
-                await shielded(self._sweep(spec))
+                await self._swept(spec)
             if error is None:
                 raise
             raise error from exc
@@ -297,6 +307,15 @@ class SandboxProvider(ABC, Generic[S]):
         with its run's tag. A provider whose sandbox is named by the relay before the create
         (Sprites) answers that name instead, so a listing it can't trust is not needed."""
         return [ref.sandbox_id for ref in await self.list_owned() if ref.run_id == spec.run_id]
+
+    async def _swept(self, spec: SandboxSpec) -> None:
+        """Sweep what a failed create left: before going on, or aside (:data:`SWEEP_ASIDE`)."""
+        if not SWEEP_ASIDE.get():
+            await shielded(self._sweep(spec))
+            return
+        task = asyncio.ensure_future(self._sweep(spec))
+        _ASIDE.add(task)
+        task.add_done_callback(_ASIDE.discard)
 
     async def _sweep(self, spec: SandboxSpec) -> None:
         """Terminate what a failed create left (:meth:`left_by_create`; bounded, best effort)."""

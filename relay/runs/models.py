@@ -209,6 +209,21 @@ class ErrorInfo(BaseModel):
     )
 
 
+class RunAttempt(BaseModel):
+    """One provider a run was tried on: the one that ran it (``error`` null unless the run
+    ended in ``error`` there), and on a route of several, each before it that did not (a
+    create that failed, a sandbox lost before the command started, or during a job that is
+    ``retry = "safe"``)."""
+
+    provider: str
+    sandbox_id: str | None = Field(None, description="Its sandbox, if the create gave one.")
+    error: ErrorInfo | None = Field(None, description="Why this attempt did not run the job.")
+    create_ms: int | None = Field(
+        None, description="From the create call (or the warm pool's claim) to its answer."
+    )
+    ended_at: str | None = Field(None, description="When the attempt ended.")
+
+
 class DeliveryAttempt(BaseModel):
     """One POST of a webhook: the receiver's status code, or why there was none."""
 
@@ -272,6 +287,11 @@ class RunSummary(BaseModel):
     cost_usd: float = 0.0
     timings: Timings = Field(default_factory=Timings)
     error: ErrorInfo | None = None
+    attempts: list[RunAttempt] = Field(
+        default_factory=list,
+        description="Every provider the run was tried on, in order; the last one that got a "
+        "sandbox is `provider`/`sandbox_id` (a route's failover: README, Routing and failover).",
+    )
     deliveries: list[Delivery] = Field(
         default_factory=list, description="Webhook deliveries (runs with a `callback_url`)."
     )
@@ -305,6 +325,11 @@ class Run(BaseModel):
     cost_usd: float = 0.0
     timings: Timings = Field(default_factory=Timings)
     error: ErrorInfo | None = None
+    attempts: list[RunAttempt] = Field(
+        default_factory=list,
+        description="Every provider the run was tried on, in order; the last one that got a "
+        "sandbox is `provider`/`sandbox_id` (a route's failover: README, Routing and failover).",
+    )
     deliveries: list[Delivery] = Field(
         default_factory=list, description="Webhook deliveries (runs with a `callback_url`)."
     )

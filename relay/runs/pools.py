@@ -190,7 +190,9 @@ class Pools:
         self, job: JobSpec, providers: Mapping[str, Provider], costs: CostModel
     ) -> Pool | None:
         target = self.settings.pool_warm.get(job.name, job.warm)
-        name = job.provider if job.provider != "auto" else self.settings.providers[0]
+        # On the first provider of the job's route (a route claims a warm sandbox on any of
+        # its providers before a cold create anywhere: relay/runs/route.py).
+        name = (job.route_names or tuple(self.settings.default_route))[0]
         provider = providers.get(name)
         if target <= 0 or self.settings.pool_max <= 0:
             return None

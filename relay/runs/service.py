@@ -27,6 +27,7 @@ from relay.auth import Principal
 from relay.errors import Forbidden, IdempotencyConflict, NotFound, RunNotCancelable, ShuttingDown
 from relay.providers.contract import Provider
 from relay.run_state import RunState, transition
+from relay.runs.breakers import Breakers, Capacity
 from relay.runs.callback_urls import refuse_unsafe_callback
 from relay.runs.catalog import Catalog
 from relay.runs.costs import CostModel
@@ -35,6 +36,7 @@ from relay.runs.limits import admission_for, rate_limit_headers, refusal
 from relay.runs.models import RunRequest
 from relay.runs.planning import Planner, request_hash
 from relay.runs.pools import Pools
+from relay.runs.route import Routing
 from relay.runs.runner import Runner
 from relay.runs.sources import sources_for
 from relay.settings import Settings
@@ -89,7 +91,17 @@ class RunService:
             clock=clock,
         )
         self.sources = sources_for(self.providers, self.pools)
-        self.runner = Runner(settings, store, self.sources, self.events, self.costs)
+        self.breakers = Breakers(settings)
+        """Each provider's breaker on this replica (relay/runs/breakers.py)."""
+        routing = Routing(
+            self.providers,
+            self.pools,
+            self.breakers,
+            Capacity(),
+            self.events,
+            settings.create_budget_s,
+        )
+        self.runner = Runner(settings, store, self.sources, self.events, self.costs, routing)
         self._deliveries = Deliveries(store)
         self._reports = Reports(store)
         self._outcomes = Outcomes(store)
@@ -119,6 +131,14 @@ class RunService:
             await refuse_unsafe_callback(request.callback_url, self.settings)
         now = self.clock()
         cpu, memory_mb = plan.spec.resources.cpu, plan.spec.resources.memory_mb
+        # Reserved at the dearest provider of its route: whichever runs it, the token's
+        # budget holds (the final cost replaces the reservation).
+        reserved = max(
+            self.costs.cost(candidate.provider, cpu, memory_mb, plan.timeout_s)
+            for candidate in plan.route or [plan]
+        )
+        # Its sandbox may take every attempt's create budget to come (one: its create).
+        creating_s = self.settings.create_budget_s if len(plan.route) > 1 else None
         run = RunRecord(
             id=run_id,
             token=principal.name,
@@ -132,8 +152,8 @@ class RunService:
             cpu=cpu,
             memory_mb=memory_mb,
             created_at=now,
-            deadline=now + self.settings.create_timeout_s + plan.timeout_s,
-            reserved_usd=self.costs.cost(plan.provider, cpu, memory_mb, plan.timeout_s),
+            deadline=now + (creating_s or self.settings.create_timeout_s) + plan.timeout_s,
+            reserved_usd=reserved,
             owner=self.instance_id,
             stdout_bytes=0,
             stderr_bytes=0,
