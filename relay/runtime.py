@@ -150,6 +150,7 @@ class Relay:
             grace_s=settings.grace_s,
             single_replica=store.is_sqlite,
             reap_interval_s=settings.reap_interval_s,
+            beat=lambda: service.breakers.snapshot(providers),
         )
         webhooks = WebhookDispatcher(
             settings, store, secret_for=tokens.webhook_secret, events=events
@@ -177,7 +178,7 @@ class Relay:
         serving: the reaper (its first sweep at once: hundreds of orphans must not keep the
         relay from answering), the warm pools' fill, the webhook dispatcher, the pruner.
         ``beside`` is entered last, and closed right after the runs drain."""
-        await self.store.heartbeat(self.instance_id)
+        await self.store.heartbeat(self.instance_id, self.service.breakers.snapshot(self.providers))
         self._reaping = asyncio.create_task(self.reaper.run_forever(sweep_first=True))
         self.service.start()
         self._background += [

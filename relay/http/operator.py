@@ -26,8 +26,10 @@ from relay.http.routes import (
     token_limits,
 )
 from relay.run_state import RunState
+from relay.runs.breakers import Breakers
 from relay.runs.models import (
     MAX_OUTCOME_HOURS,
+    BreakerHealth,
     ErrorInfo,
     LastFailure,
     OperatorHealth,
@@ -127,6 +129,7 @@ async def operator_health(request: Request) -> Response:
             ProviderHealth(
                 name=name,
                 problem=problem() if callable(problem) else None,
+                breaker=breaker_health(state.service.breakers, name),
                 runs=runs,
                 errors=errors,
                 failed=failed,
@@ -208,6 +211,23 @@ def _outcome(group: GroupOutcome) -> Outcome:
         p95_ms=group.duration_ms.get(95),
         usd=round(group.usd, 6),
         last_failure=last_failure,
+    )
+
+
+def breaker_health(breakers: Breakers, name: str) -> BreakerHealth:
+    """``name``'s breaker on this replica, as ``/v1/health`` shows it."""
+    breaker = breakers.of(name)
+    opened_at = None
+    if breaker.opened_at is not None:  # the breakers' clock is monotonic
+        opened_at = _iso(time.time() - (breakers.clock() - breaker.opened_at))
+    return BreakerHealth(
+        state=breakers.state(name).value,
+        consecutive_failures=breaker.consecutive,
+        opened=breaker.opened,
+        opened_at=opened_at,
+        cooldown_left_s=round(breakers.cooldown_left(name), 1),
+        attempts=dict(breaker.attempts),
+        failovers=dict(breaker.failovers),
     )
 
 

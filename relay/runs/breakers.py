@@ -24,6 +24,7 @@ provider concurrency caps; today every provider can).
 from __future__ import annotations
 
 import collections
+import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -148,6 +149,17 @@ class Breakers:
         for name in names:
             self.of(name)
         return dict(self._breakers)
+
+    def snapshot(self, names: Iterable[str] = ()) -> str:
+        """Every breaker's state and failures in a row, as JSON: what the replica's
+        heartbeat carries for ``relay probe``."""
+        return json.dumps(
+            {
+                name: {"state": self.state(name).value, "consecutive_failures": b.consecutive}
+                for name, b in sorted(self.known(names).items())
+            },
+            separators=(",", ":"),
+        )
 
     def _cooled(self, breaker: Breaker) -> bool:
         return breaker.opened_at is not None and (

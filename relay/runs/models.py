@@ -462,9 +462,32 @@ class SpendReport(BaseModel):
     tokens: list[TokenSpend]
 
 
+class BreakerHealth(BaseModel):
+    """A provider's breaker on this replica (README: Routing and failover)."""
+
+    state: Literal["closed", "half_open", "open"] = Field(
+        description="closed: routes try it; open: routes skip it without an attempt; "
+        "half_open: past the cool-down, the next run tries it once."
+    )
+    consecutive_failures: int = Field(description="Failed creates in a row.")
+    opened: int = Field(description="Times it opened on this replica.")
+    opened_at: str | None = Field(None, description="When it last opened.")
+    cooldown_left_s: float = Field(0.0, description="Until one run may try it again.")
+    attempts: dict[str, int] = Field(
+        default_factory=dict,
+        description="Attempts of routes on it by outcome: `ok`, or the error code.",
+    )
+    failovers: dict[str, int] = Field(
+        default_factory=dict, description="Runs that moved on from it, by the error code."
+    )
+
+
 class ProviderHealth(BaseModel):
     name: str
     problem: str | None = Field(None, description="Why the provider cannot serve, if so.")
+    breaker: BreakerHealth | None = Field(
+        None, description="Its breaker on the replica that answered (routes of several only)."
+    )
     runs: int = Field(description="Runs on it in the last 24 hours.")
     errors: int = Field(description="Of those, runs that ended in `error` or `lost`.")
     failed: int = Field(

@@ -118,8 +118,11 @@ class Reaper:
         reap_interval_s: float = 60.0,
         beats_before_judging: int = BEATS_BEFORE_JUDGING,
         clock: Callable[[], float] = time.time,
+        beat: Callable[[], str] | None = None,
     ) -> None:
         self.clock = clock
+        self.beat = beat
+        """What each heartbeat carries besides the time (the replica's breakers, as JSON)."""
         self.reap_interval_s = reap_interval_s
         self.store = store
         self.providers = providers
@@ -408,7 +411,7 @@ class Reaper:
         next_sweep = time.monotonic() + (0 if sweep_first else self.reap_interval_s)
         while True:
             try:
-                await self.store.heartbeat(self.instance_id)
+                await self.store.heartbeat(self.instance_id, self.beat() if self.beat else None)
                 self.beats += 1
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + self.reap_interval_s

@@ -388,12 +388,18 @@ class Store:
 
     # -- replicas ----------------------------------------------------------------------
 
-    async def heartbeat(self, replica_id: str) -> None:
+    async def heartbeat(self, replica_id: str, breakers: str | None = None) -> None:
+        """This replica is alive now; ``breakers``, its providers' breakers as JSON
+        (relay/runs/breakers.py), is kept with it for ``relay probe``."""
+
         def work(conn: Connection) -> None:
             now = time.time()
-            query = replicas.update().where(replicas.c.id == replica_id).values(seen_at=now)
+            beat: dict[str, object] = {"seen_at": now}
+            if breakers is not None:
+                beat["breakers"] = breakers
+            query = replicas.update().where(replicas.c.id == replica_id).values(**beat)
             if not conn.execute(query).rowcount:
-                conn.execute(replicas.insert().values(id=replica_id, started_at=now, seen_at=now))
+                conn.execute(replicas.insert().values(id=replica_id, started_at=now, **beat))
 
         await self.write(work)
 
