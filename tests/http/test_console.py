@@ -465,7 +465,7 @@ def test_a_run_page_shows_its_deliveries_and_counts_a_running_run_live(
         attempt = page.locator("#attempts tbody tr[data-provider='local']")
         expect(attempt).to_have_count(1)
         expect(attempt.locator("td").nth(2)).to_have_text(run["sandbox_id"])
-        expect(attempt.locator("td").nth(5)).to_have_text("–")
+        expect(attempt.locator("td").nth(5)).to_have_text("\u2013")  # an en dash: no error
     page.goto(relay.url + f"/console/runs/{run['id']}")
     _docs_picture(page, "console-run.png")
     assert page.problems == []
