@@ -49,7 +49,9 @@ def delivery_model(delivery: DeliveryRecord) -> Delivery:
     )
 
 
-def _attempts(run: RunRecord, error: ErrorInfo | None, timings: Timings) -> list[RunAttempt]:
+def _attempts(
+    run: RunRecord, error: ErrorInfo | None, timings: Timings, ended_at: str | None
+) -> list[RunAttempt]:
     """The run's attempts: those stored (a route's, or a create that failed), and the one
     holding its sandbox when the stored ones do not name it (the first attempt ran it, or
     the run is still running, or the reaper ended it)."""
@@ -66,12 +68,13 @@ def _attempts(run: RunRecord, error: ErrorInfo | None, timings: Timings) -> list
     if run.sandbox_id is None or any(each.sandbox_id == run.sandbox_id for each in tried):
         return tried
     ended = run.state in (RunState.error, RunState.lost)
-    holding = RunAttempt(
+    # Built from checked values, without validating them again: every answer has one.
+    holding = RunAttempt.model_construct(
         provider=run.provider,
         sandbox_id=run.sandbox_id,
         error=error if ended else None,
         create_ms=timings.create_ms if not tried else None,
-        ended_at=_iso(run.ended_at),
+        ended_at=ended_at,
     )
     return [*tried, holding]
 
@@ -86,6 +89,7 @@ def _run_fields(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None) -> 
             retry_after_s=run.error_retry_after_s,
         )
     timings = Timings(**json.loads(run.timings or "{}"))
+    ended_at = _iso(run.ended_at)
     return {
         "id": run.id,
         "token": run.token,
@@ -99,12 +103,12 @@ def _run_fields(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None) -> 
         "timeout_s": run.timeout_s,
         "created_at": _iso(run.created_at) or "",
         "started_at": _iso(run.started_at),
-        "ended_at": _iso(run.ended_at),
+        "ended_at": ended_at,
         "duration_ms": run.duration_ms,
         "cost_usd": run.cost_usd or 0.0,
         "timings": timings,
         "error": error,
-        "attempts": _attempts(run, error, timings),
+        "attempts": _attempts(run, error, timings, ended_at),
         "deliveries": [delivery_model(delivery) for delivery in deliveries or []],
     }
 

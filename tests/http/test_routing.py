@@ -19,6 +19,7 @@ import pytest
 from testing.relay_server import RelayProcess
 from testing.rigs import RIGS
 from testing.rigs.rig import Rig
+from tests.http.test_mcp import connect, text
 
 CREATE_TIMEOUT_S = 3
 MAX_WAIT_S = 1.5
@@ -63,6 +64,31 @@ def _codes(run: dict[str, Any]) -> list[tuple[str, str | None]]:
     return [(a["provider"], (a["error"] or {}).get("code")) for a in run["attempts"]]
 
 
+async def test_an_mcp_call_is_told_of_a_failover_as_progress(
+    relay: tuple[RelayProcess, Rig, Rig],
+) -> None:
+    server, e2b, _ = relay
+    seen: list[str | None] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        seen.append(message)
+
+    e2b.faults.create_status = 500
+    try:
+        async with connect(server, server.tokens["ops"]) as client:
+            result = await client.call_tool(
+                "run_command", {"command": ["sh", "-c", "echo moved"]}, progress_callback=progress
+            )
+    finally:
+        e2b.reset()
+    assert not result.is_error and text(result) == "moved\n"
+    assert seen[0] == "e2b: unavailable while creating the sandbox; trying vercel"
+    assert "moved\n" in seen
+    # E2B works again: one run there closes the count of its failures in a row.
+    again = server.post(server.tokens["ops"], {"command": ["true"]})
+    assert _codes(again.json()) == [("e2b", None)]
+
+
 def test_a_hanging_provider_is_failed_over_then_skipped_by_its_open_breaker(
     relay: tuple[RelayProcess, Rig, Rig],
 ) -> None:
@@ -97,7 +123,7 @@ def test_a_hanging_provider_is_failed_over_then_skipped_by_its_open_breaker(
     health = server.get(ops, "/v1/health").json()
     breakers = {p["name"]: p["breaker"] for p in health["providers"]}
     assert breakers["e2b"]["state"] == "open" and breakers["e2b"]["consecutive_failures"] == 2
-    assert breakers["e2b"]["failovers"] == {"provider_timeout": 2}
+    assert breakers["e2b"]["failovers"]["provider_timeout"] == 2
     assert breakers["vercel"]["state"] == "closed"
     metrics = httpx.get(server.url + "/metrics", timeout=10).text
     assert 'relay_provider_breaker_state{provider="e2b"} 2.0' in metrics
