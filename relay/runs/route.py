@@ -279,6 +279,9 @@ class RouteSandbox:
             if isinstance(exc, RelayError):
                 self.attempts.append(_attempt(name, None, exc, began))
                 exc.details[ATTEMPTS] = tuple(self.attempts)
+            else:  # the run ended meanwhile (its deadline, a cancel, a shutdown)
+                ended = _attempt(name, None, RelayError(ENDED_MEANWHILE), began)
+                self.attempts.append(dataclasses.replace(ended, error_code="canceled"))
             raise
         finally:
             SWEEP_ASIDE.reset(aside)
@@ -397,6 +400,9 @@ def _attempt(name: str, sandbox_id: str | None, error: RelayError, began: float)
         billed_s=round(spent, 3),
     )
 
+
+ENDED_MEANWHILE = "the run ended (its deadline, or a cancel) during this create"
+"""An attempt's error (code ``canceled``) when its run ended while its create was under way."""
 
 _PHRASES = {
     "provider_unavailable": "unavailable",

@@ -104,6 +104,9 @@ class RunTask:
         provenance = sandbox.provenance
         self.provenance, self.failed = provenance, provenance.attempts
         self.watch.sandbox_started = provenance.billed_from
+        # Its last sandbox failed too (the run's deadline came during a route's next
+        # attempt): every attempt is on the record, and the cost is theirs.
+        self.exhausted = any(tried.sandbox_id == sandbox.id for tried in provenance.attempts)
         if sandbox.id != self.run.sandbox_id or provenance.provider != self.run.provider:
             self.run = self.run.changed(sandbox_id=sandbox.id, provider=provenance.provider)
 

@@ -42,7 +42,7 @@ JOB = """
 command = ["sh", "-c", "{script}"]
 providers = {providers}
 timeout_s = 10
-allow = ["files"]
+allow = ["files", "timeout_s"]
 {extra}
 """
 COOLDOWN_S = 0.5
@@ -170,6 +170,23 @@ async def test_a_create_that_fails_moves_the_run_to_the_next_provider(
         assert run.cost_usd >= 0 and run.sandbox_s > 0
 
 
+async def test_a_routed_run_reserves_at_its_dearest_provider_and_costs_what_each_attempt_billed(
+    tmp_path: Path,
+) -> None:
+    rates = {"e2b": {"vcpu_s": 1.0, "gib_s": 0.0}, "memory": {"vcpu_s": 0.001, "gib_s": 0.0}}
+    async with routed(tmp_path, cost_rates=rates) as routing:
+        routing.rig.faults.create_status = 500
+        run = await routing.run()
+    assert _attempts(run) == [("e2b", "provider_unavailable"), ("memory", None)]
+    assert run.reserved_usd == 10.0  # the job's 10 s at E2B's rate: the dearest of the two
+    first = run_model(run).attempts[0]
+    assert first.create_ms is not None
+    e2b_cost = first.create_ms / 1000 * 1.0
+    # E2B's failed create at its rate, then memory's sandbox at memory's: a sum of both.
+    assert e2b_cost <= run.cost_usd < e2b_cost + 0.01 + run.sandbox_s * 0.001
+    assert run.sandbox_s >= first.create_ms / 1000
+
+
 async def test_a_route_that_runs_out_of_providers_ends_the_run_with_every_attempt(
     tmp_path: Path,
 ) -> None:
@@ -230,6 +247,27 @@ async def test_a_job_safe_to_repeat_runs_again_on_the_next_provider_within_its_d
     # The deadline is the first sandbox's: the retry took what was left of it.
     assert run.started_at is not None and run.ended_at is not None
     assert run.ended_at - run.started_at < 10
+
+
+async def test_a_retry_never_outlives_the_runs_deadline(tmp_path: Path) -> None:
+    """Lost mid-command, a job safe to repeat goes on to E2B, whose create hangs past what
+    is left of the run's timeout: the run ends timed_out at its deadline, both attempts on
+    the record, and it costs what each billed, once."""
+    async with routed(
+        tmp_path,
+        order=("memory", "e2b"),
+        script=LOST_SCRIPT,
+        extra='retry = "safe"',
+    ) as routing:
+        routing.world.faults.vanish_after_s = 0.1
+        routing.rig.faults.create_hang = True
+        began = time.monotonic()
+        run = await routing.run(timeout_s=1.0)
+        assert time.monotonic() - began < 3
+    assert run.state is RunState.timed_out, run.error_message
+    assert _attempts(run) == [("memory", "sandbox_lost"), ("e2b", "canceled")]
+    assert routing.e2b_commands == 0 and len(routing.world.started) == 1
+    assert run.sandbox_s < 2
 
 
 async def test_a_breaker_opens_after_failures_skips_its_provider_then_half_opens_and_closes(
