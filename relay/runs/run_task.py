@@ -13,7 +13,6 @@ state, and keeping the runs in flight, is the :class:`~relay.runs.runner.Runner`
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from relay.errors import RelayError
 from relay.providers.contract import Attempt, OutputSink, Provenance, Sandbox, SandboxSource
 from relay.run_state import RunState, transition
+from relay.runs.attempts import attempts_json
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.planning import Plan
@@ -260,27 +260,6 @@ class _Stopwatch:
     sandbox_started: float | None = None  # billing starts here (Provenance.billed_from)
     exec_started: float | None = None
     timings: dict[str, int | bool] = field(default_factory=dict)
-
-
-def attempts_json(attempts: Sequence[Attempt]) -> str:
-    """The ``attempts`` column: each attempt as the API shows it (relay/runs/view.py)."""
-    return json.dumps(
-        [
-            {
-                "provider": attempt.provider,
-                "sandbox_id": attempt.sandbox_id,
-                "error": (
-                    {"code": attempt.error_code, "message": attempt.error_message}
-                    if attempt.error_code
-                    else None
-                ),
-                "create_ms": attempt.create_ms,
-                "ended_at": round(attempt.ended_at, 3),
-            }
-            for attempt in attempts
-        ],
-        separators=(",", ":"),
-    )
 
 
 def failure(run: RunRecord, plan: Plan, final: RunValues, exc: Exception) -> RunValues:

@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from relay.auth import Principal
-from relay.errors import NoRoute
+from relay.errors import Forbidden, NoRoute
 from relay.http.metrics import Metrics
+from relay.http.operator import breaker_health
 from relay.providers.contract import TAG_ATTEMPT, TAG_RUN, Provider
 from relay.providers.memory import MemoryProvider, MemoryWorld
 from relay.run_state import RunState
@@ -282,12 +283,14 @@ async def test_a_breaker_opens_after_failures_skips_its_provider_then_half_opens
             assert _attempts(run) == [("e2b", "provider_unavailable"), ("memory", None)]
         assert breakers.state("e2b") == "open"
         assert 'relay_provider_breaker_state{provider="e2b"} 2.0' in metrics.render().decode()
+        assert breaker_health(breakers, "e2b").state == "open"  # as /v1/health shows it
         creates = routing.e2b_creates
         run = await routing.run()  # open: skipped without an attempt
         assert _attempts(run) == [("memory", None)] and routing.e2b_creates == creates
         await asyncio.sleep(COOLDOWN_S)
         assert breakers.state("e2b") == "half_open"
         assert 'relay_provider_breaker_state{provider="e2b"} 1.0' in metrics.render().decode()
+        assert breaker_health(breakers, "e2b").state == "half_open"
         run = await routing.run()  # the one run that tries it: it still fails, open again
         assert _attempts(run)[0] == ("e2b", "provider_unavailable")
         assert routing.e2b_creates == creates + 1 and breakers.state("e2b") == "open"
@@ -296,6 +299,8 @@ async def test_a_breaker_opens_after_failures_skips_its_provider_then_half_opens
         run = await routing.run()  # it works: closed
         assert _attempts(run) == [("e2b", None)] and run.provider == "e2b"
         assert breakers.state("e2b") == "closed"
+        assert breaker_health(breakers, "e2b").state == "closed"
+        assert breaker_health(breakers, "e2b").opened == 2
         text = metrics.render().decode()
         assert 'relay_provider_breaker_state{provider="e2b"} 0.0' in text
         assert 'relay_route_attempts_total{code="provider_unavailable",provider="e2b"} 3.0' in text
@@ -337,6 +342,11 @@ async def test_a_route_filtered_to_nothing_names_each_providers_reason(tmp_path:
         assert [candidate.provider for candidate in large.route] == ["memory"]
         small = planner.plan(e2b_only, RunRequest(command=["true"]), "run_y")
         assert [candidate.provider for candidate in small.route] == ["e2b"]
+        # A request narrows the route to one provider, where its token may use it.
+        narrowed = planner.plan(PRINCIPAL, RunRequest(job="routed", provider="memory"), "run_n")
+        assert [candidate.provider for candidate in narrowed.route] == ["memory"]
+        with pytest.raises(Forbidden, match="may not use provider 'memory'"):
+            planner.plan(e2b_only, RunRequest(job="routed", provider="memory"), "run_f")
 
 
 def test_the_attempt_tag_names_the_run_and_the_attempt() -> None:
