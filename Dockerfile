@@ -32,7 +32,8 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- build: a self-contained virtualenv in /opt/relay ---------------------------------
 FROM ${PYTHON_IMAGE} AS build
-# The extras to install: all, or a comma list of e2b, modal, vercel, daytona, sprites, postgres.
+# The extras to install: all, or a comma list of e2b, modal, vercel, daytona, sprites, exedev,
+# postgres.
 ARG EXTRAS=all
 
 ENV PIP_NO_CACHE_DIR=1 \

@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 LOCK   := requirements/dev.lock
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: serve test lint format bench system-deps lock clean
+.PHONY: serve test check lint format bench system-deps lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,8 +47,19 @@ format: $(VENV)/.dev
 	$(BIN)/ruff format relay testing tests bench jobs
 	$(BIN)/ruff check --fix relay testing tests bench jobs
 
+# The suite runs in worker processes (pytest-xdist): most tests wait on sandboxes, restarts
+# and timeouts more than they compute, so more workers than the machine's 2 cores. Tests
+# that share a module's relay stay in one worker; slow ones start first (tests/parallel.py).
+TEST_WORKERS ?= 4
+PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(VENV)/.dev system-deps lint
-	$(BIN)/pytest
+	$(BIN)/pytest $(PARALLEL)
+
+# The inner loop, in under 2 minutes: lint, types, and the tests that need no PostgreSQL,
+# no browser, no Node and no long waits. `make test` (and CI) runs everything.
+check: $(VENV)/.dev lint
+	$(BIN)/pytest $(PARALLEL) -m "not (postgres or browser or node or slow)"
 
 bench: $(VENV)/.dev
 	@bash scripts/system-deps.sh bench

@@ -9,7 +9,9 @@ end. Then, for each cloud provider whose fake is here (``testing.rigs.ON_FAKES``
 shorter schedules through its real SDK: sandboxes created and leaked (must be 0). Last, the
 faults that leak on a provider with no lifetime of its own (``testing/sprites_faults.py``, on
 the Sprites fake): a late create answer, a failing network-policy call and a relay killed
-mid-run and mid-create, each with 0 sprites left after the next sweep.
+mid-run and mid-create, each with 0 sprites left after the next sweep; and the same on the
+exe.dev fake (``testing/exedev_faults.py``): a create that never answers, and a relay killed
+mid-run and mid-create, each with 0 VMs left.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from testing import sprites_faults
+from testing import exedev_faults, sprites_faults
 from testing.chaos import Report, fake_backend, run_many, run_schedule
 from testing.rigs import ON_FAKES
 
@@ -73,6 +75,7 @@ def main(schedules: int = 200, fake_schedules: int = 2) -> int:
         print(summarize(reports, time.monotonic() - began))
         reports += on_fakes(fake_schedules, Path(folder))
         reports += sprites_faults.every_fault(Path(folder))
+        reports += exedev_faults.every_fault(Path(folder))
     return 0 if all(r.ok for r in reports) else 1
 
 

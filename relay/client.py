@@ -382,6 +382,11 @@ class Client:
         """Cancel a run (``DELETE /v1/runs/{id}``); 409 ``run_finished`` if it ended."""
         return self._request("DELETE", f"/v1/runs/{run_id}")[1]
 
+    def reload_jobs(self) -> dict[str, Any]:
+        """Have the relay read its jobs folder again (``POST /v1/jobs/reload``, an admin
+        token); ``422 jobs_invalid`` names the file at fault, the last good jobs serve on."""
+        return self._request("POST", "/v1/jobs/reload")[1]
+
     def list_runs(self, **query: Any) -> dict[str, Any]:
         """This token's runs, newest first: ``state``, ``job``, ``limit``, ``cursor``."""
         shown = {key: value for key, value in query.items() if value is not None}

@@ -28,7 +28,8 @@ a provider's response body, headers or keys are never copied into one.
     │   ├── SizeUnsupported (422 size_unsupported)
     │   ├── ProviderNotEnabled (422 provider_not_enabled)
     │   ├── NoRoute (422 no_route)
-    │   └── CallbackRefused (422 callback_refused)
+    │   ├── CallbackRefused (422 callback_refused)
+    │   └── JobsInvalid (422 jobs_invalid)
     ├── RateLimited (429 rate_limited)
     │   └── BudgetExceeded (429 budget_exceeded)
     ├── ShuttingDown (503 shutting_down)
@@ -171,6 +172,12 @@ class CallbackRefused(ValidationFailed):
     code, default_message = "callback_refused", "the callback URL is not allowed"
 
 
+class JobsInvalid(ValidationFailed):
+    """A jobs folder that does not load: a reload refused it, the last good jobs serve on."""
+
+    code, default_message = "jobs_invalid", "the jobs folder does not load"
+
+
 class RateLimited(RelayError):
     status, code, default_message = 429, "rate_limited", "too many runs; retry later"
 
@@ -250,6 +257,7 @@ ERROR_CLASSES: tuple[type[RelayError], ...] = (
     ProviderNotEnabled,
     NoRoute,
     CallbackRefused,
+    JobsInvalid,
     RateLimited,
     BudgetExceeded,
     TooManyStreams,

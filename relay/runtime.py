@@ -5,12 +5,17 @@ makes its runner, warm pools and sandbox sources), the reaper, the webhook dispa
 pruner and the token-use writer; :meth:`Relay.start` begins their background work; leaving
 ``open`` ends it all, in this order:
 
+The job catalog is held by :class:`~relay.runs.jobs_folder.JobsFolder`: :meth:`Relay.reload_jobs`
+(``SIGHUP``, ``POST /v1/jobs/reload``, or ``RELAY_JOBS_WATCH_S``) swaps it whole, and the
+warm pools follow.
+
 1. the runs drain (the service: no new run, those running get ``RELAY_DRAIN_S`` to end,
    the rest are canceled and written final; the warm pools terminate their sandboxes);
 2. what the caller serves beside the relay closes, last entered first (the HTTP layer's MCP
    sessions, after the drain so that a tool call whose run finished meanwhile has its
    answer; its live run streams);
-3. the webhook dispatcher, the pruner and the token-use writer stop (its last uses written),
+3. the webhook dispatcher, the pruner, the token-use writer (its last uses written) and the
+   jobs folder's watch stop,
    and the dispatcher's client closes;
 4. the reaper stops, mid-sweep if it must (the next process's sweep does the rest);
 5. this replica's heartbeat row goes, so the others need not wait to judge it dead;
@@ -36,6 +41,7 @@ from relay.providers.contract import Provider
 from relay.providers.registry import load_providers
 from relay.runs.catalog import Catalog
 from relay.runs.event_bus import EventBus
+from relay.runs.jobs_folder import JobsFolder, Reload
 from relay.runs.pools import Pools
 from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
@@ -81,9 +87,11 @@ class Relay:
     pruner: Pruner
     token_uses: TokenUseWriter
     """Notes when each token value was last used, a minute at a time (not once a request)."""
+    jobs: JobsFolder
+    """The catalog's folder: reloads swap the catalog whole, the warm pools follow."""
     _reaping: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     _background: list[asyncio.Task[None]] = field(default_factory=list, init=False, repr=False)
-    """The dispatcher's, the pruner's and the token uses' tasks."""
+    """The dispatcher's, the pruner's, the token uses' and the jobs folder watch's tasks."""
     _beside: contextlib.AsyncExitStack = field(
         default_factory=contextlib.AsyncExitStack, init=False, repr=False
     )
@@ -159,6 +167,8 @@ class Relay:
             store, retention_days=settings.retention_days, interval_s=settings.prune_interval_s
         )
         token_uses = TokenUseWriter(store, tokens.take_uses)
+        jobs = JobsFolder(settings, catalog)
+        jobs.follow(service.pools.follow)
         return cls(
             settings,
             tokens,
@@ -171,7 +181,13 @@ class Relay:
             webhooks,
             pruner,
             token_uses,
+            jobs,
         )
+
+    async def reload_jobs(self) -> Reload:
+        """Read the jobs folder again and serve it if it loads, else raise JobsInvalid (the
+        last good jobs serve on); the warm pools and the other followers are told."""
+        return await self.jobs.reload()
 
     async def start(self, *beside: Beside) -> None:
         """Write this replica's first heartbeat, then start the background work beside
@@ -186,6 +202,9 @@ class Relay:
             asyncio.create_task(self.pruner.run_forever()),
             asyncio.create_task(self.token_uses.run_forever()),
         ]
+        if self.settings.jobs_watch_s > 0:
+            watch = self.jobs.watch_forever(self.settings.jobs_watch_s)
+            self._background.append(asyncio.create_task(watch))
         for context in beside:
             if isinstance(context, AbstractAsyncContextManager):
                 await self._beside.enter_async_context(context)

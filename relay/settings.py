@@ -107,6 +107,9 @@ class Settings(BaseSettings):
     tokens_file: Path = Path("tokens.toml")
     auth_header: str = "Authorization"
     jobs_dir: Path = Path("jobs")
+    jobs_watch_s: float = Field(0.0, ge=0)
+    """Reload the jobs folder when a file in it changes, looked at this often; 0: only on
+    ``SIGHUP`` or ``relay jobs reload`` (relay/runs/jobs_folder.py)."""
     mcp_allowed_origins: Annotated[list[str], NoDecode] = []
     """Origins (``scheme://host[:port]``) besides the relay's own whose pages may call
     ``/mcp``; a request with any other ``Origin`` is refused (DNS rebinding)."""

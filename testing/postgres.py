@@ -22,11 +22,15 @@ Usage, in a conftest.py::
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
+import fcntl
 import glob
 import os
 import pwd
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -36,6 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
+import asyncpg
 import psutil
 import pytest
 
@@ -95,6 +100,26 @@ def _server_or_skip() -> Path:
     bin_dir = find_server()
     if bin_dir is not None:
         return bin_dir
+    # Test workers (pytest -n) may all get here at once; apt-get takes one at a time.
+    with _one_process_at_a_time("install"):
+        return _installed_server_or_skip()
+
+
+@contextlib.contextmanager
+def _one_process_at_a_time(what: str) -> Iterator[None]:
+    """A lock on a file in the temp folder, held while the block runs."""
+    with (temp_base() / f"relay-test-postgres-{what}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _installed_server_or_skip() -> Path:
+    bin_dir = find_server()
+    if bin_dir is not None:  # another worker installed it meanwhile
+        return bin_dir
     if not _is_root():
         _unavailable(
             f"no server binaries ({SERVER_GLOB}) and not root, so `apt-get install postgresql` "
@@ -129,6 +154,12 @@ def _free_port() -> int:
 
 def _service_user_or_skip() -> str:
     """As root, the server must run as another user; make sure it exists."""
+    with _one_process_at_a_time("user"):
+        _make_service_user()
+    return SERVICE_USER
+
+
+def _make_service_user() -> None:
     try:
         pwd.getpwnam(SERVICE_USER)
     except KeyError:
@@ -149,7 +180,6 @@ def _service_user_or_skip() -> str:
             _unavailable(
                 f"running as root and cannot create user {SERVICE_USER!r}: {created.stderr.strip()}"
             )
-    return SERVICE_USER
 
 
 class _Server:
@@ -304,10 +334,27 @@ class Outage:
                 each.send_signal(number)
 
 
+_MARKED: contextvars.ContextVar[bool | None] = contextvars.ContextVar("marked", default=None)
+"""Whether the running test carries the ``postgres`` mark (None: not in a test)."""
+
+
+@contextlib.contextmanager
+def marked(carries_the_mark: bool) -> Iterator[None]:
+    """Says, for the test that runs in the block, whether it is marked ``postgres``."""
+    token = _MARKED.set(carries_the_mark)
+    try:
+        yield
+    finally:
+        _MARKED.reset(token)
+
+
 @contextlib.contextmanager
 def own_postgres() -> Iterator[tuple[Outage, str]]:
     """A PostgreSQL of the caller's own (never the external one), which it may stop and
-    start: yields an :class:`Outage` and the URL."""
+    start: yields an :class:`Outage` and the URL. The test that calls it is marked
+    ``postgres`` (`make check` leaves those out), else it fails saying so."""
+    if _MARKED.get() is False:
+        pytest.fail("a test that starts PostgreSQL is marked so: @pytest.mark.postgres")
     bin_dir = _server_or_skip()
     run_as = _service_user_or_skip() if _is_root() else None
     root = Path(tempfile.mkdtemp(prefix="relay-pg-", dir=temp_base()))
@@ -331,8 +378,27 @@ def own_postgres() -> Iterator[tuple[Outage, str]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+async def new_database(server_url: str) -> str:
+    """A new, empty database on the test PostgreSQL server; its SQLAlchemy URL."""
+    name = "t_" + secrets.token_hex(6)
+    admin = await asyncpg.connect(server_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return server_url.rsplit("/", 1)[0] + "/" + name
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    """A real PostgreSQL for the whole session, as a SQLAlchemy asyncpg URL."""
-    with start_postgres() as url:
+    """A real PostgreSQL for the whole session, as a SQLAlchemy asyncpg URL.
+
+    A session is one process: each worker of ``pytest -n`` starts a server of its own, and
+    with ``RELAY_TEST_POSTGRES_URL`` gets a database of its own there, so that no two
+    processes create the same tables at once."""
+    external = os.environ.get("RELAY_TEST_POSTGRES_URL")
+    if external:
+        yield asyncio.run(new_database(external))
+        return
+    with own_postgres() as (_, url):
         yield url

@@ -12,6 +12,9 @@ import pytest
 
 from tests.conftest import REPO
 
+# The benchmarks themselves, shortened: still load generators and many runs.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk missing: scripts/system-deps.sh bench")
 def test_smoke_run_writes_every_section_and_every_request_succeeds(tmp_path: Path) -> None:

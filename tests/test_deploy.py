@@ -28,6 +28,8 @@ import pytest
 import yaml
 
 from relay.settings import Settings
+from testing.postgres import temp_base
+from testing.relay_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -711,17 +713,27 @@ def test_container_env_binds_all_addresses_with_the_image_paths_and_bwrap() -> N
 
 
 def _entrypoint(
-    env: dict[str, str], *argv: str, uid: int | None = None, groups: list[int] | None = None
+    env: dict[str, str],
+    *argv: str,
+    uid: int | None = None,
+    groups: list[int] | None = None,
+    script: Path = ENTRYPOINT,
+    folder: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """The image's entrypoint, run by dash (the slim image's /bin/sh) with the image's ENV
-    overridden by an env file, as `docker run --env-file` does (``groups``: as
-    `--group-add` gives)."""
-    command = ["dash", str(ENTRYPOINT), *argv]
+    overridden by an env file, as `docker run --env-file` does (``groups``: as `--group-add`
+    gives). As another ``uid`` it runs a copy in ``folder``, which that user can read: the
+    clone may sit in a folder only its owner enters (`mktemp -d` makes it 0700), as the
+    image's own copy never does."""
+    if uid is not None and folder is not None:
+        script = Path(shutil.copy(script, folder / script.name))
+        script.chmod(0o755)
+    command = ["dash", str(script), *argv]
     if uid is not None:
         added = f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups"
         command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", added, *command]
     full = {**_image_env(), **env, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
-    return _run(command, env=full)
+    return _run(command, env=full, cwd=folder)
 
 
 @pytest.mark.skipif(shutil.which("dash") is None, reason="dash is not installed")
@@ -736,17 +748,25 @@ def test_entrypoint_refuses_env_example_in_one_line() -> None:
 
 
 @pytest.mark.skipif(shutil.which("dash") is None, reason="dash is not installed")
-def test_entrypoint_names_the_fix_for_a_tokens_file_the_image_user_cannot_read() -> None:
-    folder = Path(tempfile.mkdtemp(prefix="relay-image-"))
+def test_entrypoint_names_the_fix_for_a_tokens_file_the_image_user_cannot_read(
+    tmp_path: Path,
+) -> None:
+    # The script as a clone made with `mktemp -d` holds it: in a folder only root enters.
+    private = tmp_path / "clone"
+    private.mkdir(mode=0o700)
+    script = Path(shutil.copy(ENTRYPOINT, private / ENTRYPOINT.name))
+    # Under /tmp when root: TMPDIR may be under /root, which the image's user cannot enter.
+    folder = Path(tempfile.mkdtemp(prefix="relay-image-", dir=temp_base()))
     try:
         folder.chmod(0o755)
         tokens = folder / "tokens.toml"
         env = {**_env_file(CONTAINER_ENV), "RELAY_TOKENS_FILE": str(tokens)}
-        [line] = _entrypoint(env, "serve", uid=IMAGE_UID).stderr.splitlines()
+        as_image = _entrypoint(env, "serve", uid=IMAGE_UID, script=script, folder=folder)
+        [line] = as_image.stderr.splitlines()
         assert f"no tokens file at {tokens}" in line and ":ro" in line
         tokens.write_text("")
         tokens.chmod(0o600)  # as `make serve` writes it
-        done = _entrypoint(env, "serve", uid=IMAGE_UID)
+        done = _entrypoint(env, "serve", uid=IMAGE_UID, script=script, folder=folder)
         assert done.returncode == 2
         [line] = done.stderr.splitlines()
         assert f"not readable by uid {IMAGE_UID}" in line and "chmod 640 tokens.toml" in line
@@ -754,7 +774,9 @@ def test_entrypoint_names_the_fix_for_a_tokens_file_the_image_user_cannot_read()
         # The fix it names: the file's group (here one --group-add would give) may read it.
         os.chown(tokens, -1, 4242)
         tokens.chmod(0o640)
-        readable = _entrypoint(env, "serve", "--help", uid=IMAGE_UID, groups=[4242])
+        readable = _entrypoint(
+            env, "serve", "--help", uid=IMAGE_UID, groups=[4242], script=script, folder=folder
+        )
         assert "not readable" not in readable.stderr, readable.stderr
         done = _entrypoint(env, "serve", "--help")
         assert done.returncode == 0 and "usage: relay serve" in done.stdout, done.stderr
@@ -777,6 +799,8 @@ def test_local_isolation_bwrap_refuses_to_start_in_one_line_without_bubblewrap(
         "RELAY_DATABASE_URL": f"sqlite:///{tmp_path / 'relay.db'}",
         "RELAY_LOCAL_ROOT": str(tmp_path / "sandboxes"),
         "RELAY_JOBS_DIR": str(ROOT / "jobs"),
+        # Not the default 8080: another relay on this machine may hold it.
+        "RELAY_PORT": str(free_port()),
     }
     made = _run([sys.executable, "-m", "relay", "tokens", "new", "ci"], env=env, cwd=tmp_path)
     assert made.returncode == 0, made.stderr

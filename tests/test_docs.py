@@ -20,6 +20,7 @@ from relay.http.operator import operator_routes
 from relay.http.routes import routes
 from relay.providers.registry import PROVIDERS
 from relay.settings import Settings
+from relay.webhooks.dispatcher import signature_headers
 from testing.relay_server import RelayProcess
 from tests.conftest import REPO
 
@@ -91,6 +92,24 @@ def test_openapi_covers_every_route_and_error_code() -> None:
             assert cls.code in described, cls.code
 
 
+def test_the_webhook_is_described_as_the_dispatcher_sends_it() -> None:
+    """``webhooks.runFinished`` names every header a delivery carries and the Run as its body,
+    and the document says what the relay is (``/docs`` shows both)."""
+    doc = document()
+    assert "declared jobs" in doc["info"]["description"]
+    finished = doc["webhooks"]["runFinished"]["post"]
+    documented = {parameter["name"] for parameter in finished["parameters"]}
+    sent = set(signature_headers("whsec_" + "A" * 43, "dlv_1", b"{}"))
+    sent |= {"Relay-Run-Id", "Relay-Delivery-Id", "Relay-Delivery-Attempt"}
+    assert documented == sent
+    assert {"webhook-id", "webhook-timestamp", "webhook-signature"} <= documented
+    body = finished["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/Run"}
+    dispatcher = (REPO / "relay" / "webhooks" / "dispatcher.py").read_text()
+    for header in sent - set(signature_headers("x", "dlv_1", b"{}")):
+        assert f'"{header}":' in dispatcher, header
+
+
 def test_the_readme_error_table_names_every_error_code() -> None:
     """A caller looks a code up in the README's table: each one the relay answers is there,
     on the row of its status."""
@@ -109,9 +128,10 @@ def test_the_readme_error_table_names_every_error_code() -> None:
 PLACEHOLDER = re.compile(r"<[a-z][a-z0-9-]*>")
 """How the README marks what a reader fills in (``<your-token>``, ``<run-id>``): such a
 line is not run."""
-NOT_RUN_HERE = ("make ", "git clone", "pip install")
+NOT_RUN_HERE = ("make ", "git clone", "pip install", "cd deploy/cloudflare")
 """Blocks that install or serve (``make serve`` is tested by test_cli's dev-serve test, and
-``pip install`` then ``relay init`` by test_install's wheel test)."""
+``pip install`` then ``relay init`` by test_install's wheel test), or deploy to a Cloudflare
+account (the Worker's own code runs in tests/test_cloudflare_worker.py)."""
 
 
 def shell_blocks() -> list[str]:

@@ -21,6 +21,9 @@ import pytest
 
 from testing.relay_server import RelayProcess
 
+# Runs that succeed, fail, time out and are refused on every provider.
+pytestmark = pytest.mark.slow
+
 SECRETS = {
     "e2b key": "e2b_canary_61f0a7",
     "vercel token": "vercel_canary_2b9e41",

@@ -76,9 +76,7 @@ def parser() -> argparse.ArgumentParser:
     _serve(sub)
     _init(sub)
     _tokens(sub)
-    jobs = sub.add_parser("jobs", help="list and validate the job catalog")
-    _json_option(jobs, "the jobs")
-    jobs.set_defaults(handler="jobs:cmd_jobs")
+    _jobs(sub)
     sub.add_parser(
         "run",
         help="run a job on the relay at RELAY_URL, its output live (relay run --help)",
@@ -179,6 +177,23 @@ def _tokens(sub: Commands) -> None:
     tokens.set_defaults(handler="tokens:cmd_tokens")
 
 
+def _jobs(sub: Commands) -> None:
+    jobs = sub.add_parser(
+        "jobs", help="list and validate the job catalog; `relay jobs reload`: a relay's, live"
+    )
+    _json_option(jobs, "the jobs")
+    actions = jobs.add_subparsers(dest="action", metavar="[reload]")
+    reload = actions.add_parser(
+        "reload",
+        help="have the relay at RELAY_URL read its jobs folder again (an admin token); a "
+        "folder that does not load is refused, the last good jobs serve on",
+    )
+    reload.add_argument("--url", help="the relay (one replica) to reload; default: RELAY_URL")
+    _json_option(reload, "the relay's answer")
+    reload.add_argument("--no-auth-header", action="store_true", help=argparse.SUPPRESS)
+    jobs.set_defaults(handler="jobs:cmd_jobs", action=None)
+
+
 def _runs(sub: Commands) -> None:
     runs = sub.add_parser("runs", help="list, show, follow and cancel runs")
     rsub = runs.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -209,7 +224,7 @@ def _operations(sub: Commands) -> None:
         "probe", help="create a sandbox, run `echo ok`, terminate it; print the timings"
     )
     probe.add_argument(
-        "provider", help="a provider name: local, e2b, modal, vercel, daytona, sprites"
+        "provider", help="a provider name: local, e2b, modal, vercel, daytona, sprites, exedev"
     )
     _json_option(probe, "the result")
     probe.set_defaults(handler="probe:cmd_probe")

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import os
 import shlex
 import shutil
 import sys
@@ -98,7 +99,8 @@ def _print_without_echo(settings: Settings, url: str, relay: str, jobs: Collecti
         print(
             f"\nThe relay is starting with no jobs: {settings.jobs_dir} holds none, so every run "
             f"would be refused (422 unknown_job). Add one ({settings.jobs_dir}/NAME/job.toml), "
-            f"or write the example jobs with `{relay} init`, then restart it.\n"
+            f"or write the example jobs with `{relay} init`, then send it SIGHUP (kill -HUP "
+            f"{os.getpid()}) to load them, or restart it.\n"
         )
     print(f"The console: {url}/console\n", flush=True)
 

@@ -3,7 +3,8 @@
 The lifespan enters the relay's runtime (relay/runtime.py: the store, providers, run
 service, reaper, dispatcher and pruner, started at once beside serving, ended in order on
 shutdown) and serves the app's own parts beside it: metrics, live run streams, ``/mcp``.
-Token file and job catalog are read before the app exists, so a bad one stops startup.
+Token file and job catalog are read before the app exists, so a bad one stops startup; the
+catalog reloads later (relay/runs/jobs_folder.py), and ``/mcp`` follows it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from relay.http.access_log import report
 from relay.http.app_state import AppState
 from relay.http.console_page import console_routes
 from relay.http.docs_page import docs_routes
+from relay.http.index_page import index_routes
 from relay.http.mcp_server import McpEndpoint
 from relay.http.mcp_sessions import own_origins
 from relay.http.metrics import Metrics
@@ -245,6 +247,7 @@ def create_app(
         )
         async with opened as relay:
             metrics.follow(relay)
+            relay.jobs.follow(mcp.tools_changed)  # open sessions re-list their tools
             app.state.relay = state = AppState.of(relay)
             state.live = live = LiveRuns(
                 relay.events, max_streams_per_token=settings.max_streams_per_token
@@ -254,7 +257,14 @@ def create_app(
             yield {}
 
     app = Starlette(
-        routes=[*routes, *operator_routes, *docs_routes, *console_routes, Route("/mcp", mcp)],
+        routes=[
+            *index_routes,
+            *routes,
+            *operator_routes,
+            *docs_routes,
+            *console_routes,
+            Route("/mcp", mcp),
+        ],
         lifespan=lifespan,
         exception_handlers={
             RelayError: _relay_error,

@@ -1,4 +1,5 @@
-"""What the running app holds: settings, tokens, catalog, store, providers, service."""
+"""What the running app holds: settings, tokens, catalog, store, providers, service, and the
+jobs folder the catalog reloads from."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from relay.http.run_stream import LiveRuns
 from relay.providers.contract import Provider
 from relay.runs.catalog import Catalog
 from relay.runs.event_bus import EventBus
+from relay.runs.jobs_folder import JobsFolder
 from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.runtime import Relay
@@ -31,6 +33,7 @@ class AppState:
     reaper: Reaper | None = None
     events: EventBus | None = None
     live: LiveRuns | None = None
+    jobs: JobsFolder | None = None
 
     @classmethod
     def of(cls, relay: Relay) -> AppState:
@@ -44,6 +47,7 @@ class AppState:
             relay.service,
             relay.reaper,
             relay.events,
+            jobs=relay.jobs,
         )
 
     def base_url(self, request: Request) -> str:

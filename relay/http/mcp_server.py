@@ -10,6 +10,11 @@ run (its sandbox is terminated); a run still going after ``RELAY_MAX_WAIT_S`` is
 with its id and state, for ``get_run`` to read later. A refusal (bad arguments, a limit, a
 job this token may not run, an unknown run) is a tool error whose text is ``code: message``.
 
+When the jobs reload, the next ``tools/list`` shows the new catalog. A 2025-era session that
+has listed its tools is sent ``notifications/tools/list_changed`` on its standalone stream (its
+GET), and the server says so (``tools.listChanged``); a 2026-era client holds no session and
+is told nothing (``subscriptions/listen`` is not served), so it sees the change when it lists.
+
 Sessions are stateful (the SDK's default, with SSE answers): the only mode in which both
 progress and a client's cancellation reach the tool in both protocol eras (the 2025
 handshake clients most connectors speak, and 2026-07-28). The cost is process-local
@@ -30,6 +35,9 @@ from typing import Any
 import anyio
 import mcp.types as types
 from mcp.server import Server, ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions
+from mcp.server.models import InitializationOptions
+from mcp.server.session import ServerSession
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
@@ -72,6 +80,8 @@ CHECK_S = 1.0
 """How often a call silent meanwhile looks whether its run ended without telling it."""
 CANCEL_S = 30.0
 """Longest wait for a canceled call's run to be stopped."""
+NOTIFY_S = 2.0
+"""Longest wait for one session's ``tools/list_changed`` to go out."""
 
 
 class McpEndpoint:
@@ -89,7 +99,9 @@ class McpEndpoint:
         self.allowed_origins = allowed_origins
         # What a failure (the store away) answers on /v1 too; None: an internal error.
         self.refusal_of = refusal_of
-        self.server: Server[Any] = Server(
+        self._listing: dict[str, ServerSession] = {}
+        """The 2025-era sessions that listed their tools, by id: told when the jobs reload."""
+        self.server: Server[Any] = _Server(
             "relay",
             version=__version__,
             instructions="Each tool runs one of this relay's jobs in a fresh sandbox.",
@@ -114,6 +126,28 @@ class McpEndpoint:
             finally:
                 watching.cancel()
                 self.owners.closing = None
+
+    async def tools_changed(self, catalog: Catalog) -> None:
+        """Tell each open session that has listed its tools that the list changed (the jobs
+        reloaded), at most :data:`NOTIFY_S` each, all at once; a session gone is skipped."""
+        # The manager's own table (mcp 2.3.0): it offers no public list of open sessions.
+        open_sessions = self.manager._server_instances
+        self._listing = {key: one for key, one in self._listing.items() if key in open_sessions}
+        async with anyio.create_task_group() as telling:
+            for session in self._listing.values():
+                telling.start_soon(_tell_tools_changed, session)
+
+    def _note_listing(self, ctx: ServerRequestContext[Any]) -> None:
+        request = ctx.request
+        session_id = (
+            request.headers.get(MCP_SESSION_ID_HEADER) if isinstance(request, Request) else None
+        )
+        if session_id is None or ctx.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            return
+        self._listing[session_id] = ctx.session
+        if len(self._listing) > 2 * len(self.manager._server_instances) + 16:
+            open_sessions = self.manager._server_instances
+            self._listing = {key: one for key, one in self._listing.items() if key in open_sessions}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Check the Origin, authenticate like ``/v1`` (a RelayError becomes the usual JSON
@@ -148,15 +182,19 @@ class McpEndpoint:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         principal, _ = _caller(ctx)
+        self._note_listing(ctx)
         tools = []
+        jobs = self.catalog.jobs  # one catalog for the whole list, whatever reloads
         for name in tool_names(principal, self.catalog):
             if name == COMMAND_TOOL:
                 description, schema = COMMAND_DESCRIPTION, COMMAND_SCHEMA
             elif name == GET_RUN_TOOL:
                 description, schema = GET_RUN_DESCRIPTION, GET_RUN_SCHEMA
-            else:
-                job = self.catalog.jobs[name]
+            elif name in jobs:
+                job = jobs[name]
                 description, schema = job.description, job_schema(job)
+            else:
+                continue
             tools.append(
                 types.Tool(
                     name=name,
@@ -215,6 +253,27 @@ class McpEndpoint:
             await shielded(_cancel_run(state, principal, run.id))
             raise
         return await _result(state, run)
+
+
+class _Server(Server[Any]):
+    """The SDK's server, saying to 2025-era clients that its tool list can change."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities,
+            extensions,
+        )
+
+
+async def _tell_tools_changed(session: ServerSession) -> None:
+    with anyio.move_on_after(NOTIFY_S), contextlib.suppress(Exception):
+        await session.send_tool_list_changed()  # to a client gone: nothing to tell
 
 
 async def _admit(

@@ -16,7 +16,9 @@ from relay.runs.models import (
     MAX_SEARCH_CHARS,
     ErrorBody,
     Health,
+    Index,
     JobList,
+    JobsReload,
     OperatorHealth,
     OutcomeReport,
     ProviderList,
@@ -142,8 +144,31 @@ _SERIALIZED = (
     SpendReport,
     OperatorHealth,
     OutcomeReport,
+    JobsReload,
+    Index,
 )
 """The answers' models, described as the relay writes them."""
+
+
+DESCRIPTION = """\
+An endpoint you own that runs **declared jobs** in short-lived sandboxes (local bubblewrap,
+E2B, Modal, Vercel, Daytona, Sprites…) and answers with JSON. The provider keys stay here.
+
+- **Auth**: `Authorization: Bearer <token>` on every `/v1` call (or the header the relay
+  names in `RELAY_AUTH_HEADER`). A token may run the jobs it lists; an admin token reads every
+  token's runs and reloads the jobs (`relay tokens new NAME --admin`).
+- **A run**: `POST /v1/runs` with `{"job": "echo", "params": {"message": "hi"}}` waits for the
+  run and answers it (`state`, `exit_code`, `stdout`, `stderr`, `error`); `wait: false` answers
+  `202` at once, to poll or follow (`GET /v1/runs/{run_id}/events`). A retry with the same
+  `Idempotency-Key` never starts a second sandbox.
+- **Errors**: `{"error": {"code", "message", "request_id"}}`, the `code` stable.
+- **Webhooks**: a run with a `callback_url` is POSTed there when it ends, signed as
+  [Standard Webhooks](https://www.standardwebhooks.com/) sign (see *Webhooks* below: `runFinished`).
+- **Also here**: [`/console`](/console) (the operator console, an admin token),
+  [`/healthz`](/healthz) and [`/readyz`](/readyz) (no token), `/metrics`, and `/mcp`
+  (the jobs as MCP tools, not described here).
+"""
+"""What ``/docs`` shows above the operations (Markdown)."""
 
 
 @cache
@@ -159,8 +184,9 @@ def document() -> dict[str, Any]:
     }
     return {
         "openapi": "3.1.0",
-        "info": {"title": "relay", "version": __version__},
+        "info": {"title": "relay", "version": __version__, "description": DESCRIPTION},
         "paths": paths,
+        "webhooks": {"runFinished": {"post": _run_finished()}},
         "components": {
             "schemas": _schemas(),
             "securitySchemes": {
@@ -346,6 +372,72 @@ def _run_events(common: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_WEBHOOK_HEADERS = [
+    {
+        "name": name,
+        "in": "header",
+        "required": required,
+        "description": text,
+        "schema": {"type": "string"},
+    }
+    for name, required, text in (
+        (
+            "webhook-id",
+            True,
+            "The delivery's id (`dlv_…`), the same on every attempt: dedupe on it.",
+        ),
+        ("webhook-timestamp", True, "When this attempt was signed, in Unix seconds."),
+        (
+            "webhook-signature",
+            True,
+            "`v1,<base64 HMAC-SHA256>` of `<webhook-id>.<webhook-timestamp>.<body>` (Standard "
+            "Webhooks), keyed with the token's webhook secret (else `RELAY_WEBHOOK_SECRET`): a "
+            "`whsec_` secret's base64-decoded bytes, any other secret's UTF-8 bytes. Any "
+            "Standard Webhooks library verifies it (`Webhook(secret).verify(body, headers)`); "
+            "refuse a timestamp more than 5 minutes off.",
+        ),
+        (
+            "Relay-Signature",
+            True,
+            "The relay's older signature of the same body: `t=<unix seconds>,v1=<hex HMAC-SHA256 "
+            'of "<t>.<body>">` keyed with the secret\'s UTF-8 bytes '
+            "(`relay.client.verify_signature` checks either).",
+        ),
+        ("Relay-Run-Id", True, "The run's id."),
+        ("Relay-Delivery-Id", True, "The same as `webhook-id`."),
+        ("Relay-Delivery-Attempt", True, "1 for the first attempt, then 2, 3…"),
+    )
+]
+
+
+def _run_finished() -> dict[str, Any]:
+    """The webhook: what a ``callback_url`` receives when its run ends."""
+    return {
+        "summary": "A run ended: its callback_url receives it, signed",
+        "description": (
+            "Sent once the run is final (`succeeded`, `failed`, `timed_out`, `canceled`, "
+            "`error` or `lost`), from the relay to the run's `callback_url`. The body is "
+            "exactly what `GET /v1/runs/{run_id}` answers at that moment (with `deliveries`). "
+            "Verify the signature over the raw body before parsing it. Any 2xx answer ends "
+            "the delivery; anything else (a redirect too), a timeout (`RELAY_WEBHOOK_TIMEOUT_S`) "
+            "or a connection error is retried after `RELAY_WEBHOOK_BACKOFF_S * 2^(attempt-1)`, "
+            "with jitter, up to `RELAY_WEBHOOK_MAX_ATTEMPTS` attempts. The answer's body is "
+            "never read."
+        ),
+        "operationId": "runFinished",
+        "security": [],
+        "parameters": _WEBHOOK_HEADERS,
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _ref("Run")}},
+        },
+        "responses": {
+            "2XX": {"description": "delivered: no further attempt"},
+            "default": {"description": "not delivered: retried later, until the attempts run out"},
+        },
+    }
+
+
 def _reference_paths(common: dict[str, Any]) -> dict[str, Any]:
     """What a token may use: jobs, its usage, providers."""
 
@@ -364,6 +456,32 @@ def _reference_paths(common: dict[str, Any]) -> dict[str, Any]:
 
     return {
         "/v1/jobs": read("Jobs this token may run", "listJobs", "JobList", "jobs"),
+        "/v1/jobs/reload": {
+            "post": {
+                "summary": "Read this replica's jobs folder again (admin tokens only)",
+                "description": (
+                    "What `relay jobs reload` and `SIGHUP` do: the whole folder is read and "
+                    "checked first; if it loads, it replaces the jobs at once (a run already "
+                    "planned keeps its plan), the warm pools follow and open `/mcp` sessions "
+                    "are told; if not, nothing changes, the answer is `422 jobs_invalid` "
+                    "naming the file and the problem, and `/readyz` says it (`degraded`) until "
+                    "a reload succeeds. Each replica reloads its own folder: behind a balancer, "
+                    "call each one."
+                ),
+                "operationId": "reloadJobs",
+                "security": _AUTH,
+                "responses": {
+                    "200": _json("JobsReload", "the jobs now served, and what changed"),
+                    **_errors(400, 403),
+                    "422": _json(
+                        "ErrorBody",
+                        "error codes: jobs_invalid (the folder does not load: the message "
+                        "names the file and the problem; the last good jobs serve on)",
+                    ),
+                    **common,
+                },
+            }
+        },
         "/v1/usage": read(
             "This token's runs, sandbox seconds and spend today and this month",
             "getUsage",
@@ -435,6 +553,24 @@ def _reference_paths(common: dict[str, Any]) -> dict[str, Any]:
 def _operations_paths() -> dict[str, Any]:
     """What operators and machines read, without a run token: health, metrics, this."""
     return {
+        "/": {
+            "get": {
+                "summary": "Where to go from here: the docs, the console, health",
+                "description": "JSON, or a small page of links when `Accept` prefers HTML. "
+                "Nothing beyond what `/healthz` says: no version, no secret.",
+                "operationId": "index",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "links",
+                        "content": {
+                            "application/json": {"schema": _ref("Index")},
+                            "text/html": {"schema": {"type": "string"}},
+                        },
+                    }
+                },
+            }
+        },
         "/healthz": {
             "get": {
                 "summary": "Liveness",

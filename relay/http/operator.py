@@ -3,7 +3,7 @@ runs ended per job and provider.
 
 ``GET /v1/spend`` answers any token (its own rows; an admin's: every token's);
 ``GET /v1/health`` and ``GET /v1/outcomes`` answer admin tokens only. All read through the
-run service.
+run service. ``POST /v1/jobs/reload`` (admin tokens) reloads this replica's jobs folder.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from relay.auth import Principal
-from relay.errors import Forbidden, InvalidRequest
+from relay.errors import Forbidden, InvalidRequest, NotFound
 from relay.http.routes import (
     authenticate,
     json_answer,
@@ -31,6 +31,7 @@ from relay.runs.models import (
     MAX_OUTCOME_HOURS,
     BreakerHealth,
     ErrorInfo,
+    JobsReload,
     LastFailure,
     OperatorHealth,
     Outcome,
@@ -245,8 +246,31 @@ def _pool_health(pools: Pools) -> PoolHealth:
     )
 
 
+async def reload_jobs(request: Request) -> Response:
+    """Read this replica's jobs folder again and serve it if it loads (``relay jobs
+    reload``); else ``422 jobs_invalid`` naming the file and the problem, the last good
+    jobs serving on."""
+    authenticate_admin(request)
+    if request.query_params:
+        raise InvalidRequest("this takes no query parameters")
+    jobs = state_of(request).jobs
+    if jobs is None:  # pragma: no cover - the app always has one
+        raise NotFound("no jobs folder on this relay")
+    done = await jobs.reload()
+    return json_answer(
+        JobsReload(
+            jobs=list(done.jobs),
+            added=list(done.added),
+            changed=list(done.changed),
+            removed=list(done.removed),
+            warnings=list(done.warnings),
+        )
+    )
+
+
 operator_routes = [
     Route("/v1/spend", spend, methods=["GET"]),
     Route("/v1/health", operator_health, methods=["GET"]),
     Route("/v1/outcomes", outcomes, methods=["GET"]),
+    Route("/v1/jobs/reload", reload_jobs, methods=["POST"]),
 ]

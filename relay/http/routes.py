@@ -421,7 +421,17 @@ async def readiness(state: AppState) -> Health:
     if state.reaper is not None and state.reaper.degraded:
         checks["reaper"] = f"{len(state.reaper.failing)} sandbox(es) failed to terminate"
         status = "degraded" if status == "ok" else status
+    if state.jobs is not None:
+        # A folder that did not reload leaves the last good jobs serving: still ready.
+        problem = state.jobs.problem
+        checks["jobs"] = "ok" if problem is None else f"{RELOAD_FAILED}: {problem}"
+        if problem is not None and status == "ok":
+            status = "degraded"
     return Health(status=status, checks=checks)
+
+
+RELOAD_FAILED = "the last reload failed, the last good jobs serve on"
+"""How ``/readyz``'s ``jobs`` check starts when the jobs folder did not reload."""
 
 
 async def openapi(request: Request) -> Response:

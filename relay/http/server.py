@@ -10,19 +10,32 @@ most ``RELAY_DRAIN_S``, then cancels the rest (``canceled``, ``shutting_down``),
 still serving, so every held caller gets its run as JSON. Only then does uvicorn's own
 shutdown close the listener, let the answers go out and exit (status 0). A second signal
 during the drain is uvicorn's usual way out: stop serving now.
+
+``SIGHUP`` reloads the jobs folder (relay/runs/jobs_folder.py), as ``relay jobs reload`` does:
+a folder that does not load leaves the last good jobs serving, says why in one log line and
+on ``/readyz``. One that comes before the relay serves is kept for the moment it does (its
+default action would end the process).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import logging
+import signal
 import socket
+import threading
+from collections.abc import Iterator
 from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
 
+from relay.errors import JobsInvalid
 from relay.http.app_state import AppState
+
+log = logging.getLogger("relay.server")
 
 
 class RelayServer(uvicorn.Server):
@@ -34,10 +47,45 @@ class RelayServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
         self._drain: asyncio.Task[None] | None = None
+        self._hangups = 0
+        """SIGHUPs not yet handed to the loop (before the relay serves)."""
+        self._reloading: set[asyncio.Task[None]] = set()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's SIGINT and SIGTERM, and SIGHUP for a jobs reload, for the server's life."""
+        if threading.current_thread() is not threading.main_thread():
+            with super().capture_signals():  # signals reach the main thread only
+                yield
+            return
+        previous = signal.signal(signal.SIGHUP, self.handle_hangup)
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            signal.signal(signal.SIGHUP, previous)
+
+    def handle_hangup(self, sig: int, frame: FrameType | None) -> None:
+        # Between two bytecodes of the loop's thread: hand the reload to the loop.
+        if self._loop is None:
+            self._hangups += 1
+            return
+        self._loop.call_soon_threadsafe(self._reload_jobs)
+
+    def _reload_jobs(self) -> None:
+        state: AppState | None = getattr(self.app.state, "relay", None)
+        if state is None or state.jobs is None or self._draining:
+            return
+        task = asyncio.create_task(_reload(state))
+        self._reloading.add(task)
+        task.add_done_callback(self._reloading.discard)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         self._loop = asyncio.get_running_loop()
+        if self._hangups:
+            self._hangups = 0
+            self._reload_jobs()
         # Everything loaded so far (SDKs, schemas, the app) lives as long as the process:
         # keep it out of the collector's full passes, which otherwise stall the loop for
         # tens of milliseconds under load (bench/README.md).
@@ -66,3 +114,14 @@ class RelayServer(uvicorn.Server):
             await state.service.shutdown()
         finally:
             self.should_exit = True
+
+
+async def _reload(state: AppState) -> None:
+    """A reload a signal asked for: its outcome is in the log (and on ``/readyz``)."""
+    assert state.jobs is not None
+    try:
+        await state.jobs.reload()
+    except JobsInvalid:
+        pass  # logged by the jobs folder, with the file and the problem
+    except Exception as exc:
+        log.error("jobs reload failed", extra={"error_class": type(exc).__name__})

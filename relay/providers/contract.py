@@ -167,6 +167,7 @@ class OutputSink:
         self.listener = listener
         self._kept: dict[StreamName, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         self._seen: dict[StreamName, int] = {"stdout": 0, "stderr": 0}
+        self._dropped: dict[StreamName, bool] = {"stdout": False, "stderr": False}
         self.first_output_at: float | None = None
 
     def write(self, stream: StreamName, data: bytes) -> None:
@@ -192,9 +193,15 @@ class OutputSink:
         for kept in self._kept.values():
             kept.clear()
         self._seen = dict.fromkeys(self._seen, 0)
+        self._dropped = dict.fromkeys(self._dropped, False)
+
+    def mark_truncated(self, stream: StreamName) -> None:
+        """Record that output of ``stream`` was dropped before it reached the sink (a
+        provider's own cap, such as the Cloudflare job Worker's): :meth:`truncated` says so."""
+        self._dropped[stream] = True
 
     def truncated(self, stream: StreamName) -> bool:
-        return self._seen[stream] > self.limit
+        return self._seen[stream] > self.limit or self._dropped[stream]
 
     def text(self, stream: StreamName) -> str:
         return self.output(stream).decode("utf-8", errors="replace")

@@ -30,6 +30,9 @@ PROVIDERS: dict[str, Entry] = {
     "vercel": Entry("relay.providers.vercel:VercelProvider", "vercel"),
     "sprites": Entry("relay.providers.sprites:SpritesProvider", "sprites"),
     "daytona": Entry("relay.providers.daytona:DaytonaProvider", "daytona"),
+    "exedev": Entry("relay.providers.exedev.provider:ExedevProvider", "exedev"),
+    # No SDK: the relay's own job Worker (deploy/cloudflare), over httpx.
+    "cloudflare": Entry("relay.providers.cloudflare:CloudflareProvider", None),
     # In-memory, for tests and benchmarks (like httpx's MockTransport); never a default.
     "memory": Entry("relay.providers.memory:MemoryProvider", None),
 }

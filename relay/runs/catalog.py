@@ -402,10 +402,20 @@ def load_job(directory: Path) -> JobSpec:
 
 
 class Catalog:
-    """Every declared job, loaded and checked once at startup."""
+    """Every declared job, loaded and checked whole: at startup, and again at each reload
+    (relay/runs/jobs_folder.py), which swaps all the jobs at once (:meth:`swap`).
+
+    The relay's parts share one catalog object, so a reload reaches them all. Whoever needs
+    one consistent view across an ``await`` reads :attr:`jobs` once and keeps that mapping:
+    a swap replaces it, never changes it."""
 
     def __init__(self, jobs: Mapping[str, JobSpec]) -> None:
-        self.jobs = dict(jobs)
+        self.jobs: Mapping[str, JobSpec] = dict(jobs)
+
+    def swap(self, other: Catalog) -> None:
+        """Serve ``other``'s jobs from now on, all of them at once (one assignment: a
+        reader sees the old jobs or the new, never a mix)."""
+        self.jobs = other.jobs
 
     @classmethod
     def load(cls, root: Path) -> Catalog:

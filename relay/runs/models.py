@@ -381,6 +381,30 @@ class JobList(BaseModel):
     jobs: list[JobInfo]
 
 
+class JobsReload(BaseModel):
+    """What ``POST /v1/jobs/reload`` did on the replica that answered."""
+
+    jobs: list[str] = Field(description="Every job this replica serves now.")
+    added: list[str]
+    changed: list[str]
+    removed: list[str]
+    warnings: list[str] = Field(
+        description="What still holds but may surprise: RELAY_POOL_WARM naming a job the "
+        "folder no longer has (no pool for it until it comes back)."
+    )
+
+
+class Index(BaseModel):
+    """``GET /``: where to go from here (no version, nothing secret)."""
+
+    name: Literal["relay"] = "relay"
+    docs: str = Field(description="The API reference (Swagger UI).")
+    openapi: str
+    console: str = Field(description="The operator console (an admin token).")
+    healthz: str
+    readyz: str
+
+
 class ProviderInfo(BaseModel):
     name: str
     enabled: bool

@@ -214,7 +214,7 @@ class Planner:
                 known = sorted(name for name in self.catalog.jobs if principal.may_run_job(name))
                 raise UnknownJob(
                     f"no job named {request.job!r}; jobs here: {', '.join(known) or 'none'} "
-                    "(a job added since the relay started needs a restart)"
+                    "(a job added since the last reload needs one: `relay jobs reload`, or SIGHUP)"
                 )
             overrides = {
                 key

@@ -22,6 +22,9 @@ per job, of the job's own shape: its provider, image, size, egress and packages.
   backing off after failed creates. A sandbox idle past its time is terminated and
   replaced; shutdown terminates the pool; the reaper ends a dead replica's
   (relay/runs/reaper.py).
+- A jobs reload (relay/runs/jobs_folder.py) changes the pools with it (:meth:`Pools.follow`):
+  a job whose shape and timeout stay keeps its pool and sandboxes at its new size; a pool
+  whose job changed shape or went away is retired, its sandboxes terminated; a new one fills.
 - Its idle time (created → claimed or terminated) is billed by the provider: each row
   records it and its cost at the shape's rate (``RELAY_COST_RATES`` applies), shown in
   ``/v1/usage`` and ``/metrics``. A pooled run's own cost starts at its claim.
@@ -36,7 +39,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from relay.cancellation import shielded
@@ -114,6 +117,16 @@ class Pool:
     creating: int = 0
     failures: int = 0
     retry_at: float = 0.0
+    retired: bool = False
+    """Its job changed shape or went away with a jobs reload: emptied, never filled again."""
+
+    def serves_as(self, other: Pool) -> bool:
+        """Whether this pool's sandboxes fit ``other``'s runs (its size may differ)."""
+        return (self.shape, self.timeout_s, self.provider) == (
+            other.shape,
+            other.timeout_s,
+            other.provider,
+        )
 
 
 @dataclass
@@ -175,25 +188,33 @@ class Pools:
         self.instance_id = instance_id
         self.clock = clock
         self.stats = PoolStats()
-        self.pools: dict[tuple[str, str], Pool] = {}
-        for job in catalog.jobs.values():
-            pool = self._pool_for(job, providers, costs)
-            if pool is not None:
-                self.pools[(pool.shape.job, pool.shape.provider)] = pool
+        self.providers = providers
+        self.costs = costs
+        self.pools: dict[tuple[str, str], Pool] = self._pools_of(catalog)
+        """Replaced whole, never changed in place: a loop over it may await."""
         self._wake = asyncio.Event()
         self._filling: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
+        self._started = False
+        self._tending = asyncio.Lock()
+        """Held by one tend and by a reload's emptying: never both ending one sandbox."""
         self.refilling = True
         """False once the relay drains: no new create starts (expiry goes on)."""
 
-    def _pool_for(
-        self, job: JobSpec, providers: Mapping[str, Provider], costs: CostModel
-    ) -> Pool | None:
+    def _pools_of(self, catalog: Catalog) -> dict[tuple[str, str], Pool]:
+        pools = {}
+        for job in catalog.jobs.values():
+            pool = self._pool_for(job)
+            if pool is not None:
+                pools[(pool.shape.job, pool.shape.provider)] = pool
+        return pools
+
+    def _pool_for(self, job: JobSpec) -> Pool | None:
         target = self.settings.pool_warm.get(job.name, job.warm)
         # On the first provider of the job's route (a route claims a warm sandbox on any of
         # its providers before a cold create anywhere: relay/runs/route.py).
         name = (job.route_names or tuple(self.settings.default_route))[0]
-        provider = providers.get(name)
+        provider = self.providers.get(name)
         if target <= 0 or self.settings.pool_max <= 0:
             return None
         if not isinstance(provider, SandboxProvider):
@@ -213,7 +234,7 @@ class Pools:
             target=target,
             provider=provider,
             timeout_s=timeout_s,
-            usd_per_s=costs.cost(name, cpu, memory_mb, 1.0),
+            usd_per_s=self.costs.cost(name, cpu, memory_mb, 1.0),
         )
         try:
             provider.check(self.spec(pool, f"{POOL_PREFIX}check"))
@@ -261,6 +282,8 @@ class Pools:
         pool = self.pools.get((shape.job, provider)) if shape is not None else None
         if pool is None or not pool.ready or shape != pool.shape:
             return None
+        if spec.timeout_s > pool.timeout_s and not pool.provider.extends_lifetime:
+            return None  # planned for a longer job than this pool's lifetime covers (a reload)
         now = self.clock()
         claiming = asyncio.ensure_future(
             self.rows.claim(self.instance_id, pool.shape.key, spec.run_id, now, pool.usd_per_s)
@@ -330,7 +353,8 @@ class Pools:
 
     def start(self) -> None:
         """Fill the pools, and keep them full, in the background."""
-        if self.pools and self._loop is None:
+        self._started = True
+        if self.pools and self._loop is None and self.refilling:
             self._loop = asyncio.create_task(self._tend_forever(), name="warm-pools")
 
     async def _tend_forever(self) -> None:
@@ -348,7 +372,8 @@ class Pools:
 
     async def tend(self) -> None:
         """End the sandboxes idle past their time, then start creates where there is room."""
-        await self._expire()
+        async with self._tending:
+            await self._expire()
         if not self.refilling:
             return
         room = self.settings.pool_max - await self.rows.waiting()
@@ -406,9 +431,13 @@ class Pools:
             marked = False  # the store refused: a sandbox nobody can claim
             with contextlib.suppress(Exception):
                 await self.rows.end(pool_id, self.clock(), pool.usd_per_s)
-        if marked:
+        if marked and not pool.retired:
             pool.ready[pool_id] = _Ready(box, now, expires_at)
             return
+        if marked:  # its pool went with a jobs reload meanwhile: no run will claim it
+            with contextlib.suppress(Exception):  # else the reaper ends the row
+                await self.rows.end(pool_id, self.clock(), pool.usd_per_s, states=(READY,))
+            self._count_idle(now, self.clock(), pool)
         await self._end(pool, pool_id, box)  # ended meanwhile: nobody will claim it
 
     def _record(self, pool: Pool, pool_id: str, now: float, expires_at: float) -> PoolRecord:
@@ -457,18 +486,27 @@ class Pools:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._loop = None
+        async with self._tending:  # after a jobs reload's emptying, if one is under way
+            ended = await self._empty(self.pools.values())
+        if ended:
+            log.info("warm pools drained", extra={"terminated": ended})
+
+    async def _empty(self, pools: Iterable[Pool], keep: int = 0) -> int:
+        """Terminate the ready sandboxes of ``pools``, all but the ``keep`` newest of each;
+        how many."""
         now = self.clock()
         ending = []
-        for pool in self.pools.values():
-            for pool_id, ready in list(pool.ready.items()):
+        for pool in pools:
+            ready_ones = list(pool.ready.items())  # oldest first
+            for pool_id, ready in ready_ones[: max(0, len(ready_ones) - keep)]:
                 try:
                     ended = await self.rows.end(pool_id, now, pool.usd_per_s, states=(READY,))
                 except Exception as exc:
                     # The store is away (a database restarting, a full disk): the sandbox
-                    # is ended all the same, none outlives this relay; the reaper ends its
+                    # is ended all the same, none outlives its pool; the reaper ends its
                     # row once the store is back.
                     log.warning(
-                        "ending a pooled sandbox's row failed at shutdown; terminating it",
+                        "ending a pooled sandbox's row failed; terminating it",
                         extra={"pool_id": pool_id, "error_class": type(exc).__name__},
                     )
                     ended = False
@@ -479,5 +517,40 @@ class Pools:
                 elif pool.ready.pop(pool_id, None) is not None:  # nobody serves it (_expire)
                     ending.append(self._end(pool, pool_id, ready.box))
         await asyncio.gather(*ending)
-        if ending:
-            log.info("warm pools drained", extra={"terminated": len(ending)})
+        return len(ending)
+
+    # -- a jobs reload -----------------------------------------------------------------
+
+    async def follow(self, catalog: Catalog) -> None:
+        """Make the pools the reloaded catalog's: a pool whose job keeps its shape (and
+        timeout) keeps its sandboxes, with its new size (the ready ones past it are
+        terminated); one whose job changed shape or went away is retired and its ready
+        sandboxes terminated (those still being created are, once made); a new one fills
+        from the next tend. Runs planned before keep what they claimed."""
+        wanted = self._pools_of(catalog)
+        kept: dict[tuple[str, str], Pool] = {}
+        retired = [pool for key, pool in self.pools.items() if key not in wanted]
+        for key, pool in wanted.items():
+            old = self.pools.get(key)
+            if old is not None and old.serves_as(pool):
+                old.target = pool.target
+                kept[key] = old
+            else:
+                kept[key] = pool
+                if old is not None:
+                    retired.append(old)
+        self.pools = kept  # before any await: a claim from now on finds the new pools
+        for pool in retired:
+            pool.retired = True
+        async with self._tending:
+            ended = await self._empty(retired)
+            for pool in kept.values():
+                ended += await self._empty([pool], keep=pool.target)
+        if retired or ended:
+            log.info(
+                "warm pools follow the reloaded jobs",
+                extra={"retired": len(retired), "terminated": ended},
+            )
+        self._wake.set()
+        if self._started:
+            self.start()

@@ -7,8 +7,10 @@ is read from it, so a new provider is in all of them once its rig is here.
 
 from __future__ import annotations
 
+from testing.rigs.cloudflare import CloudflareRig
 from testing.rigs.daytona import DaytonaRig
 from testing.rigs.e2b import E2BRig
+from testing.rigs.exedev import ExedevRig
 from testing.rigs.local import LocalRig
 from testing.rigs.memory import MemoryRig
 from testing.rigs.modal import ModalRig
@@ -20,7 +22,17 @@ __all__ = ["ON_FAKES", "RIGS", "Rig"]
 
 RIGS: dict[str, type[Rig]] = {
     rig.name: rig
-    for rig in (LocalRig, E2BRig, ModalRig, VercelRig, SpritesRig, DaytonaRig, MemoryRig)
+    for rig in (
+        LocalRig,
+        E2BRig,
+        ModalRig,
+        VercelRig,
+        SpritesRig,
+        DaytonaRig,
+        ExedevRig,
+        CloudflareRig,
+        MemoryRig,
+    )
 }
 """Every provider's rig, by provider name, in the order of the provider registry."""
 

@@ -25,7 +25,10 @@ from relay.providers.local import cgroups
 from relay.providers.local.invocation import bwrap_blocks_userns, bwrap_works
 from testing.relay_server import RelayProcess
 
-pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working"),
+]
 
 MEMORY_MB, DISK_MB, PIDS = 64, 16, 32
 LIMITS = {

@@ -32,13 +32,16 @@ from relay.providers.local.provider import LocalProvider
 from testing.relay_server import RelayProcess
 from tests.conftest import make_settings
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0
-    or not bwrap_works()
-    or private_network.available() is None
-    or shutil.which("ip") is None,
-    reason="needs root (for test hosts), bubblewrap and pasta or slirp4netns",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.geteuid() != 0
+        or not bwrap_works()
+        or private_network.available() is None
+        or shutil.which("ip") is None,
+        reason="needs root (for test hosts), bubblewrap and pasta or slirp4netns",
+    ),
+]
 
 PORT = 8
 """The port every test host listens on."""

@@ -14,7 +14,10 @@ from relay.providers.local import private_network
 from relay.providers.local.invocation import bwrap_works
 from testing.relay_server import RelayProcess
 
-pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working"),
+]
 
 LIMITS = {
     "local_isolation": "bwrap",

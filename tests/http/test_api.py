@@ -343,4 +343,4 @@ def test_sigterm_drains_then_cancels(tmp_path: Path) -> None:
 def test_relay_refuses_to_start_without_tokens(tmp_path: Path) -> None:
     server = RelayProcess(tmp_path / "n")
     with pytest.raises(RuntimeError, match="no token file"):
-        server.start(timeout_s=10)
+        server.start()

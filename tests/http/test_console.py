@@ -28,6 +28,8 @@ from testing.relay_server import REPO, RelayProcess
 from testing.rows import run_row
 from tests.receiver import Receiver
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="chromium is absent (scripts/system-deps.sh test)"

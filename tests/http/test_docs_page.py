@@ -6,7 +6,6 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -48,23 +47,48 @@ def test_page_and_assets_answer_without_a_token_under_the_policy(relay: RelayPro
         assert relay.get(None, f"/docs/{other}").status_code == 404, other
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is absent (scripts/system-deps.sh test)")
-def test_chromium_renders_the_operations(relay: RelayProcess, tmp_path: Path) -> None:
-    assert CHROMIUM is not None
+@pytest.fixture(scope="module")
+def rendered(relay: RelayProcess, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The page as Chromium renders it (its DOM), and Chromium's log."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is absent (scripts/system-deps.sh test)")
+    profile = tmp_path_factory.mktemp("profile")
     done = subprocess.run(
         [
             CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
             "--no-first-run", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
+            "--disable-sync", f"--user-data-dir={profile}", "--enable-logging=stderr",
             "--v=0", "--virtual-time-budget=10000", "--dump-dom", f"{relay.url}/docs",
         ],
         capture_output=True, text=True, timeout=90, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout, done.stderr
+
+
+@pytest.mark.browser
+def test_chromium_renders_the_operations(rendered: tuple[str, str]) -> None:
+    dom, log = rendered
     operations = set(
-        re.findall(r'opblock-summary-method">([A-Z]+)</span>.*?data-path="([^"]+)"', done.stdout)
+        re.findall(r'opblock-summary-method">([A-Z]+)</span>.*?data-path="([^"]+)"', dom)
     )
     for operation in [("POST", "/v1/runs"), ("GET", "/v1/runs/{run_id}"), ("GET", "/healthz")]:
         assert operation in operations, (operation, sorted(operations))
-    blocked = [line for line in done.stderr.splitlines() if "Content Security Policy" in line]
+    blocked = [line for line in log.splitlines() if "Content Security Policy" in line]
     assert not blocked, blocked
+
+
+@pytest.mark.browser
+def test_chromium_shows_the_description_and_the_signed_webhook(rendered: tuple[str, str]) -> None:
+    dom, _ = rendered
+    description = dom.split('class="info__description', 1)[1].split("</section>", 1)[0]
+    assert "declared jobs" in description and "Standard Webhooks" in description
+    for link in ("/console", "/healthz"):
+        assert f'href="{link}"' in description, link
+    assert '<div class="webhooks"><h2>Webhooks</h2>' in dom
+    webhooks = dom.split('<div class="webhooks">', 1)[1]
+    method, name = re.findall(
+        r'opblock-summary-method">([A-Z]+)</span>.*?data-path="([^"]+)"', webhooks
+    )[0]
+    assert (method, name) == ("POST", "runFinished")
+    assert "A run ended: its callback_url receives it, signed" in webhooks

@@ -23,6 +23,9 @@ from openapi_spec_validator import validate
 from relay.http.openapi import document
 from testing.relay_server import RelayProcess
 
+# Hundreds of generated requests.
+pytestmark = pytest.mark.slow
+
 # Semantics the schema cannot carry: a schema-valid body can name a job that does not
 # exist (422), and a well-formed cursor can be one this relay never gave out (400).
 # DELETE cancels a run and the run stays readable, so "deleted resource still
@@ -113,6 +116,7 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(
     assert httpx.get(relay.url + "/readyz", timeout=5).status_code == 200
 
 
+@pytest.mark.postgres
 def test_with_the_store_down_every_answer_is_documented(tmp_path: Path) -> None:
     """Fuzzing never stops the database; a fault experiment does. With PostgreSQL stopped
     under a running relay, each operation of a run token answers a status its document

@@ -3,9 +3,11 @@
 Every answer here is checked against ``deploy/cloudflare/openapi.yaml``, the document the
 Worker's own tests (deploy/cloudflare/test) check the real Worker's answers against: its
 status must be documented for the path and method, its body must match the schema (each
-line of an NDJSON stream one ``Event``). The tests also pin down what the provider to come
-can rely on: real processes, idempotent creates, the deadline alarm, confirmed deletes, the
-listing, and the fault switches the contract's fault suite uses.
+line of an NDJSON stream one ``Event``). The tests also pin down what the provider
+(relay/providers/cloudflare.py) relies on: real processes, idempotent creates and runs, the
+two-step form (a container kept after its command until a DELETE or the deadline), the
+deadline alarm, confirmed deletes, the listing, and the fault switches the contract's fault
+suite uses.
 """
 
 from __future__ import annotations
@@ -115,6 +117,16 @@ def job(job_id: str, **fields: Any) -> dict[str, Any]:
     return {
         "id": job_id,
         "argv": ["echo", "hi"],
+        "timeout_s": 30,
+        "tags": {"relay-cluster": "test", "relay-run": job_id},
+        **fields,
+    }
+
+
+def container(job_id: str, **fields: Any) -> dict[str, Any]:
+    """A two-step job's create body: no command."""
+    return {
+        "id": job_id,
         "timeout_s": 30,
         "tags": {"relay-cluster": "test", "relay-run": job_id},
         **fields,
@@ -283,6 +295,113 @@ def test_live_jobs_are_listed_by_tag_and_paged(worker: Worker) -> None:
     assert [entry["id"] for entry in after["jobs"]] == ["run_b"]
 
 
+# --- two-step jobs --------------------------------------------------------------------------
+
+
+def test_a_two_step_job_is_ready_then_runs_its_command_and_keeps_its_container(
+    fake: FakeCloudflare, worker: Worker
+) -> None:
+    created = worker.call("POST", "/v1/jobs", json=container("run_two"))
+    assert created.status_code == 201
+    assert (created.json()["state"], created.json()["destroy_pending"]) == ("ready", False)
+    assert fake.ledger.alive() == {"run_two"} and fake.ledger.commands == []
+    command = {
+        "argv": ["sh", "-c", 'cat in.txt; echo "$GREETING"; cat'],
+        "files": {"data/in.txt": b64("hello\n")},
+        "workdir": "data",
+        "stdin": b64("from stdin\n"),
+        "env": {"GREETING": "hi there"},
+        "timeout_s": 10,
+    }
+    ran = worker.call("POST", "/v1/jobs/run_two/run", json=command)
+    assert (ran.status_code, ran.json()["state"]) == (202, "running")
+    lines = worker.events("run_two")
+    assert lines[-1]["type"] == "end" and lines[-1]["destroyed_at"] is None
+    done = worker.job("run_two")
+    assert (done["state"], done["exit_code"], done["destroyed_at"]) == ("exited", 0, None)
+    assert done["stdout"] == "hello\nhi there\nfrom stdin\n" or not bwrap()
+    assert fake.ledger.alive() == {"run_two"}  # kept after its command
+    listed = worker.call("GET", "/v1/jobs", params={"tag": "relay-run=run_two"}).json()
+    assert [entry["id"] for entry in listed["jobs"]] == ["run_two"]
+    deleted = worker.call("DELETE", "/v1/jobs/run_two")
+    assert (deleted.status_code, deleted.json()["destroyed_by"]) == (200, "delete")
+    assert fake.ledger.alive() == set()
+
+
+def test_a_retried_run_is_the_same_run_and_another_command_is_refused(
+    fake: FakeCloudflare, worker: Worker
+) -> None:
+    worker.call("POST", "/v1/jobs", json=container("run_twice"))
+    command = {"argv": ["sleep", "30"], "timeout_s": 30}
+    assert worker.call("POST", "/v1/jobs/run_twice/run", json=command).status_code == 202
+    assert worker.call("POST", "/v1/jobs/run_twice/run", json=command).status_code == 200
+    other = worker.call("POST", "/v1/jobs/run_twice/run", json={**command, "argv": ["true"]})
+    assert (other.status_code, other.json()["error"]["code"]) == (409, "already_run")
+    worker.call("POST", "/v1/jobs", json=job("run_oneshot", argv=["sleep", "30"]))
+    refused = worker.call("POST", "/v1/jobs/run_oneshot/run", json=command)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (409, "already_run")
+    assert [entry["id"] for entry in fake.ledger.commands] == ["run_twice", "run_oneshot"]
+
+
+def test_a_run_for_a_job_that_ended_or_never_was_is_refused(
+    fake: FakeCloudflare, worker: Worker
+) -> None:
+    worker.call("POST", "/v1/jobs", json=container("run_ended"))
+    worker.call("DELETE", "/v1/jobs/run_ended")
+    command = {"argv": ["true"], "timeout_s": 5}
+    late = worker.call("POST", "/v1/jobs/run_ended/run", json=command)
+    assert (late.status_code, late.json()["error"]["code"]) == (409, "job_ended")
+    ghost = worker.call("POST", "/v1/jobs/run_ghost/run", json=command)
+    assert (ghost.status_code, ghost.json()["error"]["code"]) == (404, "not_found")
+    assert fake.ledger.commands == []
+
+
+def test_the_alarm_destroys_a_two_step_container_waiting_or_kept(
+    fake: FakeCloudflare, worker: Worker
+) -> None:
+    worker.call("POST", "/v1/jobs", json=container("run_idle", timeout_s=0.2, grace_s=0.1))
+    worker.call("POST", "/v1/jobs", json=container("run_kept", timeout_s=0.3, grace_s=0.1))
+    worker.call("POST", "/v1/jobs/run_kept/run", json={"argv": ["true"], "timeout_s": 5})
+    idle, kept = worker.finished("run_idle", seconds=4), worker.finished("run_kept", seconds=4)
+    assert (idle["state"], idle["destroyed_by"]) == ("timed_out", "alarm")
+    assert (kept["state"], kept["exit_code"], kept["destroyed_by"]) == ("exited", 0, "alarm")
+    assert fake.ledger.alive() == set()
+
+
+def test_a_restart_while_a_job_waits_loses_nothing_and_one_under_its_command_loses_it(
+    fake: FakeCloudflare, worker: Worker
+) -> None:
+    worker.call("POST", "/v1/jobs", json=container("run_waits"))
+    fake.call("vanish", "run_waits")
+    assert worker.job("run_waits")["state"] == "ready"
+    worker.call("POST", "/v1/jobs/run_waits/run", json={"argv": ["sleep", "30"], "timeout_s": 30})
+    fake.call("vanish", "run_waits")
+    assert (worker.job("run_waits")["state"], fake.ledger.destroyed_by("run_waits")) == (
+        "lost",
+        "lost",
+    )
+
+
+def test_a_two_step_body_with_command_fields_or_a_hostile_run_is_refused(
+    fake: FakeCloudflare, worker: Worker
+) -> None:
+    for fields in ({"env": {"A": "b"}}, {"files": {"a": "aGk="}}, {"workdir": "a"}):
+        refused = worker.call("POST", "/v1/jobs", json=container("run_bad", **fields))
+        assert (refused.status_code, refused.json()["error"]["code"]) == (400, "invalid_request")
+    assert fake.ledger.created == []
+    worker.call("POST", "/v1/jobs", json=container("run_hostile"))
+    for body in (
+        {"timeout_s": 1},
+        {"argv": ["true"]},
+        {"argv": ["true"], "timeout_s": 1, "id": "run_x"},
+        {"argv": ["true"], "timeout_s": 1, "files": {"../x": "aGk="}},
+        {"argv": ["true"], "timeout_s": 1, "stdin": "not base64!"},
+    ):
+        refused = worker.call("POST", "/v1/jobs/run_hostile/run", json=body)
+        assert (refused.status_code, refused.json()["error"]["code"]) == (400, "invalid_request")
+    assert fake.ledger.commands == []
+
+
 # --- output ----------------------------------------------------------------------------------
 
 
@@ -364,6 +483,15 @@ def test_egress_is_off_by_default_and_what_cannot_be_enforced_is_refused(
 
 
 # --- auth and hostile input -----------------------------------------------------------------
+
+
+def test_a_worker_that_skips_its_key_answers_anyone() -> None:
+    """The mode the relay must refuse (relay/providers/cloudflare.py): Cloudflare's Sandbox
+    Bridge with its key unset answers every request, with or without a key."""
+    with running_fake(key=None, open_auth=True) as open_worker:
+        for key in (None, BAD_KEY):
+            with Worker(open_worker, key) as worker:
+                assert worker.call("GET", "/v1/jobs").status_code == 200
 
 
 def test_auth_fails_closed() -> None:

@@ -409,3 +409,28 @@ async def test_a_second_cancel_gives_up_on_the_create_and_leaves_its_vm(
     fake.reset()
     await asyncio.sleep(0.2)
     assert fake.ledger.alive() == {"abandoned"}  # left for the sweep by name
+
+
+async def test_a_process_spawned_in_a_session_of_its_own_outlives_its_request_until_rm(
+    fake: FakeExedev, exe: exedev.AsyncClient
+) -> None:
+    vm = await exe.new(name="spawner")
+    process = await vm.spawn("echo begun; sleep 30", name="long")
+    await asyncio.sleep(0.3)
+    assert await process.poll() is None  # still running: a VM's, not its request's
+    assert (await process.logs()).stdout == "begun\n"
+    pid = process.pid
+    await vm.delete()
+    ended = await asyncio.to_thread(_gone_within, pid, 5.0)
+    assert ended, "a process of a deleted VM survived it"
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` ends within ``seconds`` (a VM's commands get no PID namespace
+    of their own in the fake: the pid ``spawn()`` reports is the host's)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not Path(f"/proc/{pid}").exists():
+            return True
+        time.sleep(0.05)
+    return False

@@ -16,6 +16,9 @@ from relay.runs.reaper import BEATS_BEFORE_JUDGING
 from testing.relay_server import RelayProcess
 from testing.rigs import RIGS, Rig
 
+# Each test restarts or kills relays and waits out real reap intervals.
+pytestmark = pytest.mark.slow
+
 FINAL = {"succeeded", "failed", "timed_out", "canceled", "error", "lost"}
 REAP_INTERVAL_S = 1
 

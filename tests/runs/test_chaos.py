@@ -18,6 +18,9 @@ from testing.rigs import ON_FAKES
 from testing.route_chaos import RouteReport, run_route_schedule
 from tests.conftest import new_database
 
+# Hundreds of schedules.
+pytestmark = pytest.mark.slow
+
 SCHEDULES = 200
 
 

@@ -12,7 +12,7 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,15 +116,34 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
             await store.close()
 
 
+async def stored_state(rig: Rig, run_id: str) -> str | None:
+    stored = await rig.store.get_run(run_id)
+    return stored.state if stored else None
+
+
+async def outcome(rig: Rig, run_id: str) -> str:
+    return (await rig.service.get(PRINCIPAL, run_id)).state
+
+
+async def until(read: Callable[[], Awaitable[str | None]], wanted: str) -> None:
+    """Poll ``read`` until it says ``wanted`` (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while (seen := await read()) != wanted:
+        assert time.monotonic() < deadline, f"still {seen!r}, not {wanted!r}"
+        await asyncio.sleep(0.02)
+
+
 async def test_a_final_write_the_store_refuses_lands_once_it_recovers(rig: Rig) -> None:
     request = RunRequest(
         command=["sh", "-c", "sleep 0.6; echo kept; echo also >&2; exit 3"], wait=False
     )
     row, _ = await rig.service.submit(PRINCIPAL, request, None)
     run_id = row.id
-    await asyncio.sleep(0.3)  # running, its `running` state stored
+    # Running, its `running` state stored (waited for: a busy machine may take a while).
+    await until(lambda: stored_state(rig, run_id), "running")
     rig.refusal.start()
-    await asyncio.sleep(1.2)  # the job has ended; its final write was refused
+    # The job has ended; its final write was refused.
+    await until(lambda: outcome(rig, run_id), "failed")
     stored = await rig.store.get_run(run_id)
     assert stored is not None and stored.state == "running"
     # This process still answers for the run: its own reaper leaves it alone, and a GET

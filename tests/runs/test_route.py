@@ -80,13 +80,14 @@ async def routed(
     script: str = "echo ran",
     extra: str = "",
     variant: str | None = None,
+    rig_name: str = "e2b",
     **values: Any,
 ) -> AsyncIterator[Routed]:
     jobs = tmp_path / "jobs" / "routed"
     jobs.mkdir(parents=True)
     names = json.dumps(list(order))
     (jobs / "job.toml").write_text(JOB.format(script=script, providers=names, extra=extra))
-    with RIGS["e2b"].started(tmp_path) as rig:
+    with RIGS[rig_name].started(tmp_path) as rig:
         settings = make_settings(
             tmp_path,
             **{**rig.values, "providers": list(order)},
@@ -97,8 +98,11 @@ async def routed(
             **values,
         )
         world = MemoryWorld()
-        e2b = rig.client(settings) if variant is None else rig.provider(variant)
-        providers: dict[str, Provider] = {"e2b": e2b, "memory": MemoryProvider(settings, world)}
+        faked = rig.client(settings) if variant is None else rig.provider(variant)
+        providers: dict[str, Provider] = {
+            rig_name: faked,
+            "memory": MemoryProvider(settings, world),
+        }
         store = await Store.open(settings.database_url)
         service = RunService(settings, store, Catalog.load(settings.jobs_dir), providers)
         said: list[str] = []
@@ -169,6 +173,36 @@ async def test_a_create_that_fails_moves_the_run_to_the_next_provider(
         # The first provider's sandbox, where its create allocated one, is terminated.
         await _eventually(lambda: not routing.rig.alive(), "the failed create's sandbox lives on")
         assert run.cost_usd >= 0 and run.sandbox_s > 0
+
+
+@pytest.mark.parametrize("name", ["exedev", "cloudflare"])
+async def test_exedev_and_cloudflare_fail_over_to_the_next_provider_like_the_others(
+    tmp_path: Path, name: str
+) -> None:
+    async with routed(tmp_path, order=(name, "memory"), rig_name=name) as routing:
+        routing.rig.faults.create_status = 500
+        run = await routing.run()
+        assert run.state is RunState.succeeded, run.error_message
+        assert run.stdout == "ran\n" and run.provider == "memory"
+        assert _attempts(run) == [(name, "provider_unavailable"), ("memory", None)]
+        assert len(routing.world.started) == 1
+        (message,) = routing.said
+        assert message.startswith(f"{name}: ") and message.endswith("; trying memory")
+
+
+@pytest.mark.parametrize("name", ["exedev", "cloudflare"])
+async def test_exedev_and_cloudflare_take_over_a_run_tagged_with_its_attempt(
+    tmp_path: Path, name: str
+) -> None:
+    async with routed(tmp_path, order=("memory", name), rig_name=name) as routing:
+        routing.world.faults.create_status = 503
+        run = await routing.run()
+        assert run.state is RunState.succeeded, run.error_message
+        assert run.stdout == "ran\n" and run.provider == name
+        assert _attempts(run) == [("memory", "provider_unavailable"), (name, None)]
+        assert run.sandbox_id is not None
+        tags = routing.rig.tags_of(run.sandbox_id)
+        assert tags[TAG_RUN] == run.id and tags[TAG_ATTEMPT] == "2"
 
 
 async def test_a_routed_run_reserves_at_its_dearest_provider_and_costs_what_each_attempt_billed(

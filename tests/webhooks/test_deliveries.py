@@ -20,7 +20,7 @@ from relay.store.database import Store
 from relay.store.deliveries import Deliveries
 from relay.store.records import DeliveryRecord
 from relay.webhooks.dispatcher import WebhookDispatcher
-from testing.postgres import postgres_url
+from testing.postgres import new_database, postgres_url
 from testing.rows import run_row
 from tests.conftest import REPO, make_settings
 from tests.receiver import Receiver
@@ -30,9 +30,8 @@ __all__ = ["postgres_url"]  # the session fixture, found by pytest through this 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        url: str = request.getfixturevalue("postgres_url")
-        return url
+    if request.param == "postgres":  # a database of the test's own: no pending deliveries
+        return await new_database(request.getfixturevalue("postgres_url"))
     return f"sqlite:///{tmp_path / 'relay.db'}"
 
 

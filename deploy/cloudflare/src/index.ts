@@ -1,7 +1,9 @@
 /**
- * The relay's one-shot job Worker: its HTTP contract is openapi.yaml beside this folder.
+ * The relay's job Worker: its HTTP contract is openapi.yaml beside this folder.
  *
- *   POST   /v1/jobs               create (idempotent on id) and start a job
+ *   POST   /v1/jobs               create (idempotent on id) and start a job, with its
+ *                                 command (one-shot) or without (two-step: it comes by run)
+ *   POST   /v1/jobs/{id}/run      a two-step job's command, once (a retry is the same run)
  *   GET    /v1/jobs?tag=k=v       live jobs, for the relay's reaper
  *   GET    /v1/jobs/{id}          the job: state, exit code, output, destroyed_at
  *   GET    /v1/jobs/{id}/events   its output as NDJSON, live
@@ -17,7 +19,7 @@ import { type Env, MAX_BODY_BYTES } from "./env";
 import { answer, failure, HttpError, json, readBody } from "./http";
 import type { Job } from "./job";
 import { registryOf } from "./registry";
-import { JOB_ID, type JobSpec, parseJob, TAG_KEY } from "./request";
+import { JOB_ID, parseJob, parseRun, TAG_KEY } from "./request";
 import { instanceTypeFor } from "./sizes";
 
 export { Job } from "./job";
@@ -34,6 +36,7 @@ export {
 
 const JOB_PATH = /^\/v1\/jobs\/([^/]+)$/;
 const EVENTS_PATH = /^\/v1\/jobs\/([^/]+)\/events$/;
+const RUN_PATH = /^\/v1\/jobs\/([^/]+)\/run$/;
 const MAX_LIST = 1000;
 
 function jobOf(env: Env, id: string): DurableObjectStub<Job> {
@@ -51,8 +54,8 @@ function notAllowed(allowed: string): Response {
   return refused;
 }
 
-/** The request, canonical (keys sorted): equal digests mean the same job asked again. */
-async function digestOf(spec: JobSpec): Promise<string> {
+/** A request, canonical (keys sorted): equal digests mean the same thing asked again. */
+async function digestOf(spec: unknown): Promise<string> {
   const canonical = JSON.stringify(spec, (_key, value: unknown) =>
     typeof value === "object" && value !== null && !Array.isArray(value)
       ? Object.fromEntries(Object.entries(value).sort(([left], [right]) => (left < right ? -1 : 1)))
@@ -71,6 +74,22 @@ async function create(request: Request, env: Env): Promise<Response> {
     return failure(409, "id_conflict", `job ${spec.id} exists with another body`);
   }
   return json(created.job, created.outcome === "created" ? 201 : 200, { location: `/v1/jobs/${spec.id}` });
+}
+
+async function run(id: string, request: Request, env: Env): Promise<Response> {
+  const command = parseRun(await readBody(request, MAX_BODY_BYTES));
+  const ran = await jobOf(env, id).run(command, await digestOf(command));
+  if (ran === null) return failure(404, "not_found", `no job ${id}`);
+  switch (ran.outcome) {
+    case "started":
+      return json(ran.job, 202);
+    case "existing":
+      return json(ran.job, 200);
+    case "already_run":
+      return failure(409, "already_run", `job ${id} has its command already`);
+    case "ended":
+      return failure(409, "job_ended", `job ${id} ended (${ran.job.state}) before a command`);
+  }
 }
 
 async function list(url: URL, env: Env): Promise<Response> {
@@ -126,6 +145,11 @@ async function route(request: Request, env: Env): Promise<Response> {
     if (method === "POST") return create(request, env);
     if (method === "GET") return list(url, env);
     return notAllowed("GET, POST");
+  }
+  const ran = RUN_PATH.exec(url.pathname);
+  if (ran !== null) {
+    if (method === "POST") return run(idOf(ran[1]), request, env);
+    return notAllowed("POST");
   }
   const events = EVENTS_PATH.exec(url.pathname);
   if (events !== null) {

@@ -1,28 +1,36 @@
 /**
- * One Durable Object per job, named by the relay's run id: it records the job, runs it
- * once, keeps its output, and makes sure its container ends.
+ * One Durable Object per job, named by the relay's run id: it records the job, runs its
+ * command once, keeps its output, and makes sure its container ends.
  *
  * - Create is idempotent: the record is written once (inside `blockConcurrencyWhile`, so
  *   two racing creates cannot both start one); a retry with the same body gets the same
  *   job, with another body a conflict.
- * - The alarm is set at `created + timeout_s + grace_s` when the job is recorded, and
- *   destroys the container then whatever the caller does. A destroy that fails or hangs
- *   (bounded by DESTROY_TIMEOUT_S) sets the alarm again, 30 s on, until it is confirmed.
- * - While the command runs, the alarm also beats every 30 s before the deadline: an object
- *   with no client connected may be evicted (before compatibility date 2026-10-01 a
- *   pending call to the sandbox does not keep it), and the beat keeps it, and notices
- *   within 30 s a run that a restart lost.
- * - The container is destroyed as soon as the command ends; `destroyed_at` is written only
- *   once the destroy is confirmed. Once destroyed, nothing here touches the container
- *   again, so probing a finished job never starts one.
- * - The run lives in this object's memory: a record that says running with no run here
- *   means the object was restarted under it, and the job is `lost` (and destroyed).
+ * - Two forms. One-shot: the command comes with the create, runs at once, and the
+ *   container is destroyed as soon as it ends. Two-step: the create starts the container
+ *   and answers once it is up (`ready`); the command comes once, later, by `run` (a retry
+ *   of the same run is the same run, another is refused), and the container outlives it
+ *   until a DELETE or the deadline, so its caller decides when it ends (and a warm pool can
+ *   start one before its command exists).
+ * - The alarm is set at `created + timeout_s + grace_s` when the job is recorded; the
+ *   deadline never moves, and at it the container is destroyed whatever the caller does,
+ *   in either form, whatever the state. A destroy that fails or hangs (bounded by
+ *   DESTROY_TIMEOUT_S) sets the alarm again, 30 s on, until it is confirmed.
+ * - While the container starts or the command runs, the alarm also beats every 30 s before
+ *   the deadline: an object with no client connected may be evicted (before compatibility
+ *   date 2026-10-01 a pending call to the sandbox does not keep it), and the beat keeps it,
+ *   and notices within 30 s a start or run that a restart lost. A job waiting for its
+ *   command (`ready`) or whose command has ended holds nothing in memory: a restart loses
+ *   nothing, and the alarm waits for the deadline.
+ * - `destroyed_at` is written only once the destroy is confirmed. Once destroyed, nothing
+ *   here touches the container again, so probing a finished job never starts one.
+ * - A record that says starting or running with no work here means the object was
+ *   restarted under it, and the job is `lost` (and destroyed).
  * - A destroyed job's record is deleted RETENTION_S later (by the same alarm).
  */
 
 import { DurableObject } from "cloudflare:workers";
 
-import type { Egress } from "./egress";
+import { type Egress, egressOf } from "./egress";
 import { type Env, type Settings, settingsOf } from "./env";
 import { outputStream } from "./events";
 import type { Launch, Machine, Stream } from "./machine";
@@ -30,6 +38,7 @@ import { registryOf } from "./registry";
 import {
   byteLength,
   type DestroyedBy,
+  isBusy,
   isFinal,
   type JobRecord,
   type JobState,
@@ -38,7 +47,7 @@ import {
   takeBytes,
   viewOf,
 } from "./record";
-import type { JobSpec } from "./request";
+import type { Command, JobSpec } from "./request";
 import { sandboxMachine } from "./sandbox";
 import { instanceTypeNamed } from "./sizes";
 
@@ -52,6 +61,9 @@ const EVENT = "event:";
 const LOST = { code: "lost", message: "the Worker restarted under the command" };
 
 export type Created = { outcome: "created" | "existing" | "conflict"; job: JobView };
+/** `started`: the command runs now; `existing`: this run was asked already (a retry);
+ * `already_run`: the job has another command; `ended`: it ended before any command. */
+export type Ran = { outcome: "started" | "existing" | "already_run" | "ended"; job: JobView };
 
 /** A wake-up for whoever waits on new output or a new state. */
 class Changes {
@@ -88,7 +100,10 @@ export class Job extends DurableObject<Env> {
   private record: JobRecord | null = null;
   private events: OutputEvent[] = [];
   private kept: Record<Stream, number> = { stdout: 0, stderr: 0 };
+  /** The start or the command going on in this object's memory (null: none). */
   private running: Promise<void> | null = null;
+  /** The container's start, while it goes on (a two-step create and a run wait for it). */
+  private starting: Promise<boolean> | null = null;
   private machineInUse: Machine | null = null;
   private destroying: Promise<boolean> | null = null;
   private readonly settings: Settings;
@@ -121,6 +136,9 @@ export class Job extends DurableObject<Env> {
       const record: JobRecord = {
         spec,
         digest,
+        command: spec.command,
+        run_digest: null,
+        keep: spec.command === null,
         instance_type: instanceType,
         state: "starting",
         exit_code: null,
@@ -131,6 +149,7 @@ export class Job extends DurableObject<Env> {
         ended_at: null,
         destroyed_at: null,
         destroyed_by: null,
+        destroy_wanted: null,
         destroy_failures: 0,
         stdout_truncated: false,
         stderr_truncated: false,
@@ -146,11 +165,47 @@ export class Job extends DurableObject<Env> {
       await this.ctx.storage.put(RECORD, record);
       await this.ctx.storage.setAlarm(Math.min(record.deadline, now + HEARTBEAT_MS));
       this.record = record;
-      this.running = this.execute(record, egress);
+      this.begin(record, egress);
     });
-    if (outcome === "created") return { outcome, job: this.view() };
+    // Set inside the callback above, which the compiler cannot see.
+    const settled = outcome as Created["outcome"];
+    if (settled === "conflict") return { outcome: settled, job: this.view() };
     this.noticeLost();
-    return { outcome, job: this.view() };
+    // A two-step job is answered once its container is up (or failed to start).
+    if (this.record?.keep === true && this.starting !== null) await this.starting;
+    return { outcome: settled, job: this.view() };
+  }
+
+  /** A two-step job's command, once: it runs now, in the container the create started. */
+  async run(command: Command, digest: string): Promise<Ran | null> {
+    if (this.record === null) return null;
+    this.noticeLost();
+    if (this.starting !== null) await this.starting;
+    let outcome: Ran["outcome"] = "started";
+    let accepted: JobView | null = null;
+    await this.ctx.blockConcurrencyWhile(async () => {
+      const record = this.record;
+      if (record === null) throw new Error("no job");
+      if (record.command !== null) {
+        outcome = record.run_digest === digest ? "existing" : "already_run";
+        return;
+      }
+      if (record.state !== "ready") {
+        outcome = "ended";
+        return;
+      }
+      const now = Date.now();
+      record.command = command;
+      record.run_digest = digest;
+      record.state = "running";
+      record.started_at = now;
+      await this.save();
+      await this.ctx.storage.setAlarm(Math.min(record.deadline, now + HEARTBEAT_MS));
+      accepted = this.view(); // as accepted: a quick command may have ended by the answer
+      this.track(this.runCommand(record));
+      this.changes.fire();
+    });
+    return { outcome, job: accepted ?? this.view() };
   }
 
   async get(): Promise<JobView | null> {
@@ -185,14 +240,21 @@ export class Job extends DurableObject<Env> {
       this.events = [];
       return;
     }
-    const now = Date.now();
-    if (!isFinal(record.state) && this.running !== null && now < record.deadline) {
-      // The run goes on here: beat again, so the object is not evicted under it.
-      return this.ctx.storage.setAlarm(Math.min(record.deadline, now + HEARTBEAT_MS));
+    if (record.destroy_wanted !== null) {
+      // A destroy asked for earlier (the command's end, a DELETE, the alarm) failed: again.
+      await this.destroy("alarm");
+      return;
     }
-    // A run still going at the deadline has outlived its timeout; with no run here, a
-    // restart lost it.
-    const lost = !isFinal(record.state) && this.running === null;
+    const now = Date.now();
+    // Busy with no work here: a restart lost the start or the command.
+    const lost = isBusy(record.state) && this.running === null;
+    if (now < record.deadline && !lost) {
+      // A start or a command goes on here: beat again, so the object is not evicted under
+      // it. Else the job waits (for its command, or for its caller's DELETE): the deadline.
+      const next = isBusy(record.state) ? Math.min(record.deadline, now + HEARTBEAT_MS) : record.deadline;
+      return this.ctx.storage.setAlarm(next);
+    }
+    // At the deadline, a job not ended has outlived its timeout (or never got its command).
     if (lost) await this.end("lost", null, LOST);
     else await this.end("timed_out", null);
     await this.destroy(lost ? "lost" : "alarm");
@@ -211,35 +273,92 @@ export class Job extends DurableObject<Env> {
 
   // --- the run ------------------------------------------------------------------------------
 
-  private launchOf(record: JobRecord, egress: Egress = { kind: "none" }): Launch {
+  private launchOf(record: JobRecord): Launch {
     const instanceType = instanceTypeNamed(record.instance_type);
     if (instanceType === undefined) throw new Error(`unknown instance type ${record.instance_type}`);
+    // The egress was checked at create; the same entries give the same policy.
+    const egress = egressOf(record.spec.egress);
     return { spec: record.spec, instanceType, egress, sleepAfterS: this.settings.sleepAfterS };
   }
 
-  private async execute(record: JobRecord, egress: Egress): Promise<void> {
-    let started = false;
+  /** Keeps `work` as what goes on in memory, until it settles. */
+  private track(work: Promise<void>): void {
+    this.running = work;
+    void work.finally(() => {
+      if (this.running === work) this.running = null;
+    });
+  }
+
+  /** Starts the container; then the one-shot form's command. */
+  private begin(record: JobRecord, egress: Egress): void {
+    const starting = this.start(record, egress);
+    this.starting = starting;
+    void starting.finally(() => {
+      if (this.starting === starting) this.starting = null;
+    });
+    this.track(
+      starting.then(async (started) => {
+        if (started && !record.keep) await this.runCommand(record);
+      }),
+    );
+  }
+
+  /** Whether the container is up: a two-step job is then `ready` for its command. A start
+   * that failed is an error, and its container is destroyed at once (nothing will run). */
+  private async start(record: JobRecord, egress: Egress): Promise<boolean> {
     try {
-      const machine = this.machine(this.launchOf(record, egress));
+      const machine = this.machine({ ...this.launchOf(record), egress });
       this.machineInUse = machine;
-      await machine.prepare();
-      if (isFinal(record.state)) return;
-      record.state = "running";
-      record.started_at = Date.now();
-      started = true;
+      await machine.start();
+    } catch (error) {
+      await this.end("error", null, { code: "start_failed", message: summary(error) });
+      await this.destroy("exit");
+      return false;
+    }
+    if (isFinal(record.state)) {
+      // Ended while it started (a DELETE, a lost object): destroyed by that, or now.
+      await this.destroy("exit");
+      return false;
+    }
+    if (record.keep) {
+      record.state = "ready";
       await this.save();
+      await this.ctx.storage.setAlarm(record.deadline);
       this.changes.fire();
-      const limit = Math.ceil(record.spec.timeout_s * 1000) + RUN_SLACK_MS;
-      const code = await withTimeout(machine.run(this.output), limit, "the command");
-      const timedOut = code === 124 && Date.now() - record.started_at >= record.spec.timeout_s * 1000;
+    }
+    return true;
+  }
+
+  /** Runs the job's command to its end. A one-shot job's container is destroyed then; a
+   * two-step job's waits for its DELETE or the deadline. */
+  private async runCommand(record: JobRecord): Promise<void> {
+    const command = record.command;
+    if (command === null) throw new Error("no command");
+    try {
+      // A two-step job's object may have been restarted since its start: a machine again.
+      const machine = this.machineInUse ?? this.machine(this.launchOf(record));
+      this.machineInUse = machine;
+      if (record.state !== "running") {
+        record.state = "running";
+        record.started_at = Date.now();
+        await this.save();
+        this.changes.fire();
+      }
+      const startedAt = record.started_at ?? Date.now();
+      const limit = Math.ceil(command.timeout_s * 1000) + RUN_SLACK_MS;
+      const code = await withTimeout(machine.run(command, this.output), limit, "the command");
+      const timedOut = code === 124 && Date.now() - startedAt >= command.timeout_s * 1000;
       await this.end(timedOut ? "timed_out" : "exited", code);
     } catch (error) {
       const hung = error instanceof Error && error.message.startsWith("the command took over");
       if (hung) await this.end("timed_out", null);
-      else await this.end("error", null, { code: started ? "run_failed" : "start_failed", message: summary(error) });
+      else await this.end("error", null, { code: "run_failed", message: summary(error) });
     } finally {
-      this.running = null;
-      await this.destroy("exit");
+      if (!record.keep) {
+        await this.destroy("exit");
+      } else if (record.destroyed_at === null && record.destroy_wanted === null) {
+        await this.ctx.storage.setAlarm(record.deadline);
+      }
     }
   }
 
@@ -276,10 +395,10 @@ export class Job extends DurableObject<Env> {
     this.changes.fire();
   }
 
-  /** A record that says it runs, in an object that runs nothing: a restart lost the run. */
+  /** A record that says it starts or runs, in an object doing neither: a restart lost it. */
   private noticeLost(): void {
     const record = this.record;
-    if (record === null || isFinal(record.state) || this.running !== null) return;
+    if (record === null || !isBusy(record.state) || this.running !== null) return;
     this.ctx.waitUntil(this.end("lost", null, LOST).then(() => this.destroy("lost")));
   }
 
@@ -296,6 +415,7 @@ export class Job extends DurableObject<Env> {
     const record = this.record;
     if (record === null) return false;
     if (record.destroyed_at !== null) return true;
+    record.destroy_wanted ??= by;
     try {
       const machine = this.machineInUse ?? this.machine(this.launchOf(record));
       await withTimeout(machine.destroy(), this.settings.destroyTimeoutS * 1000, "the destroy");
@@ -304,6 +424,7 @@ export class Job extends DurableObject<Env> {
       console.warn(`job ${record.spec.id}: destroy failed (${summary(error)}); retrying by alarm`);
       await this.save();
       await this.ctx.storage.setAlarm(Date.now() + RETRY_MS);
+      this.changes.fire();
       return false;
     }
     record.destroyed_at = Date.now();

@@ -7,7 +7,7 @@
  */
 
 import type { Egress } from "./egress";
-import type { JobSpec } from "./request";
+import type { Command, JobSpec } from "./request";
 import type { InstanceType } from "./sizes";
 
 export type Stream = "stdout" | "stderr";
@@ -21,14 +21,14 @@ export interface Launch {
 }
 
 export interface Machine {
-  /** Applies the egress policy (before the container starts), writes the files and stdin. */
-  prepare(): Promise<void>;
+  /** Applies the egress policy (before the container starts), then starts the container. */
+  start(): Promise<void>;
   /**
-   * Runs the command to its end and answers its exit code (124 when the container killed
-   * it at `timeout_s`); output as it comes. Rejects when the container fails under it;
-   * a destroy is how a run is stopped early.
+   * Writes the command's files and stdin, runs it to its end and answers its exit code
+   * (124 when the container killed it at its `timeout_s`); output as it comes. Rejects
+   * when the container fails under it; a destroy is how a run is stopped early.
    */
-  run(output: (stream: Stream, text: string) => void): Promise<number>;
+  run(command: Command, output: (stream: Stream, text: string) => void): Promise<number>;
   /** Destroys the container (SIGKILL); resolves only once the platform has done it. */
   destroy(): Promise<void>;
 }

@@ -4,9 +4,17 @@
  */
 
 import type { Stream } from "./machine";
-import type { JobSpec } from "./request";
+import type { Command, JobSpec } from "./request";
 
-export type JobState = "starting" | "running" | "exited" | "timed_out" | "canceled" | "lost" | "error";
+export type JobState =
+  | "starting"
+  | "ready"
+  | "running"
+  | "exited"
+  | "timed_out"
+  | "canceled"
+  | "lost"
+  | "error";
 export type DestroyedBy = "exit" | "delete" | "alarm" | "lost";
 
 const FINAL: ReadonlySet<JobState> = new Set(["exited", "timed_out", "canceled", "lost", "error"]);
@@ -15,10 +23,21 @@ export function isFinal(state: JobState): boolean {
   return FINAL.has(state);
 }
 
+/** Whether work for the job goes on in its object's memory (its start, or its command). */
+export function isBusy(state: JobState): boolean {
+  return state === "starting" || state === "running";
+}
+
 export interface JobRecord {
   spec: JobSpec;
   /** SHA-256 of the canonical request: a retry with the same body is the same job. */
   digest: string;
+  /** The command, from the create (one-shot) or its one run (two-step); null until then. */
+  command: Command | null;
+  /** SHA-256 of the canonical run body: a retried run is the same run. */
+  run_digest: string | null;
+  /** A two-step job's container outlives its command, until a DELETE or the alarm. */
+  keep: boolean;
   instance_type: string;
   state: JobState;
   exit_code: number | null;
@@ -30,6 +49,8 @@ export interface JobRecord {
   ended_at: number | null;
   destroyed_at: number | null;
   destroyed_by: DestroyedBy | null;
+  /** What first asked for the destroy (null: nothing yet); the alarm retries it. */
+  destroy_wanted: DestroyedBy | null;
   destroy_failures: number;
   stdout_truncated: boolean;
   stderr_truncated: boolean;
@@ -94,7 +115,7 @@ export function viewOf(record: JobRecord, events: readonly OutputEvent[]): JobVi
     ended_at: iso(record.ended_at),
     destroyed_at: iso(record.destroyed_at),
     destroyed_by: record.destroyed_by,
-    destroy_pending: record.destroyed_at === null && (isFinal(record.state) || record.destroy_failures > 0),
+    destroy_pending: record.destroyed_at === null && record.destroy_wanted !== null,
   };
 }
 

@@ -1,7 +1,11 @@
 /**
- * The body of `POST /v1/jobs`, checked field by field (openapi.yaml, `JobRequest`): every
- * field typed and bounded, unknown fields refused, paths confined to `/workspace`. A bad
- * body is a 400 naming the field; nothing in it reaches a container unchecked.
+ * The bodies of `POST /v1/jobs` and `POST /v1/jobs/{id}/run`, checked field by field
+ * (openapi.yaml, `JobRequest` and `RunRequest`): every field typed and bounded, unknown
+ * fields refused, paths confined to `/workspace`. A bad body is a 400 naming the field;
+ * nothing in it reaches a container unchecked.
+ *
+ * A job is created with its command (`argv` and what goes with it: the one-shot form) or
+ * without (the two-step form: the command comes later, once, by `POST /v1/jobs/{id}/run`).
  */
 
 import { HttpError } from "./http";
@@ -35,9 +39,8 @@ export const LIMITS = {
 
 export const DEFAULT_GRACE_S = 30;
 
-/** A job as asked for: what the Job Durable Object records and runs. */
-export interface JobSpec {
-  id: string;
+/** A job's command: what its container runs, once. */
+export interface Command {
   argv: string[];
   env: Record<string, string>;
   /** Paths relative to /workspace, to base64 content. */
@@ -46,16 +49,26 @@ export interface JobSpec {
   stdin: string | null;
   /** Relative to /workspace; null is /workspace itself. */
   workdir: string | null;
+  /** The command is killed after this long (exit 124). */
+  timeout_s: number;
+}
+
+/** A job as asked for: what the Job Durable Object records and runs. */
+export interface JobSpec {
+  id: string;
+  /** With the deadline's grace, what the job's whole life is bounded by. */
   timeout_s: number;
   grace_s: number;
   egress: string[];
   size: Size | null;
   tags: Record<string, string>;
+  /** Given at create (the one-shot form), else null until `POST /v1/jobs/{id}/run`. */
+  command: Command | null;
 }
 
-const FIELDS = new Set([
-  "id", "argv", "env", "files", "stdin", "workdir", "timeout_s", "grace_s", "egress", "size", "tags",
-]);
+const COMMAND_FIELDS = ["argv", "env", "files", "stdin", "workdir"] as const;
+const JOB_FIELDS = new Set(["id", ...COMMAND_FIELDS, "timeout_s", "grace_s", "egress", "size", "tags"]);
+const RUN_FIELDS = new Set([...COMMAND_FIELDS, "timeout_s"]);
 
 function invalid(field: string, problem: string): HttpError {
   return new HttpError(400, "invalid_request", `${field}: ${problem}`);
@@ -149,7 +162,7 @@ function clash(paths: string[]): [string, string] | null {
   return null;
 }
 
-export function parseJob(body: string): JobSpec {
+function objectOf(body: string): Record<string, unknown> {
   let given: unknown;
   try {
     given = JSON.parse(body);
@@ -157,12 +170,16 @@ export function parseJob(body: string): JobSpec {
     throw new HttpError(400, "invalid_body", "the body is not JSON");
   }
   if (!isObject(given)) throw new HttpError(400, "invalid_body", "the body must be a JSON object");
-  const unknown = Object.keys(given).filter((key) => !FIELDS.has(key));
-  if (unknown.length > 0) throw invalid(unknown[0], "is not a field of a job");
+  return given;
+}
 
-  if (typeof given.id !== "string" || !JOB_ID.test(given.id) || RESERVED_IDS.has(given.id)) {
-    throw invalid("id", `must match ${JOB_ID.source}`);
-  }
+function onlyFields(given: Record<string, unknown>, fields: ReadonlySet<string>, what: string): void {
+  const unknown = Object.keys(given).filter((key) => !fields.has(key));
+  if (unknown.length > 0) throw invalid(unknown[0], `is not a field of ${what}`);
+}
+
+/** The command fields of a body (argv, env, files, stdin, workdir), with `timeout_s`. */
+function commandOf(given: Record<string, unknown>, timeoutS: number): Command {
   const argv = strings("argv", given.argv, LIMITS.argvItems, LIMITS.argChars);
   if (argv.length === 0) throw invalid("argv", "must have at least one item");
 
@@ -184,6 +201,25 @@ export function parseJob(body: string): JobSpec {
     const inside = Object.keys(files).find((path) => workdir === path || workdir.startsWith(`${path}/`));
     if (inside !== undefined) throw invalid("workdir", `is the file ${inside}, not a folder`);
   }
+  return { argv, env, files, stdin, workdir, timeout_s: timeoutS };
+}
+
+export function parseJob(body: string): JobSpec {
+  const given = objectOf(body);
+  onlyFields(given, JOB_FIELDS, "a job");
+  if (typeof given.id !== "string" || !JOB_ID.test(given.id) || RESERVED_IDS.has(given.id)) {
+    throw invalid("id", `must match ${JOB_ID.source}`);
+  }
+  const timeoutS = timeout(given.timeout_s);
+  let command: Command | null = null;
+  if (given.argv !== undefined) {
+    command = commandOf(given, timeoutS);
+  } else {
+    const orphan = COMMAND_FIELDS.find((field) => given[field] !== undefined);
+    if (orphan !== undefined) {
+      throw invalid(orphan, "goes with a command: give argv here, or all of it to POST /v1/jobs/{id}/run");
+    }
+  }
   const tags: Record<string, string> = {};
   for (const [key, value] of mapping("tags", given.tags ?? {}, LIMITS.tags)) {
     if (!TAG_KEY.test(key)) throw invalid("tags", `${JSON.stringify(key.slice(0, 64))} is not a tag name`);
@@ -193,15 +229,18 @@ export function parseJob(body: string): JobSpec {
   }
   return {
     id: given.id,
-    argv,
-    env,
-    files,
-    stdin,
-    workdir,
-    timeout_s: timeout(given.timeout_s),
+    timeout_s: timeoutS,
     grace_s: given.grace_s === undefined ? DEFAULT_GRACE_S : number("grace_s", given.grace_s, 0, LIMITS.graceS),
     egress: strings("egress", given.egress ?? [], LIMITS.egressHosts, 253),
     size: size(given.size),
     tags,
+    command,
   };
+}
+
+/** The body of `POST /v1/jobs/{id}/run`: a two-step job's command. */
+export function parseRun(body: string): Command {
+  const given = objectOf(body);
+  onlyFields(given, RUN_FIELDS, "a run");
+  return commandOf(given, timeout(given.timeout_s));
 }

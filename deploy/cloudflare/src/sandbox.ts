@@ -5,7 +5,10 @@
  * One sandbox per job, named by the job's id, of the class bound for its instance type.
  * The class denies the network (`enableInternet = false`); a job's allow-list becomes the
  * sandbox's `allowedHosts` (HTTPS intercepted, so the host name is checked), and `["*"]`
- * turns the internet on for that one sandbox, before its container starts. Commands run
+ * turns the internet on for that one sandbox, before its container starts; both are kept in
+ * the sandbox's storage (`@cloudflare/containers` 0.3.7 persists its outbound configuration),
+ * so a container the idle backstop stopped and the next call started again has them too.
+ * Files and stdin are written with the command (a two-step job's come with its run). Commands run
  * sessionless, so the SDK's timeout kills the whole process group (SIGTERM, SIGKILL 5 s
  * later, exit 124); `keepAlive` stays off and `sleepAfter` is the idle backstop.
  */
@@ -14,6 +17,7 @@ import { getSandbox, Sandbox } from "@cloudflare/sandbox";
 
 import type { Env } from "./env";
 import type { Launch, Machine, Stream } from "./machine";
+import type { Command } from "./request";
 
 export { ContainerProxy } from "@cloudflare/sandbox";
 
@@ -70,23 +74,25 @@ export function sandboxMachine(env: Env, launch: Launch): Machine {
     sleepAfter: launch.sleepAfterS,
     enableDefaultSession: false,
   });
-  const cwd = workdirOf(spec.workdir);
   return {
-    async prepare(): Promise<void> {
+    async start(): Promise<void> {
       if (egress.kind === "open") await sandbox.openInternet();
       if (egress.kind === "hosts") await sandbox.setAllowedHosts(egress.hosts);
+      // The first call that needs the container starts it.
+      await sandbox.mkdir(WORKSPACE, { recursive: true });
+    },
+    async run(command: Command, output: (stream: Stream, text: string) => void): Promise<number> {
+      const cwd = workdirOf(command.workdir);
       await sandbox.mkdir(cwd, { recursive: true });
-      for (const [path, content] of Object.entries(spec.files)) {
+      for (const [path, content] of Object.entries(command.files)) {
         const target = `${WORKSPACE}/${path}`;
         await sandbox.mkdir(target.slice(0, target.lastIndexOf("/")), { recursive: true });
         await sandbox.writeFile(target, content, { encoding: "base64" });
       }
-      if (spec.stdin !== null) await sandbox.writeFile(STDIN_PATH, spec.stdin, { encoding: "base64" });
-    },
-    async run(output: (stream: Stream, text: string) => void): Promise<number> {
-      const result = await sandbox.exec(commandLine(spec.argv, spec.stdin !== null), {
-        timeout: Math.ceil(spec.timeout_s * 1000),
-        env: spec.env,
+      if (command.stdin !== null) await sandbox.writeFile(STDIN_PATH, command.stdin, { encoding: "base64" });
+      const result = await sandbox.exec(commandLine(command.argv, command.stdin !== null), {
+        timeout: Math.ceil(command.timeout_s * 1000),
+        env: command.env,
         cwd,
         stream: true,
         onOutput: output,

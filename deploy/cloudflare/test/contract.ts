@@ -53,9 +53,10 @@ export function assertConforms(method: string, path: string, status: number, con
   }
 }
 
-/** Whether a job body is one openapi.yaml's JobRequest allows (its shape, not base64). */
-export function requestValid(body: unknown): boolean {
-  return validatorFor({ $ref: "#/components/schemas/JobRequest" }).validate(body).valid;
+/** Whether a body is one openapi.yaml's schema allows (its shape, not base64): a job's
+ * (`JobRequest`) by default, a run's (`RunRequest`). */
+export function requestValid(body: unknown, schema: "JobRequest" | "RunRequest" = "JobRequest"): boolean {
+  return validatorFor({ $ref: `#/components/schemas/${schema}` }).validate(body).valid;
 }
 
 export interface Answer {
@@ -84,7 +85,9 @@ export async function call(
   const contentType = response.headers.get("content-type") ?? "";
   assertConforms(method, new URL(`https://jobs.test${path}`).pathname, response.status, contentType, text);
   if (method === "POST" && response.ok) {
-    expect(requestValid(options.body ?? JSON.parse(options.raw ?? "null")), "the Worker took a body openapi.yaml refuses").toBe(true);
+    const schema = path.endsWith("/run") ? "RunRequest" : "JobRequest";
+    const sent = options.body ?? JSON.parse(options.raw ?? "null");
+    expect(requestValid(sent, schema), "the Worker took a body openapi.yaml refuses").toBe(true);
   }
   const body = contentType.startsWith("application/json") ? JSON.parse(text) : text;
   return { status: response.status, headers: response.headers, text, body };
@@ -93,6 +96,11 @@ export async function call(
 /** A job body with everything a test does not set left at its default. */
 export function job(id: string, fields: Record<string, unknown> = {}): Record<string, unknown> {
   return { id, argv: ["echo", "hi"], timeout_s: 30, tags: { "relay-cluster": "test", "relay-run": id }, ...fields };
+}
+
+/** A two-step job's create body: no command. */
+export function container(id: string, fields: Record<string, unknown> = {}): Record<string, unknown> {
+  return { id, timeout_s: 30, tags: { "relay-cluster": "test", "relay-run": id }, ...fields };
 }
 
 /** Wait (briefly) until `check` holds: the job runs beside the request that started it. */

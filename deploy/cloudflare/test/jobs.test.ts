@@ -80,7 +80,7 @@ describe("creating a job", () => {
   });
 
   it("reports a container that did not start as an error, and still destroys it", async () => {
-    standIn.prepareFails = true;
+    standIn.startFails = true;
     await call("POST", "/v1/jobs", { body: job("run_nostart") });
     const done = await finished("run_nostart");
     expect(done).toMatchObject({ state: "error", error: { code: "start_failed" }, destroyed_by: "exit" });

@@ -1,7 +1,7 @@
 /**
  * The stand-in behind the machine interface (src/machine.ts): no container runs in these
- * tests, so this records what a container would have been asked (egress, files, the
- * command) and plays a command by its argv:
+ * tests, so this records what a container would have been asked (egress, the commands it
+ * ran) and plays a command by its argv:
  *
  *   echo A B     prints "A B\n", exits 0
  *   fail N       prints "failing\n" to stderr, exits N
@@ -10,15 +10,18 @@
  *   expire       as the SDK's own timeout: after timeout_s, exits 124
  *   anything     exits 0
  *
- * Faults: `destroyFailures` (the next N destroys reject), `destroyHangs`, `prepareFails`.
+ * Faults: `destroyFailures` (the next N destroys reject), `destroyHangs`, `startFails`,
+ * `startDelayMs` (a container slow to start).
  */
 
 import type { Launch, Machine, Stream } from "../src/machine";
+import type { Command } from "../src/request";
 
 export interface Made {
   launch: Launch;
-  prepared: number;
-  runs: number;
+  started: number;
+  /** Every command run on this machine, in order. */
+  commands: Command[];
   destroyCalls: number;
   destroyed: boolean;
 }
@@ -28,34 +31,42 @@ class StandIn {
   readonly made = new Map<string, Made[]>();
   destroyFailures = 0;
   destroyHangs = false;
-  prepareFails = false;
+  startFails = false;
+  startDelayMs = 0;
 
   reset(): void {
     this.made.clear();
     this.destroyFailures = 0;
     this.destroyHangs = false;
-    this.prepareFails = false;
+    this.startFails = false;
+    this.startDelayMs = 0;
   }
 
-  /** The machines that ran a command (prepare reached). */
+  /** The machines whose container started. */
   started(id: string): Made[] {
-    return (this.made.get(id) ?? []).filter((made) => made.prepared > 0);
+    return (this.made.get(id) ?? []).filter((made) => made.started > 0);
+  }
+
+  /** Every command run for the job, whichever machine ran it. */
+  commands(id: string): Command[] {
+    return (this.made.get(id) ?? []).flatMap((made) => made.commands);
   }
 
   machine(launch: Launch): Machine {
-    const made: Made = { launch, prepared: 0, runs: 0, destroyCalls: 0, destroyed: false };
+    const made: Made = { launch, started: 0, commands: [], destroyCalls: 0, destroyed: false };
     this.made.set(launch.spec.id, [...(this.made.get(launch.spec.id) ?? []), made]);
     let kill: (reason: Error) => void = () => {};
     const killed = new Promise<never>((_, reject) => (kill = reject));
     killed.catch(() => {});
     return {
-      prepare: async (): Promise<void> => {
-        if (this.prepareFails) throw new Error("the container did not start");
-        made.prepared += 1;
+      start: async (): Promise<void> => {
+        if (this.startDelayMs > 0) await new Promise((resolve) => setTimeout(resolve, this.startDelayMs));
+        if (this.startFails) throw new Error("the container did not start");
+        made.started += 1;
       },
-      run: async (output: (stream: Stream, text: string) => void): Promise<number> => {
-        made.runs += 1;
-        return Promise.race([play(launch, output), killed]);
+      run: async (command: Command, output: (stream: Stream, text: string) => void): Promise<number> => {
+        made.commands.push(command);
+        return Promise.race([play(command, output), killed]);
       },
       destroy: async (): Promise<void> => {
         made.destroyCalls += 1;
@@ -71,10 +82,10 @@ class StandIn {
   }
 }
 
-async function play(launch: Launch, output: (stream: Stream, text: string) => void): Promise<number> {
-  const [command, ...rest] = launch.spec.argv;
+async function play(command: Command, output: (stream: Stream, text: string) => void): Promise<number> {
+  const [name, ...rest] = command.argv;
   await Promise.resolve();
-  switch (command) {
+  switch (name) {
     case "echo":
       output("stdout", `${rest.join(" ")}\n`);
       return 0;
@@ -87,8 +98,8 @@ async function play(launch: Launch, output: (stream: Stream, text: string) => vo
     case "sleep":
       return new Promise<number>(() => {});
     case "expire":
-      await new Promise((resolve) => setTimeout(resolve, launch.spec.timeout_s * 1000));
-      output("stderr", `Command timed out after ${launch.spec.timeout_s * 1000} ms\n`);
+      await new Promise((resolve) => setTimeout(resolve, command.timeout_s * 1000));
+      output("stderr", `Command timed out after ${command.timeout_s * 1000} ms\n`);
       return 124;
     default:
       return 0;

@@ -1,8 +1,10 @@
 """The Starlette app answering the job Worker's HTTP contract (deploy/cloudflare/openapi.yaml).
 
 Routed as the Worker routes (deploy/cloudflare/src/index.ts): the key first, on every path
-(403 when the fake has none, 401 for another), then the five operations; ids, queries and
-bodies refused with the Worker's 4xx codes. Every error is ``{"error": {"code",
+(403 when the fake has none, 401 for another), then the six operations; ids, queries and
+bodies refused with the Worker's 4xx codes. ``open_auth`` makes a Worker that skips the key
+altogether, as Cloudflare's Sandbox Bridge does when its key is unset: the relay must refuse
+to use it. Every error is ``{"error": {"code",
 "message"}}``; the message carries :data:`BODY_MARKER` so tests can prove no Worker body
 reaches a relay answer or log.
 """
@@ -18,7 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -26,6 +28,7 @@ from testing.fakes.cloudflare.contract import (
     MAX_BODY_BYTES,
     Refused,
     check_job,
+    check_run,
     egress_of,
     instance_type_for,
     job_id_ok,
@@ -39,6 +42,7 @@ MIN_KEY_LENGTH = 32
 _TAG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _JOB_PATH = re.compile(r"/v1/jobs/([^/]+)")
 _EVENTS_PATH = re.compile(r"/v1/jobs/([^/]+)/events")
+_RUN_PATH = re.compile(r"/v1/jobs/([^/]+)/run")
 MAX_LIST = 1000
 
 
@@ -61,7 +65,7 @@ async def _body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def _digest(body: dict[str, Any]) -> str:
+def _digest(body: Any) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -77,11 +81,14 @@ def _end_line(job: FakeJob) -> dict[str, Any]:
     return {"type": "end", **{key: view[key] for key in keys}}
 
 
-def build_app(world: World, key: str | None) -> Starlette:
-    """The fake Worker, closed over one :class:`World` and the key it was configured with."""
+def build_app(world: World, key: str | None, open_auth: bool = False) -> Starlette:
+    """The fake Worker, closed over one :class:`World` and the key it was configured with
+    (``open_auth``: a Worker that answers without one, which the relay must refuse)."""
     ledger, faults = world.ledger, world.faults
 
     def refusal(request: Request) -> Response | None:
+        if open_auth:
+            return None
         if key is None or len(key) < MIN_KEY_LENGTH:
             return error(403, "key_not_configured")
         presented = re.fullmatch(r"Bearer ([!-~]+)", request.headers.get("authorization", ""))
@@ -98,7 +105,7 @@ def build_app(world: World, key: str | None) -> Starlette:
         if faults.create_status is not None:
             status = faults.create_status
             return error(status, "injected", {"retry-after": "7"} if status == 429 else None)
-        body = check_job(await _body(request))
+        body, command = check_job(await _body(request))
         instance_type = instance_type_for(body["size"], world.deployed)
         egress = egress_of(body["egress"])
         digest = _digest(body)
@@ -106,13 +113,27 @@ def build_app(world: World, key: str | None) -> Starlette:
         if existing is not None:
             if existing.digest != digest:
                 return error(409, "id_conflict")
+            if existing.keep:
+                await existing.started.wait()
             return JSONResponse(existing.view(), 200, {"location": f"/v1/jobs/{existing.id}"})
-        job = world.create(body, digest, instance_type, egress)
+        job = world.create(body, digest, instance_type, egress, command)
         if faults.create_allocates_then_fails:
             return error(500, "internal")
         if faults.create_hang:
             await world.hang.wait()
+        if job.keep:  # a two-step job is answered once its container is up (or failed)
+            await job.started.wait()
         return JSONResponse(job.view(), 201, {"location": f"/v1/jobs/{job.id}"})
+
+    async def run(request: Request, job_id: str) -> Response:
+        command = check_run(await _body(request))
+        job = world.jobs.get(job_id)
+        if job is None:
+            return error(404, "not_found")
+        outcome = await world.run(job, command, _digest(command))
+        if outcome in ("started", "existing"):
+            return JSONResponse(job.view(), 202 if outcome == "started" else 200)
+        return error(409, "already_run" if outcome == "already_run" else "job_ended")
 
     def list_jobs(request: Request) -> Response:
         if faults.list_status is not None:
@@ -201,6 +222,8 @@ def build_app(world: World, key: str | None) -> Starlette:
             if method == "POST":
                 return await create(request)
             return list_jobs(request) if method == "GET" else not_allowed("GET, POST")
+        if (ran := _RUN_PATH.fullmatch(path)) is not None:
+            return await run(request, _id(ran[1])) if method == "POST" else not_allowed("POST")
         if (events := _EVENTS_PATH.fullmatch(path)) is not None:
             return follow(request, _id(events[1])) if method == "GET" else not_allowed("GET")
         if (job := _JOB_PATH.fullmatch(path)) is not None:
@@ -214,6 +237,8 @@ def build_app(world: World, key: str | None) -> Starlette:
             return await route(request)
         except Refused as refused:
             return error(refused.status, refused.code)
+        except ClientDisconnect:  # the caller went away mid-body (a relay killed mid-create)
+            return Response(status_code=400)
 
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
     return Starlette(routes=[Route("/{path:path}", dispatch, methods=methods)])

@@ -1,8 +1,9 @@
 """What the fake checks in a request, read from the Worker's contract.
 
-A body is checked against ``deploy/cloudflare/openapi.yaml`` itself (``JobRequest``), then
-for what a schema cannot say and the Worker checks too: base64 that decodes, stdin within
-1 MiB, files that clash with each other or with the workdir. Sizes map to Cloudflare's
+A body is checked against ``deploy/cloudflare/openapi.yaml`` itself (``JobRequest``, or
+``RunRequest`` for a two-step job's command), then for what a schema cannot say and the
+Worker checks too: base64 that decodes, stdin within 1 MiB, files that clash with each other
+or with the workdir. Sizes map to Cloudflare's
 instance types and egress to what the Sandbox SDK can enforce exactly as the Worker maps
 them (deploy/cloudflare/src/sizes.ts, egress.ts): what none holds is a 422.
 """
@@ -22,16 +23,9 @@ import yaml
 DOCUMENT = Path(__file__).resolve().parents[3] / "deploy" / "cloudflare" / "openapi.yaml"
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_STDIN_BYTES = 1_048_576
-DEFAULTS: dict[str, Any] = {
-    "env": {},
-    "files": {},
-    "stdin": None,
-    "workdir": None,
-    "grace_s": 30,
-    "egress": [],
-    "size": None,
-    "tags": {},
-}
+JOB_DEFAULTS: dict[str, Any] = {"grace_s": 30, "egress": [], "size": None, "tags": {}}
+COMMAND_DEFAULTS: dict[str, Any] = {"env": {}, "files": {}, "stdin": None, "workdir": None}
+COMMAND_FIELDS = ("argv", "env", "files", "stdin", "workdir")
 
 
 def _gb(count: int) -> int:
@@ -103,8 +97,8 @@ def _decoded(field: str, value: str, limit: int) -> bytes:
     return data
 
 
-def check_job(raw: bytes) -> dict[str, Any]:
-    """The body of ``POST /v1/jobs``, checked, with its defaults filled in."""
+def _checked(raw: bytes, schema: str) -> dict[str, Any]:
+    """A JSON object the document's ``schema`` allows."""
     try:
         given = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -112,26 +106,45 @@ def check_job(raw: bytes) -> dict[str, Any]:
     if not isinstance(given, dict):
         raise Refused(400, "invalid_body", "the body must be a JSON object")
     errors = sorted(
-        validator("JobRequest").iter_errors(given),
+        validator(schema).iter_errors(given),
         key=lambda error: [str(part) for part in error.instance_path],
     )
     if errors:
         where = ".".join(str(part) for part in errors[0].instance_path) or "body"
         raise Refused(400, "invalid_request", f"{where}: {errors[0].message[:200]}")
-    body = {**DEFAULTS, **given}
-    for path, content in body["files"].items():
+    return given
+
+
+def _command(given: dict[str, Any]) -> dict[str, Any]:
+    """A command's fields with their defaults, checked for what the schema cannot say."""
+    command = {**COMMAND_DEFAULTS, **{k: given[k] for k in COMMAND_FIELDS if k in given}}
+    command["timeout_s"] = given["timeout_s"]
+    for path, content in command["files"].items():
         _decoded(f"files[{path!r}]", content, MAX_BODY_BYTES)
-    if body["stdin"] is not None:
-        _decoded("stdin", body["stdin"], MAX_STDIN_BYTES)
-    clashing = _clash(list(body["files"]))
+    if command["stdin"] is not None:
+        _decoded("stdin", command["stdin"], MAX_STDIN_BYTES)
+    clashing = _clash(list(command["files"]))
     if clashing is not None:
         raise Refused(400, "invalid_request", f"files: {clashing[0]} is a file and a folder")
-    workdir = body["workdir"]
+    workdir = command["workdir"]
     if workdir is not None and any(
-        workdir == path or workdir.startswith(path + "/") for path in body["files"]
+        workdir == path or workdir.startswith(path + "/") for path in command["files"]
     ):
         raise Refused(400, "invalid_request", "workdir: is one of the files")
-    return body
+    return command
+
+
+def check_job(raw: bytes) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The body of ``POST /v1/jobs``, checked, with its defaults filled in, and its command
+    (None: a two-step job, whose command comes by ``POST /v1/jobs/{id}/run``)."""
+    given = _checked(raw, "JobRequest")
+    command = _command(given) if "argv" in given else None
+    return {**JOB_DEFAULTS, **given}, command
+
+
+def check_run(raw: bytes) -> dict[str, Any]:
+    """The body of ``POST /v1/jobs/{id}/run``: a two-step job's command, checked."""
+    return _command(_checked(raw, "RunRequest"))
 
 
 def job_id_ok(value: str) -> bool:

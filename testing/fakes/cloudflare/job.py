@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 FINAL = frozenset({"exited", "timed_out", "canceled", "lost", "error"})
+BUSY = frozenset({"starting", "running"})
+"""States whose work goes on in the Worker's memory (a restart under them loses the job)."""
 
 
 def iso(moment: float | None) -> str | None:
@@ -40,6 +42,8 @@ class Signal:
 class FakeJob:
     body: dict[str, Any]
     digest: str
+    command: dict[str, Any] | None
+    """From the create (one-shot) or the one run (two-step); None until then."""
     instance_type: str
     egress: tuple[str, list[str]]
     root: Path
@@ -52,7 +56,14 @@ class FakeJob:
     ended_at: float | None = None
     destroyed_at: float | None = None
     destroyed_by: str | None = None
+    destroy_wanted: str | None = None
+    """What first asked for the destroy (None: nothing yet)."""
     destroy_failures: int = 0
+    run_digest: str | None = None
+    keep: bool = False
+    """A two-step job: its container outlives its command, until a DELETE or the alarm."""
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the container's start is over (up, or failed)."""
     events: list[dict[str, Any]] = field(default_factory=list)
     kept: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
     truncated: dict[str, bool] = field(default_factory=lambda: {"stdout": False, "stderr": False})
@@ -70,6 +81,10 @@ class FakeJob:
     @property
     def final(self) -> bool:
         return self.state in FINAL
+
+    @property
+    def busy(self) -> bool:
+        return self.state in BUSY
 
     def kill(self) -> None:
         if self.process is not None and self.process.returncode is None:
@@ -103,6 +118,5 @@ class FakeJob:
             "ended_at": iso(self.ended_at),
             "destroyed_at": iso(self.destroyed_at),
             "destroyed_by": self.destroyed_by,
-            "destroy_pending": self.destroyed_at is None
-            and (self.final or self.destroy_failures > 0),
+            "destroy_pending": self.destroyed_at is None and self.destroy_wanted is not None,
         }

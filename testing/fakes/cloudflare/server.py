@@ -33,14 +33,17 @@ def running_fake(
     key: str | None = KEY,
     output_limit_bytes: int = 1_048_576,
     deployed: tuple[str, ...] = INSTANCE_TYPE_NAMES,
+    open_auth: bool = False,
 ) -> Iterator[FakeCloudflare]:
-    """Serve a fresh fake Worker; ``key=None`` is a Worker whose secret was never set.
+    """Serve a fresh fake Worker; ``key=None`` is a Worker whose secret was never set (it
+    refuses everything), ``open_auth`` one that answers without a key (as Cloudflare's
+    Sandbox Bridge does with its key unset).
 
     On exit every process it started is killed and it stops serving."""
     with serving(
         "Cloudflare",
         lambda: World(output_limit_bytes, deployed),
-        lambda world, url: build_app(world, key),
+        lambda world, url: build_app(world, key, open_auth),
         port,
     ) as (url, world, loop):
         yield FakeCloudflare(url=url, world=world, loop=loop)

@@ -4,11 +4,13 @@ A job's container is a host directory standing in for ``/`` (``/workspace`` and 
 in it); its command is a real process run there the way the other fakes run one
 (:mod:`testing.fakes.vercel.jail`: bubblewrap when it works here, with a private network
 when the job's egress is ``[]``; allow-lists are recorded, not enforced). As the Worker
-does: the command is killed at ``timeout_s`` (SIGTERM, SIGKILL 5 s later, exit 124 and
-"Command timed out"), the container is destroyed when the command ends, and an alarm
-destroys it at ``created + timeout_s + grace_s`` whatever happens; a destroy that fails is
-retried every :attr:`World.destroy_retry_s`. Everything runs on the fake's event loop; the
-ledger is also read from other threads.
+does: a one-shot job (its command in the create) runs at once and its container is
+destroyed when the command ends; a two-step job's container is made ``ready`` and waits for
+its one run, and outlives its command until a DELETE or the alarm. The command is killed at
+its ``timeout_s`` (SIGTERM, SIGKILL 5 s later, exit 124 and "Command timed out"), and the
+alarm destroys the container at ``created + timeout_s + grace_s`` whatever happens; a
+destroy that fails is retried every :attr:`World.destroy_retry_s`. Everything runs on the
+fake's event loop; the ledger is also read from other threads.
 """
 
 from __future__ import annotations
@@ -56,13 +58,21 @@ class World:
     # --- creating and running ------------------------------------------------------------
 
     def create(
-        self, body: dict[str, Any], digest: str, instance_type: str, egress: tuple[str, list[str]]
+        self,
+        body: dict[str, Any],
+        digest: str,
+        instance_type: str,
+        egress: tuple[str, list[str]],
+        command: dict[str, Any] | None,
     ) -> FakeJob:
-        """Record the job, list it, arm its alarm, and start its command."""
+        """Record the job, list it, arm its alarm, and start its container (and a one-shot
+        job's command)."""
         now = time.time()
         job = FakeJob(
             body=body,
             digest=digest,
+            command=command,
+            keep=command is None,
             instance_type=instance_type,
             egress=egress,
             root=self.base_dir / body["id"],
@@ -79,30 +89,65 @@ class World:
                 "timeout_s": body["timeout_s"],
                 "grace_s": body["grace_s"],
                 "created_at": now,
+                "command": command is not None,
             }
         )
         loop = asyncio.get_running_loop()
         job.timers.append(loop.call_later(job.deadline - now, self.alarm, job.id))
         if self.faults.vanish_after_s is not None:
             job.timers.append(loop.call_later(self.faults.vanish_after_s, self.vanish, job.id))
-        job.tasks.append(asyncio.create_task(self._run(job)))
+        job.tasks.append(asyncio.create_task(self._begin(job)))
         return job
 
-    async def _run(self, job: FakeJob) -> None:
-        body = job.body
+    async def run(self, job: FakeJob, command: dict[str, Any], digest: str) -> str:
+        """A two-step job's command: ``started``, ``existing`` (the same run again),
+        ``already_run`` (it has another) or ``ended`` (it ended before any command)."""
+        await job.started.wait()
+        if job.command is not None:
+            return "existing" if job.run_digest == digest else "already_run"
+        if job.state != "ready":
+            return "ended"
+        job.command, job.run_digest = command, digest
+        job.state, job.started_at = "running", time.time()
+        job.changed.fire()
+        job.tasks.append(asyncio.create_task(self._command(job)))
+        return "started"
+
+    async def _begin(self, job: FakeJob) -> None:
+        """Start the container; then a one-shot job's command."""
         try:
             for directory in (WORKSPACE, "/tmp"):
                 (job.root / directory.lstrip("/")).mkdir(parents=True, exist_ok=True)
             prepare_root(job.root)
-            for path, content in body["files"].items():
+        except OSError as exc:
+            self.end(job, "error", None, {"code": "start_failed", "message": type(exc).__name__})
+            self.destroy(job.id, "exit")
+            return
+        finally:
+            if job.keep and not job.final and job.destroyed_at is None:
+                job.state = "ready"
+                job.changed.fire()
+            job.started.set()
+        if job.final:  # ended (canceled, lost) while it started
+            self.destroy(job.id, "exit")
+        elif not job.keep:
+            job.state, job.started_at = "running", time.time()
+            await self._command(job)
+
+    async def _command(self, job: FakeJob) -> None:
+        """Write the command's files, run it to its end; destroy a one-shot job's container."""
+        command = job.command
+        assert command is not None
+        try:
+            for path, content in command["files"].items():
                 target = host_path(job.root, f"{WORKSPACE}/{path}")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(base64.b64decode(content))
-            cwd = WORKSPACE if body["workdir"] is None else f"{WORKSPACE}/{body['workdir']}"
+            cwd = WORKSPACE if command["workdir"] is None else f"{WORKSPACE}/{command['workdir']}"
             host_path(job.root, cwd).mkdir(parents=True, exist_ok=True)
             how = launch(
                 job.root,
-                ["sh", "-c", 'exec "$@"', "sh", *body["argv"]],
+                ["sh", "-c", 'exec "$@"', "sh", *command["argv"]],
                 cwd,
                 isolate_network=job.egress[0] == "none",
             )
@@ -110,15 +155,15 @@ class World:
                 "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "HOME": WORKSPACE if how.cwd is None else str(host_path(job.root, WORKSPACE)),
                 "LANG": "C.UTF-8",
-                **body["env"],
+                **command["env"],
             }
             with self.ledger.lock:
                 self.ledger.commands.append(
                     {
                         "id": job.id,
-                        "argv": body["argv"],
+                        "argv": command["argv"],
                         "cwd": cwd,
-                        "env_names": sorted(body["env"]),
+                        "env_names": sorted(command["env"]),
                     }
                 )
             if job.final:
@@ -133,29 +178,35 @@ class World:
                 start_new_session=True,
             )
         except (OSError, ValueError) as exc:
-            self.end(job, "error", None, {"code": "start_failed", "message": type(exc).__name__})
-            self.destroy(job.id, "exit")
+            self.end(job, "error", None, {"code": "run_failed", "message": type(exc).__name__})
+            self._after_command(job)
             return
         if job.final:  # ended (canceled, lost) while the process was starting
             job.kill()
             await job.process.wait()
-            self.destroy(job.id, "exit")
+            self._after_command(job)
             return
-        job.state, job.started_at = "running", time.time()
         job.changed.fire()
         await self._follow(job)
+        self._after_command(job)
+
+    def _after_command(self, job: FakeJob) -> None:
+        """A one-shot job's container goes with its command; a two-step job's waits."""
+        if not job.keep:
+            self.destroy(job.id, "exit")
 
     async def _follow(self, job: FakeJob) -> None:
         process = job.process
         assert process is not None and process.stdin is not None
-        stdin = job.body["stdin"]
+        assert job.command is not None
+        stdin = job.command["stdin"]
         with contextlib.suppress(ConnectionError):
             if stdin is not None:
                 process.stdin.write(base64.b64decode(stdin))
                 await process.stdin.drain()
             process.stdin.close()
         loop = asyncio.get_running_loop()
-        limit = float("inf") if self.faults.timeout_ignored else job.body["timeout_s"]
+        limit = float("inf") if self.faults.timeout_ignored else job.command["timeout_s"]
         timeout = loop.call_later(limit, self._expire, job)
         pumps = [
             asyncio.create_task(self._pump(job, process.stdout, "stdout")),
@@ -171,13 +222,11 @@ class World:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
         if job.expired:
-            self.output(
-                job, "stderr", f"Command timed out after {job.body['timeout_s'] * 1000:g} ms\n"
-            )
+            milliseconds = job.command["timeout_s"] * 1000
+            self.output(job, "stderr", f"Command timed out after {milliseconds:g} ms\n")
             self.end(job, "timed_out", 124)
         else:
             self.end(job, "exited", code if code >= 0 else 128 - code)
-        self.destroy(job.id, "exit")
 
     def _expire(self, job: FakeJob) -> None:
         """The SDK's timeout: SIGTERM to the process group, SIGKILL 5 s later."""
@@ -228,6 +277,7 @@ class World:
             return False
         if job.destroyed_at is not None:
             return True
+        job.destroy_wanted = job.destroy_wanted or by
         if self.faults.take_terminate_failure():
             job.destroy_failures += 1
             loop = asyncio.get_running_loop()
@@ -250,16 +300,19 @@ class World:
         return self.destroy(job_id, "delete")
 
     def alarm(self, job_id: str) -> None:
-        """The deadline: a job still running has outlived its timeout; destroy it."""
+        """The deadline: a job not ended has outlived its timeout (or never got its
+        command); whatever its state, its container is destroyed."""
         job = self.jobs.get(job_id)
         if job is not None:
             self.end(job, "timed_out", None)
             self.destroy(job_id, "alarm")
 
     def vanish(self, job_id: str) -> None:
-        """The job's Durable Object restarted under its command: lost, and destroyed."""
+        """The job's Durable Object restarted under its start or its command: lost, and
+        destroyed. A job waiting for its command, or done with it, holds nothing in the
+        object's memory: a restart then loses nothing, as in the Worker."""
         job = self.jobs.get(job_id)
-        if job is not None:
+        if job is not None and job.busy:
             lost = {"code": "lost", "message": "the Worker restarted under the command"}
             self.end(job, "lost", None, lost)
             self.destroy(job_id, "lost")

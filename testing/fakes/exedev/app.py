@@ -258,8 +258,9 @@ def build_app(world: World) -> Starlette:
 
 class CommandStream(Response):
     """An ``ssh`` answer: NDJSON lines as output comes, then the exit code or an error;
-    blank lines while it is quiet. A dropped request kills the command (unless
-    ``faults.commands_outlive_request``), as the SDK says closing the connection does."""
+    blank lines while it is quiet. A dropped request ends the session (unless
+    ``faults.commands_outlive_request``): its shell is killed, as the SDK says the VM does,
+    and the SDK's ``run()`` script's watchdog then kills the command's process group."""
 
     def __init__(self, world: World, session: Session) -> None:
         self.world = world

@@ -7,6 +7,13 @@ the VM user's shell with ``-c``, in the home directory, as sshd would. exe.dev d
 deadline for a command or a VM: neither ends here unless deleted, stopped or its request
 dropped. Everything runs on the fake's event loop; the ledger is also read from other
 threads.
+
+A VM's processes are a VM's, not a command's: what a command starts in a session of its own
+(``setsid``, as the SDK's ``spawn()`` does) outlives the ``ssh`` request, as it would on the
+VM, until the VM is deleted, stopped or restarted. So commands get no PID namespace of their
+own (they see the host's ``/proc``, read-only), and every process of a VM carries the
+variable :data:`MARKER` with the VM's own value, by which the fake finds and kills them all
+(a process that empties its environment escapes that: a fake's limit).
 """
 
 from __future__ import annotations
@@ -29,6 +36,22 @@ from testing.fakes.vercel.jail import launch, prepare_root
 HOME = "/home/exedev"
 """The VM user's home: the fake's choice (the SDK makes every relative path relative to it)."""
 SHELL = "/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"
+MARKER = "EXE_FAKE_VM"
+"""The variable that marks every process of a VM (its value is the VM's :attr:`FakeVM.marker`)."""
+
+
+def kill_marked(marker: str) -> None:
+    """SIGKILL every process whose environment carries ``MARKER=marker``: twice, for one
+    forked while the first pass read ``/proc``."""
+    needle = f"{MARKER}={marker}".encode()
+    for _ in range(2):
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                if needle not in environ.read_bytes().split(b"\0"):
+                    continue
+                os.kill(int(environ.parent.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue  # gone meanwhile, or not ours to read
 
 
 @dataclass(eq=False)
@@ -43,9 +66,14 @@ class Session:
     ended: bool = False
 
     def kill(self) -> None:
+        """End the session as the VM does: kill the process it started for it (the shell,
+        here through bubblewrap, whose child dies with it), not what that started. The SDK
+        says so of exe.dev ("The VM kills the process it started for the session") and
+        relies on it: its ``run()`` script's watchdog sees its parent go and kills the
+        command's process group; anything started in a session of its own lives on."""
         if self.process is not None and self.process.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+                os.kill(self.process.pid, signal.SIGKILL)
 
     def end(self, reason: str) -> None:
         """The VM went away under the command: kill it; its stream ends with an error."""
@@ -67,6 +95,8 @@ class FakeVM:
     created_at: str
     created_by: str
     status: str = "running"
+    marker: str = field(default_factory=lambda: secrets.token_hex(8))
+    """The value of :data:`MARKER` in every process of this VM."""
     sessions: set[Session] = field(default_factory=set)
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
 
@@ -174,6 +204,7 @@ class World:
             timer.cancel()
         for session in list(vm.sessions):
             session.end(f'VM "{name}" was deleted')
+        kill_marked(vm.marker)
         shutil.rmtree(vm.root, ignore_errors=True)
         self.ledger.mark_gone(name, by)
         return True
@@ -187,11 +218,13 @@ class World:
         vm.status = "stopped"
         for session in list(vm.sessions):
             session.end(f'VM "{name}" stopped')
+        kill_marked(vm.marker)
 
     def restart(self, name: str) -> None:
         vm = self.vms[name]
         for session in list(vm.sessions):
             session.end(f'VM "{name}" restarted')
+        kill_marked(vm.marker)
         vm.status = "running"
 
     async def start(self, vm: FakeVM, command: str, by: str) -> Session:
@@ -200,7 +233,13 @@ class World:
         vm.sessions.add(session)
         with self.ledger.lock:
             self.ledger.commands.append({"vm": vm.name, "command": command, "by": by})
-        how = launch(vm.root, [SHELL, "-c", command], HOME, isolate_network=vm.egress != "all")
+        how = launch(
+            vm.root,
+            [SHELL, "-c", command],
+            HOME,
+            isolate_network=vm.egress != "all",
+            own_pids=False,
+        )
         home = HOME if how.cwd is None else str(vm.root / HOME.lstrip("/"))
         process_env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -210,6 +249,7 @@ class World:
             "SHELL": SHELL,
             "LANG": "C.UTF-8",
             **vm.env,
+            MARKER: vm.marker,
         }
         try:
             session.process = await asyncio.create_subprocess_exec(

@@ -89,19 +89,27 @@ def _map_argument(root: Path, argument: str) -> str:
     return argument
 
 
-def launch(root: Path, argv: list[str], cwd: str, *, isolate_network: bool) -> Launch:
-    """The host command line that runs ``argv`` at ``cwd`` in the sandbox at ``root``."""
+def launch(
+    root: Path, argv: list[str], cwd: str, *, isolate_network: bool, own_pids: bool = True
+) -> Launch:
+    """The host command line that runs ``argv`` at ``cwd`` in the sandbox at ``root``.
+
+    ``own_pids``: the command gets a PID namespace of its own, so everything it started ends
+    with it. Without one (a fake of a VM, whose processes outlive the command that started
+    them) it sees the host's ``/proc``, read-only, and the fake ends its processes itself."""
     jail = bwrap()
     if jail is None:
         mapped = [argv[0], *(_map_argument(root, argument) for argument in argv[1:])]
         home = str(host_path(root, "/vercel/sandbox"))
         return Launch(mapped, host_path(root, cwd), home, str(host_path(root, "/tmp")))
     command = [jail, "--bind", str(root), "/", "--ro-bind", "/usr", "/usr"]
-    command += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev"]
+    command += ["--ro-bind", "/etc", "/etc", "--dev", "/dev"]
+    command += ["--proc", "/proc"] if own_pids else ["--ro-bind", "/proc", "/proc"]
     for name in _HOST_LINKS:  # hosts without merged /usr have real /lib, /bin...
         if Path("/", name).is_dir() and not Path("/", name).is_symlink():
             command += ["--ro-bind", f"/{name}", f"/{name}"]
-    command += ["--unshare-pid", "--unshare-ipc", "--die-with-parent"]
+    command += ["--unshare-pid"] if own_pids else []
+    command += ["--unshare-ipc", "--die-with-parent"]
     if isolate_network:
         command.append("--unshare-net")
     command += ["--chdir", cwd, "--", *argv]
