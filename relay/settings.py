@@ -11,6 +11,7 @@ provider asks for its part with :meth:`Settings.section`.
 from __future__ import annotations
 
 import contextlib
+import functools
 from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -125,11 +126,27 @@ class Settings(BaseSettings):
     create_timeout_s: float = Field(60.0, gt=0)
     grace_s: float = Field(30.0, ge=5)
 
+    # Per-provider runs at once (RELAY_<NAME>_MAX_CONCURRENT; relay/store/limits.py): a
+    # provider at its cap is skipped by a route, and a route with none free is a 429.
+    local_max_concurrent: int | None = Field(None, ge=1)
+    memory_max_concurrent: int | None = Field(None, ge=1)
+    e2b_max_concurrent: int | None = Field(None, ge=1)
+    modal_max_concurrent: int | None = Field(None, ge=1)
+    vercel_max_concurrent: int | None = Field(None, ge=1)
+    sprites_max_concurrent: int | None = Field(None, ge=1)
+    daytona_max_concurrent: int | None = Field(None, ge=1)
+    exedev_max_concurrent: int | None = Field(None, ge=1)
+    cloudflare_max_concurrent: int | None = Field(None, ge=1)
+
     # Routing and failover (relay/runs/route.py, relay/runs/breakers.py)
     route: Annotated[list[str], NoDecode] = []
     """The relay-wide route, in order: where ``provider: "auto"`` runs a job that names no
     provider of its own (and a raw command). Empty: the enabled providers, in
     ``RELAY_PROVIDERS`` order."""
+    route_choice: Literal["order", "fastest", "cheapest"] = "order"
+    """How a run's route is ranked where its job names no ``route`` (relay/runs/ranking.py)."""
+    route_latency_refresh_s: float = Field(30.0, gt=0)
+    """How often at most ``fastest`` reads the providers' recent create times again."""
     route_create_budget_s: float | None = Field(None, gt=0)
     """How long all the attempts of one run may spend getting a sandbox, together (each
     attempt's create is bounded by its provider's create timeout too). Unset: twice
@@ -252,6 +269,12 @@ class Settings(BaseSettings):
     def default_route(self) -> list[str]:
         """The relay-wide route: ``RELAY_ROUTE``, else the enabled providers in order."""
         return self.route or self.providers
+
+    @functools.cached_property
+    def provider_caps(self) -> dict[str, int]:
+        """Each enabled provider's runs-at-once cap, where it has one."""
+        caps = {name: getattr(self, f"{name}_max_concurrent", None) for name in self.providers}
+        return {name: cap for name, cap in caps.items() if isinstance(cap, int)}
 
     @property
     def create_budget_s(self) -> float:

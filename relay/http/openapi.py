@@ -242,7 +242,8 @@ def _create_run(common: dict[str, Any]) -> dict[str, Any]:
             "429": _json(
                 "ErrorBody",
                 "error codes: rate_limited (a limit of the token's, its fair share of the "
-                "relay's runs at once, or the relay's own), budget_exceeded",
+                "relay's runs at once, the relay's own, or every provider of the run's "
+                "route at its RELAY_<NAME>_MAX_CONCURRENT, each named), budget_exceeded",
                 {**_RETRY, **_RATE_LIMIT},
             ),
             "202": _json(

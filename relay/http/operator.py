@@ -122,6 +122,7 @@ async def operator_health(request: Request) -> Response:
     state = state_of(request)
     checks = await readiness(state)
     outcomes = await state.service.provider_outcomes(time.time() - 86_400)
+    create_p50_ms = await state.service.ranking.fresh()
     providers = []
     for name, provider in state.providers.items():
         problem = getattr(provider, "problem", None)
@@ -131,6 +132,8 @@ async def operator_health(request: Request) -> Response:
                 name=name,
                 problem=problem() if callable(problem) else None,
                 breaker=breaker_health(state.service.breakers, name),
+                create_p50_ms=create_p50_ms.get(name),
+                max_concurrent=state.service.capacity.caps.get(name),
                 runs=runs,
                 errors=errors,
                 failed=failed,

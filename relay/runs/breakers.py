@@ -17,8 +17,8 @@ rate limit or quota) or a sandbox lost before its command started; never a reque
 fault (its size, its egress) nor the job's exit. A run whose route holds one provider does
 not go through a route, so it neither asks the breaker nor counts (it has nowhere else to go).
 
-:class:`Capacity` sits beside the breaker: whether a provider can take one more run (per
-provider concurrency caps; today every provider can).
+:class:`~relay.runs.capacity.Capacity` sits beside the breaker: whether a provider can
+take one more run (``RELAY_<NAME>_MAX_CONCURRENT``).
 """
 
 from __future__ import annotations
@@ -187,12 +187,3 @@ class Breakers:
         breaker.opened_at = self.clock()
         breaker.opened += 1
         breaker.recent.clear()  # the next verdict is the half-open run's
-
-
-class Capacity:
-    """Whether a provider can take one more run now, beside its breaker: a provider that
-    cannot is skipped like an open breaker. Per-provider concurrency caps belong here
-    (issue 36, item 6); today every provider can."""
-
-    def has_room(self, provider: str) -> bool:
-        return True

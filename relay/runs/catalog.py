@@ -71,8 +71,8 @@ _PARAM_KEYS = {
 MAX_JOB_FILE_BYTES = 1_048_576
 MAX_WARM = 64
 """A job's ``warm`` at most (``RELAY_POOL_MAX`` caps all pools together anyway)."""
-RANKINGS = ("order",)
-"""How a job's ``route`` ranks its providers (relay/runs/route.py: :func:`ranked`)."""
+RANKINGS = ("order", "fastest", "cheapest")
+"""How a job's ``route`` ranks its providers (relay/runs/ranking.py)."""
 RETRIES = ("never", "safe")
 """A job's ``retry``: ``safe`` is the job author's promise that running it twice does no
 harm, so a sandbox lost during the command may run it again on the next provider."""
@@ -159,8 +159,8 @@ class JobSpec:
     relay's route (``RELAY_ROUTE``)."""
     retry: str = "never"
     """``safe``: a sandbox lost after the command started may run it again elsewhere."""
-    route: str = "order"
-    """How its route is ranked (:data:`RANKINGS`)."""
+    route: str | None = None
+    """How its route is ranked (:data:`RANKINGS`); None: ``RELAY_ROUTE_CHOICE``."""
     image: str | None = None
     images: Mapping[str, str] = field(default_factory=dict)
     """Per-provider images (an E2B template, a registry image), overriding ``image``."""
@@ -294,7 +294,7 @@ def _parse_param(path: Path, name: str, table: Any) -> ParamSpec:
     return spec
 
 
-def _route(path: Path, data: Mapping[str, Any]) -> tuple[tuple[str, ...], str, str]:
+def _route(path: Path, data: Mapping[str, Any]) -> tuple[tuple[str, ...], str, str | None]:
     """The job's ``providers`` (its route, in order), ``retry`` and ``route`` (ranking)."""
     providers = data.get("providers", [])
     if (
@@ -308,8 +308,8 @@ def _route(path: Path, data: Mapping[str, Any]) -> tuple[tuple[str, ...], str, s
     retry = data.get("retry", "never")
     if retry not in RETRIES:
         raise _fail(path, f"retry: must be one of {', '.join(RETRIES)}")
-    route = data.get("route", "order")
-    if route not in RANKINGS:
+    route = data.get("route")
+    if route is not None and route not in RANKINGS:
         raise _fail(path, f"route: must be one of {', '.join(RANKINGS)}")
     return tuple(providers), retry, route
 

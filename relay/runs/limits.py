@@ -46,8 +46,12 @@ from relay.store.limits import Admission, LimitReached, Standing, day_start
 DAY_S = 86_400
 
 
-def admission_for(principal: Principal, settings: Settings, now: float) -> Admission:
-    """The limits a run of ``principal`` submitted at ``now`` is admitted under."""
+def admission_for(
+    principal: Principal, settings: Settings, now: float, route: tuple[str, ...] = ()
+) -> Admission:
+    """The limits a run of ``principal`` submitted at ``now`` is admitted under; ``route``
+    (its providers in the order tried) weighs the per-provider caps, if any has one."""
+    caps = settings.provider_caps
     return Admission(
         token_concurrent=principal.max_concurrent,
         global_concurrent=settings.max_concurrent,
@@ -55,6 +59,9 @@ def admission_for(principal: Principal, settings: Settings, now: float) -> Admis
         usd_per_day=principal.usd_per_day,
         now=now,
         token_share=fair_share(settings),
+        caps=tuple((name, caps.get(name)) for name in route)
+        if any(name in caps for name in route)
+        else (),
     )
 
 
@@ -106,6 +113,14 @@ def refusal(limit: LimitReached, admission: Admission, reserved_usd: float) -> R
         return BudgetExceeded(
             f"this token's daily budget of ${limit.limit:g} is used up (counting the worst "
             "case of its running runs and of this one)",
+            retry_after=retry_after,
+            headers=headers,
+        )
+    if limit.kind == "provider_concurrency":
+        full = ", ".join(f"{name} ({cap} at once)" for name, cap in limit.full)
+        return RateLimited(
+            f"limit reached: every provider of this run's route is at its cap of runs at "
+            f"once: {full}",
             retry_after=retry_after,
             headers=headers,
         )

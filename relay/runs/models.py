@@ -512,6 +512,15 @@ class ProviderHealth(BaseModel):
     breaker: BreakerHealth | None = Field(
         None, description="Its breaker on the replica that answered (routes of several only)."
     )
+    create_p50_ms: int | None = Field(
+        None,
+        description="Its median create time over the relay's recent runs (what a route "
+        "ranked `fastest` orders by; read again at most every RELAY_ROUTE_LATENCY_REFRESH_S); "
+        "null: no recent create.",
+    )
+    max_concurrent: int | None = Field(
+        None, description="Its cap of runs at once (RELAY_<NAME>_MAX_CONCURRENT); null: none."
+    )
     runs: int = Field(description="Runs on it in the last 24 hours.")
     errors: int = Field(description="Of those, runs that ended in `error` or `lost`.")
     failed: int = Field(

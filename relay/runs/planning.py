@@ -64,7 +64,10 @@ class Plan:
     retry_safe: bool = False
     """The job may run again elsewhere after a sandbox lost under it (``retry = "safe"``)."""
     ranking: str = "order"
-    """How the route is ranked before it is tried (the job's ``route``)."""
+    """How the route is ranked before it is tried (the job's ``route``, else
+    ``RELAY_ROUTE_CHOICE``): relay/runs/ranking.py."""
+    skipped: tuple[tuple[str, str], ...] = ()
+    """Providers of the route left out at the admission, and why (at their cap)."""
 
 
 def request_hash(request: RunRequest) -> str:
@@ -274,5 +277,5 @@ class Planner:
             spec=route[0].spec,
             route=route,
             retry_safe=job is not None and job.retry == "safe",
-            ranking=job.route if job is not None else "order",
+            ranking=(job.route if job is not None else None) or self.settings.route_choice,
         )

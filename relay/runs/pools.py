@@ -275,6 +275,13 @@ class Pools:
 
     # -- claims ------------------------------------------------------------------------
 
+    def has_ready(self, provider: str, spec: SandboxSpec) -> bool:
+        """Whether :meth:`claim` may find a ready sandbox for ``spec`` on ``provider`` (a
+        read of this replica's memory)."""
+        shape = Shape.of(provider, spec)
+        pool = self.pools.get((shape.job, provider)) if shape is not None else None
+        return pool is not None and bool(pool.ready) and shape == pool.shape
+
     async def claim(self, provider: str, spec: SandboxSpec) -> Claimed | None:
         """A ready sandbox of the spec's exact shape on ``provider``, now the spec's run's;
         None: cold."""

@@ -5,9 +5,10 @@ sandbox, always ended), built per run by the runner (``Runner.door_for``) when t
 plan has more than one provider. The run task opens it like any door and never knows it
 holds one. What it does:
 
-1. ranks the plan's candidates (:func:`ranked`; ``route = "order"`` keeps the plan's
-   order), then skips a provider whose breaker is open or that has no room
-   (relay/runs/breakers.py) without an attempt;
+1. takes the plan's candidates as ranked at the admission (relay/runs/ranking.py: order,
+   fastest, cheapest; a provider at its cap then was left out), and skips a provider whose
+   breaker is open (relay/runs/breakers.py) or that is at its cap of runs at once by now
+   (relay/runs/capacity.py) without an attempt;
 2. claims a ready warm sandbox on any provider of the route, in route order, before a
    cold create anywhere (a claim is a read of this replica's memory, then one UPDATE);
 3. creates on each provider in turn, each create bounded by its provider's create timeout
@@ -31,35 +32,32 @@ bus ("e2b: create timed out after 10 s; trying daytona").
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from relay.providers.contract import Sandbox, SandboxSpec
-from relay.runs.planning import Candidate, Plan
+from relay.runs.planning import Plan
 from relay.runs.route_sandbox import ATTEMPTS, RouteSandbox, Routing
 
-__all__ = ["ATTEMPTS", "Route", "RouteSandbox", "Routing", "ranked"]
-
-
-def ranked(candidates: Sequence[Candidate], ranking: str) -> list[Candidate]:
-    """The order a route tries its candidates in: ``order`` keeps the plan's (the job's,
-    else ``RELAY_ROUTE``'s). Other rankings (fastest, cheapest) go here."""
-    return list(candidates)
+__all__ = ["ATTEMPTS", "Route", "RouteSandbox", "Routing"]
 
 
 class Route:
     """A sandbox source over a run's candidates (relay/runs/planning.py: ``Plan.route``)."""
 
     def __init__(self, plan: Plan, routing: Routing) -> None:
-        self.candidates = ranked(plan.route, plan.ranking)
+        self.candidates = plan.route
         self.retry_safe = plan.retry_safe
+        self.skipped = dict(plan.skipped)
         self.routing = routing
 
     @asynccontextmanager
     async def sandbox(self, spec: SandboxSpec) -> AsyncIterator[Sandbox]:
         """The first sandbox a candidate gives (``spec`` names the run; each candidate has
         its own spec); leaving ends whichever sandbox the run holds then."""
-        box = RouteSandbox(self.candidates, self.retry_safe, self.routing, spec.run_id)
+        box = RouteSandbox(
+            self.candidates, self.retry_safe, self.routing, spec.run_id, self.skipped
+        )
         await box.open_next(None)
         try:
             yield box

@@ -2,7 +2,7 @@
 for the next provider's while that is safe.
 
 :class:`RouteSandbox` opens the candidates in turn (a warm sandbox on any of them first,
-then cold creates, each past its breaker and :class:`~relay.runs.breakers.Capacity`, within
+then cold creates, each past its breaker and :class:`~relay.runs.capacity.Capacity`, within
 the run's create budget), keeps the current sandbox in an exit stack, and moves the run on
 after a provider error before the command was called, or during it for a job that is safe to
 repeat. :class:`Routing` is what every route of a replica shares.
@@ -30,7 +30,8 @@ from relay.providers.contract import (
 )
 from relay.providers.lifecycle import SWEEP_ASIDE
 from relay.runs.attempts import ENDED_MEANWHILE, attempt_of, said
-from relay.runs.breakers import Breakers, Capacity
+from relay.runs.breakers import Breakers
+from relay.runs.capacity import Capacity
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.planning import Candidate
 from relay.runs.pools import Pools
@@ -60,16 +61,24 @@ class RouteSandbox:
     current sandbox's."""
 
     def __init__(
-        self, candidates: Sequence[Candidate], retry_safe: bool, routing: Routing, run_id: str
+        self,
+        candidates: Sequence[Candidate],
+        retry_safe: bool,
+        routing: Routing,
+        run_id: str,
+        skipped: Mapping[str, str] | None = None,
     ) -> None:
         self.retry_safe = retry_safe
         self.routing = routing
         self.run_id = run_id
         self.left = list(candidates)
         """Candidates not tried yet, in order."""
+        self.held = candidates[0].provider
+        """The provider the run is counted on for the per-provider caps (its admission's)."""
         self.attempts: list[Attempt] = []
-        self.skipped: dict[str, str] = {}
-        """Why each provider skipped without an attempt was skipped."""
+        self.skipped: dict[str, str] = dict(skipped or {})
+        """Why each provider skipped without an attempt was skipped (its breaker open, at
+        its cap: at the admission or since)."""
         self.create_spent_s = 0.0
         self.exec_called = False
         self.files: Mapping[str, bytes] | None = None
@@ -158,7 +167,7 @@ class RouteSandbox:
                 return
         while self.left and self._budget_left() > 0:
             candidate = self.left.pop(0)
-            if not self._admitted(candidate.provider):
+            if not await self._admitted(candidate.provider):
                 continue
             self._announce(after, candidate.provider)
             after = None
@@ -175,7 +184,9 @@ class RouteSandbox:
         """Take a ready warm sandbox of ``candidate``'s, if it has one (a provider whose
         breaker is not closed is left alone: a claim takes no trial)."""
         name, routing = candidate.provider, self.routing
-        if not routing.breakers.closed(name) or not routing.capacity.has_room(name):
+        if not routing.breakers.closed(name) or not routing.pools.has_ready(name, candidate.spec):
+            return False
+        if not await self._took(name):
             return False
         began = time.monotonic()
         claimed = await routing.pools.claim(name, candidate.spec)
@@ -188,15 +199,30 @@ class RouteSandbox:
         self._hold(stack, inner, name, began)
         return True
 
-    def _admitted(self, name: str) -> bool:
-        routing = self.routing
-        if not routing.capacity.has_room(name):
-            self.skipped[name] = "no room"
-            return False
-        if not routing.breakers.admits(name):
-            left = routing.breakers.cooldown_left(name)
+    async def _admitted(self, name: str) -> bool:
+        """Whether a route may try ``name`` now: its breaker lets it, and it has room for
+        the run (the run's count moved there); else a skip, with its reason."""
+        breakers = self.routing.breakers
+        if not breakers.admits(name):
+            left = breakers.cooldown_left(name)
             self.skipped[name] = f"its breaker is open (tried again in {left:.0f} s)"
             return False
+        if not await self._took(name):
+            breakers.released(name)  # a half-open trial it admitted goes to the next run
+            return False
+        return True
+
+    async def _took(self, name: str) -> bool:
+        """Count the run on ``name`` (per-provider caps); a skip when it is full."""
+        capacity = self.routing.capacity
+        if not await capacity.take(self.run_id, self.held, name):
+            self.skipped[name] = capacity.refusal(name)
+            log.info(
+                "route: provider at its cap, skipped",
+                extra={"run_id": self.run_id, "provider": name},
+            )
+            return False
+        self.held = name
         return True
 
     def _may_go_on(self) -> bool:
