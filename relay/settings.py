@@ -11,7 +11,6 @@ provider asks for its part with :meth:`Settings.section`.
 from __future__ import annotations
 
 import contextlib
-import functools
 from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -28,6 +27,10 @@ class ProviderSettings(BaseSettings):
     (``RELAY_E2B_``); built by :meth:`Settings.section`, never read on its own."""
 
     model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
+    max_concurrent: int | None = Field(None, ge=1)
+    """Runs at once on this provider across the replicas (``RELAY_<NAME>_MAX_CONCURRENT``;
+    None: no cap): relay/runs/capacity.py."""
 
     @classmethod
     def keyword_prefix(cls) -> str:
@@ -126,17 +129,10 @@ class Settings(BaseSettings):
     create_timeout_s: float = Field(60.0, gt=0)
     grace_s: float = Field(30.0, ge=5)
 
-    # Per-provider runs at once (RELAY_<NAME>_MAX_CONCURRENT; relay/store/limits.py): a
-    # provider at its cap is skipped by a route, and a route with none free is a 429.
+    # Runs at once on the providers with no settings model of their own; a cloud provider's
+    # is its model's (ProviderSettings.max_concurrent). relay/runs/capacity.py.
     local_max_concurrent: int | None = Field(None, ge=1)
     memory_max_concurrent: int | None = Field(None, ge=1)
-    e2b_max_concurrent: int | None = Field(None, ge=1)
-    modal_max_concurrent: int | None = Field(None, ge=1)
-    vercel_max_concurrent: int | None = Field(None, ge=1)
-    sprites_max_concurrent: int | None = Field(None, ge=1)
-    daytona_max_concurrent: int | None = Field(None, ge=1)
-    exedev_max_concurrent: int | None = Field(None, ge=1)
-    cloudflare_max_concurrent: int | None = Field(None, ge=1)
 
     # Routing and failover (relay/runs/route.py, relay/runs/breakers.py)
     route: Annotated[list[str], NoDecode] = []
@@ -269,12 +265,6 @@ class Settings(BaseSettings):
     def default_route(self) -> list[str]:
         """The relay-wide route: ``RELAY_ROUTE``, else the enabled providers in order."""
         return self.route or self.providers
-
-    @functools.cached_property
-    def provider_caps(self) -> dict[str, int]:
-        """Each enabled provider's runs-at-once cap, where it has one."""
-        caps = {name: getattr(self, f"{name}_max_concurrent", None) for name in self.providers}
-        return {name: cap for name, cap in caps.items() if isinstance(cap, int)}
 
     @property
     def create_budget_s(self) -> float:

@@ -8,6 +8,7 @@ run's ``attempts`` column as the API shows them, relay/runs/view.py reads them b
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
 
@@ -43,7 +44,9 @@ PHRASES = {
 def said(attempt: Attempt, action: str) -> str:
     """How a failed attempt reads in one line: "create timed out after 10 s"."""
     if attempt.error_code == "provider_timeout" and action == "creating the sandbox":
-        return f"create timed out after {attempt.create_ms / 1000:.3g} s"
+        # Tenths, rounded down: a create timeout of 3 s reads "3 s" however late the timer
+        # fired on a busy event loop (it did time out after that long).
+        return f"create timed out after {math.floor(attempt.create_ms / 100) / 10:g} s"
     phrase = PHRASES.get(attempt.error_code)
     if phrase is None:
         return attempt.error_message

@@ -15,6 +15,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from relay.providers.contract import Provider
+from relay.settings import Settings
+
+
+def caps_of(settings: Settings, providers: Mapping[str, Provider]) -> dict[str, int]:
+    """Each provider's cap of runs at once, where it has one: a cloud provider's from its
+    own settings model (``RELAY_E2B_MAX_CONCURRENT``), else ``RELAY_<NAME>_MAX_CONCURRENT``
+    of the relay's settings (local, memory)."""
+    caps: dict[str, int] = {}
+    for name, provider in providers.items():
+        model = getattr(provider, "settings_model", None)
+        if model is not None:
+            cap = settings.section(model).max_concurrent
+        else:
+            cap = getattr(settings, f"{name}_max_concurrent", None)
+        if isinstance(cap, int):
+            caps[name] = cap
+    return caps
+
 
 class RunMover(Protocol):
     """The store's side of a move (relay/store/database.py: ``Store.move_run``)."""

@@ -37,6 +37,7 @@ Decided in the database with the other limits, so it holds across replicas; its 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from relay.auth import Principal
 from relay.errors import BudgetExceeded, RateLimited
@@ -47,11 +48,15 @@ DAY_S = 86_400
 
 
 def admission_for(
-    principal: Principal, settings: Settings, now: float, route: tuple[str, ...] = ()
+    principal: Principal,
+    settings: Settings,
+    now: float,
+    route: tuple[str, ...] = (),
+    caps: Mapping[str, int] | None = None,
 ) -> Admission:
     """The limits a run of ``principal`` submitted at ``now`` is admitted under; ``route``
-    (its providers in the order tried) weighs the per-provider caps, if any has one."""
-    caps = settings.provider_caps
+    (its providers in the order tried) weighs the per-provider ``caps``, if any has one."""
+    caps = caps or {}
     return Admission(
         token_concurrent=principal.max_concurrent,
         global_concurrent=settings.max_concurrent,

@@ -30,7 +30,7 @@ from relay.providers.contract import Provider
 from relay.run_state import RunState, transition
 from relay.runs.breakers import Breakers
 from relay.runs.callback_urls import refuse_unsafe_callback
-from relay.runs.capacity import Capacity
+from relay.runs.capacity import Capacity, caps_of
 from relay.runs.catalog import Catalog
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
@@ -97,7 +97,7 @@ class RunService:
         self.sources = sources_for(self.providers, self.pools)
         self.breakers = Breakers(settings)
         """Each provider's breaker on this replica (relay/runs/breakers.py)."""
-        self.capacity = Capacity(settings.provider_caps, store)
+        self.capacity = Capacity(caps_of(settings, self.providers), store)
         """Each provider's cap of runs at once, counted in the store (relay/runs/capacity.py)."""
         self.ranking = Ranking(
             self.costs,
@@ -174,7 +174,7 @@ class RunService:
         )
         self.runner.hold(run_id)  # before the row exists: a sweep now must not orphan it
         route = tuple(candidate.provider for candidate in plan.route) or (plan.provider,)
-        admission = admission_for(principal, self.settings, now, route)
+        admission = admission_for(principal, self.settings, now, route, self.capacity.caps)
         try:
             standing = await self.store.admit_run(run, admission)
         except DuplicateKey:

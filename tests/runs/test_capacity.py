@@ -3,9 +3,9 @@ relay/store/limits.py): a provider at its cap is skipped by a route while anothe
 the run, a route with none free is a 429 naming them, and the count is the store's, so it
 holds across replicas.
 
-Two memory worlds (the shipped memory provider over each) enabled as ``memory`` and ``e2b``
-(a cap knows a provider by its name alone: ``RELAY_E2B_MAX_CONCURRENT``), routed in that
-order by ``RELAY_ROUTE``; real SQLite and PostgreSQL, the real run service.
+Two memory worlds (the shipped memory provider over each) enabled as ``memory`` and ``local``
+(a cap knows a provider by its name: ``RELAY_LOCAL_MAX_CONCURRENT``), routed in that order by
+``RELAY_ROUTE``; real SQLite and PostgreSQL, the real run service.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from relay.errors import RateLimited
 from relay.providers.contract import Provider
 from relay.providers.memory import MemoryProvider, MemoryWorld
 from relay.run_state import RunState
-from relay.runs.capacity import Capacity
+from relay.runs.capacity import Capacity, caps_of
 from relay.runs.catalog import Catalog
 from relay.runs.models import RunRequest
 from relay.runs.service import RunService
@@ -32,13 +32,13 @@ from relay.store.records import RunRecord
 from testing.chaos import PRINCIPAL
 from tests.conftest import make_settings, new_database
 
-ROUTE = ["memory", "e2b"]
+ROUTE = ["memory", "local"]
 
 
 class SecondWorld(MemoryProvider):
     """The memory provider under the second name (its sandboxes say so)."""
 
-    name = "e2b"
+    name = "local"
 
 
 @contextlib.asynccontextmanager
@@ -58,7 +58,7 @@ async def replica(
     )
     providers: dict[str, Provider] = {
         "memory": MemoryProvider(settings, worlds["memory"]),
-        "e2b": SecondWorld(settings, worlds["e2b"]),
+        "local": SecondWorld(settings, worlds["local"]),
     }
     store = await Store.open(settings.database_url)
     service = RunService(settings, store, Catalog({}), providers)
@@ -100,7 +100,7 @@ async def test_two_replicas_never_run_more_than_a_providers_cap_on_it(
     tmp_path: Path, postgres_url: str
 ) -> None:
     url = await new_database(postgres_url)
-    worlds = {"memory": MemoryWorld(), "e2b": MemoryWorld()}
+    worlds = {"memory": MemoryWorld(), "local": MemoryWorld()}
     async with (
         replica(tmp_path / "a", url, worlds, memory_max_concurrent=1) as first,
         replica(tmp_path / "b", url, worlds, memory_max_concurrent=1) as second,
@@ -114,7 +114,7 @@ async def test_two_replicas_never_run_more_than_a_providers_cap_on_it(
     assert all(run.state is RunState.succeeded for run in ended), [r.error_message for r in ended]
     on = [run.provider for run in ended]
     assert most == 1, f"{most} runs at once on a provider capped at 1"
-    assert on.count("memory") >= 1 and on.count("e2b") >= 4, on
+    assert on.count("memory") >= 1 and on.count("local") >= 4, on
     # Placed at the admission: no attempt on the full provider, none failed.
     for run in ended:
         assert [a.provider for a in run_model(run).attempts if a.error] == []
@@ -123,16 +123,16 @@ async def test_two_replicas_never_run_more_than_a_providers_cap_on_it(
 async def test_a_route_with_every_provider_at_its_cap_is_a_429_naming_them(
     tmp_path: Path, database_url: str
 ) -> None:
-    worlds = {"memory": MemoryWorld(), "e2b": MemoryWorld()}
-    caps = {"memory_max_concurrent": 1, "e2b_max_concurrent": 1}
+    worlds = {"memory": MemoryWorld(), "local": MemoryWorld()}
+    caps = {"memory_max_concurrent": 1, "local_max_concurrent": 1}
     async with replica(tmp_path, database_url, worlds, **caps) as service:
         held = [await submitted(service, "sleep", "5") for _ in range(2)]
-        assert [run.provider for run in held] == ["memory", "e2b"]
+        assert [run.provider for run in held] == ["memory", "local"]
         with pytest.raises(RateLimited) as refused:
             await submitted(service, "echo", "one too many")
         assert refused.value.status == 429 and refused.value.retry_after
         assert "memory (1 at once)" in refused.value.message
-        assert "e2b (1 at once)" in refused.value.message
+        assert "local (1 at once)" in refused.value.message
         for run in held:
             await service.cancel(PRINCIPAL, run.id)
         # A slot freed: the next run is admitted again, on the first provider.
@@ -144,22 +144,22 @@ async def test_a_route_with_every_provider_at_its_cap_is_a_429_naming_them(
 async def test_a_failover_moves_the_runs_count_and_skips_a_provider_at_its_cap(
     tmp_path: Path, database_url: str
 ) -> None:
-    worlds = {"memory": MemoryWorld(), "e2b": MemoryWorld()}
-    async with replica(tmp_path, database_url, worlds, e2b_max_concurrent=1) as service:
+    worlds = {"memory": MemoryWorld(), "local": MemoryWorld()}
+    async with replica(tmp_path, database_url, worlds, local_max_concurrent=1) as service:
         worlds["memory"].faults.create_status = 503
         holder = await submitted(service, "sleep", "5")
         assert holder.provider == "memory"  # placed on the first: memory has no cap
-        await _until(lambda: bool(worlds["e2b"].alive()))
-        # Its failover moved its count to e2b (a conditional update under the lock).
+        await _until(lambda: bool(worlds["local"].alive()))
+        # Its failover moved its count to local (a conditional update under the lock).
         stored = await service.store.get_run(holder.id)
-        assert stored is not None and stored.provider == "e2b"
+        assert stored is not None and stored.provider == "local"
         refused = await service.wait((await submitted(service, "echo", "x")).id, 30)
         assert refused.state is RunState.error
-        # e2b was skipped (its cap), not attempted: one attempt, memory's.
+        # local was skipped (its cap), not attempted: one attempt, memory's.
         assert [a.provider for a in run_model(refused).attempts] == ["memory"]
         assert refused.error_message is not None
-        assert "e2b: at its cap of 1 runs at once" in refused.error_message
-        assert len(worlds["e2b"].created()) == 1
+        assert "local: at its cap of 1 runs at once" in refused.error_message
+        assert len(worlds["local"].created()) == 1
         await service.cancel(PRINCIPAL, holder.id)
 
 
@@ -169,8 +169,8 @@ async def test_no_cap_means_no_store_work_for_one() -> None:
             raise AssertionError("the store was asked with no provider capped")
 
     capacity = Capacity({}, NoStore())
-    assert await capacity.take("run_a", "memory", "e2b")
-    assert await Capacity({"daytona": 2}, NoStore()).take("run_a", "memory", "e2b")
+    assert await capacity.take("run_a", "memory", "local")
+    assert await Capacity({"daytona": 2}, NoStore()).take("run_a", "memory", "local")
 
 
 async def _until(check: Any, within_s: float = 10) -> None:
@@ -179,3 +179,15 @@ async def _until(check: Any, within_s: float = 10) -> None:
     while not check():
         assert loop.time() < deadline
         await asyncio.sleep(0.01)
+
+
+def test_a_cloud_providers_cap_is_in_its_own_settings(tmp_path: Path) -> None:
+    from relay.providers.e2b import E2BProvider
+
+    class Cloud:
+        settings_model = E2BProvider.settings_model
+
+    settings = make_settings(tmp_path, e2b_max_concurrent=3, local_max_concurrent=2)
+    caps = caps_of(settings, {"e2b": Cloud(), "local": SecondWorld(settings)})  # type: ignore[dict-item]
+    assert caps == {"e2b": 3, "local": 2}
+    assert caps_of(make_settings(tmp_path), {"e2b": Cloud()}) == {}  # type: ignore[dict-item]

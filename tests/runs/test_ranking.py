@@ -3,7 +3,7 @@
 ``fastest`` by the relay's own recent create times, read from the store at most every
 ``RELAY_ROUTE_LATENCY_REFRESH_S`` and shown on ``/v1/health``; ``cheapest`` by the rates.
 
-Two memory worlds enabled as ``memory`` and ``e2b`` (tests/runs/test_capacity.py says why);
+Two memory worlds enabled as ``memory`` and ``local`` (tests/runs/test_capacity.py says why);
 real SQLite, the real run service and app.
 """
 
@@ -30,7 +30,7 @@ from tests.runs.test_capacity import SecondWorld
 
 JOB = """
 command = ["echo", "ranked"]
-providers = ["memory", "e2b"]
+providers = ["memory", "local"]
 {route}
 """
 
@@ -48,12 +48,16 @@ async def relay(
 ) -> AsyncIterator[tuple[httpx.AsyncClient, dict[str, str], RunService]]:
     """A whole relay in process: a client, an admin token's headers, its run service."""
     settings = make_settings(
-        tmp_path, jobs_dir=_jobs(tmp_path, route), providers=["memory", "e2b"], grace_s=5, **values
+        tmp_path,
+        jobs_dir=_jobs(tmp_path, route),
+        providers=["memory", "local"],
+        grace_s=5,
+        **values,
     )
     token = new_token(settings.tokens_file, "ops", command=True, jobs=["ranked"], admin=True)
     providers: dict[str, Provider] = {
         "memory": MemoryProvider(settings, worlds["memory"]),
-        "e2b": SecondWorld(settings, worlds["e2b"]),
+        "local": SecondWorld(settings, worlds["local"]),
     }
     app = create_app(settings, providers=providers)
     async with app.router.lifespan_context(app):
@@ -79,12 +83,12 @@ def test_a_jobs_route_is_one_of_the_three_choices(tmp_path: Path) -> None:
 
 
 async def test_cheapest_tries_the_provider_whose_rates_cost_the_run_least(tmp_path: Path) -> None:
-    worlds = {"memory": MemoryWorld(), "e2b": MemoryWorld()}
-    rates = {"memory": {"vcpu_s": 0.01, "gib_s": 0.0}, "e2b": {"vcpu_s": 0.001, "gib_s": 0.0}}
+    worlds = {"memory": MemoryWorld(), "local": MemoryWorld()}
+    rates = {"memory": {"vcpu_s": 0.01, "gib_s": 0.0}, "local": {"vcpu_s": 0.001, "gib_s": 0.0}}
     async with relay(tmp_path, worlds, 'route = "cheapest"', cost_rates=rates) as (c, h, _):
-        assert await _ran_on(c, h, job="ranked") == "e2b"
+        assert await _ran_on(c, h, job="ranked") == "local"
     # The same rates: a tie keeps the written order.
-    same = {"memory": rates["e2b"], "e2b": rates["e2b"]}
+    same = {"memory": rates["local"], "local": rates["local"]}
     async with relay(tmp_path / "tie", worlds, 'route = "cheapest"', cost_rates=same) as (
         c,
         h,
@@ -96,7 +100,7 @@ async def test_cheapest_tries_the_provider_whose_rates_cost_the_run_least(tmp_pa
 async def test_fastest_ranks_by_the_relays_recent_creates_read_in_batches(
     tmp_path: Path,
 ) -> None:
-    worlds = {"memory": MemoryWorld(), "e2b": MemoryWorld()}
+    worlds = {"memory": MemoryWorld(), "local": MemoryWorld()}
     worlds["memory"].faults.create_delay_s = 0.2
     async with relay(tmp_path, worlds, route_choice="fastest") as (client, headers, service):
         reads: list[float] = []
@@ -112,19 +116,19 @@ async def test_fastest_ranks_by_the_relays_recent_creates_read_in_batches(
         # Nothing measured yet: the written order (RELAY_ROUTE: the enabled providers).
         command = {"command": ["echo", "ranked"]}
         assert await _ran_on(client, headers, **command) == "memory"
-        assert await _ran_on(client, headers, **command, provider="e2b") == "e2b"
+        assert await _ran_on(client, headers, **command, provider="local") == "local"
         assert len(reads) == 1  # the first run asked (nothing known), in the background
         now[0] += service.settings.route_latency_refresh_s
         health = (await client.get("/v1/health", headers=headers)).json()
         p50 = {p["name"]: p["create_p50_ms"] for p in health["providers"]}
-        assert p50["memory"] >= 200 and p50["e2b"] < 100, p50
-        # Now e2b is the faster: a run the job leaves to the relay's choice goes there, and
+        assert p50["memory"] >= 200 and p50["local"] < 100, p50
+        # Now local is the faster: a run the job leaves to the relay's choice goes there, and
         # neither it nor the next read the store again (within the refresh time).
         before = len(reads)
-        assert await _ran_on(client, headers, **command) == "e2b"
-        assert await _ran_on(client, headers, **command) == "e2b"
+        assert await _ran_on(client, headers, **command) == "local"
+        assert await _ran_on(client, headers, **command) == "local"
         assert len(reads) == before
-        assert await _ran_on(client, headers, job="ranked") == "e2b"
+        assert await _ran_on(client, headers, job="ranked") == "local"
     # On the same database, a job that says `route = "order"` keeps its order all the same.
     same = {"database_url": f"sqlite:///{tmp_path / 'relay.db'}", "route_choice": "fastest"}
     async with relay(tmp_path / "order", worlds, 'route = "order"', **same) as (c, h, service):
