@@ -326,6 +326,7 @@ def test_spend_chart_adds_up(relay: RelayProcess, page: Any) -> None:
     page.goto(relay.url + "/console/health")  # the token stays for the tab
     expect(page.locator("#providers")).to_contain_text("local")
     expect(page.locator("#providers tbody tr").first.locator("td").nth(1)).to_have_text("closed")
+    expect(page.locator("#providers tbody tr").first.locator("td").nth(4)).to_have_text("none")
     expect(page.locator("#reaper")).to_contain_text("last sweep")
     expect(page.locator("#pools")).to_contain_text("ready / wanted")
     page.set_viewport_size({"width": 360, "height": 740})  # a phone: nothing wider than it

@@ -608,6 +608,8 @@
         el("td", {}, provider.problem || "none"),
         el("td", {}, breakerText(provider.breaker)),
         el("td", { class: "number" }, String(Object.values((provider.breaker || {}).failovers || {}).reduce((a, b) => a + b, 0))),
+        el("td", { class: "number" }, provider.create_p50_ms == null ? "–" : provider.create_p50_ms + " ms"),
+        el("td", { class: "number" }, provider.max_concurrent == null ? "none" : String(provider.max_concurrent)),
         el("td", { class: "number" }, String(provider.runs)),
         el("td", { class: "number" }, String(provider.failed)),
         el("td", { class: "number" }, String(provider.errors)),
