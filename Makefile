@@ -67,6 +67,7 @@ bench: $(VENV)/.dev
 	$(BIN)/python -m bench.leaks
 	$(BIN)/python -m bench.promises --write
 	$(BIN)/python -m bench.pools --write
+	$(BIN)/python -m bench.routes --write
 	$(BIN)/python -m bench.mcp_calls --write
 
 clean:

@@ -174,10 +174,11 @@ def render(rows: list[Row], seconds: float) -> str:
     return "\n".join(lines)
 
 
-def write(section: str, path: Path = RESULTS) -> None:
-    """Put ``section`` in place of this benchmark's section of ``path`` (or at its end)."""
+def write(section: str, path: Path = RESULTS, heading: str = HEADING) -> None:
+    """Put ``section`` in place of the benchmark's section of ``path`` that starts with
+    ``heading`` (this one's by default), or at its end."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(re.escape(HEADING) + r".*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(re.escape(heading) + r".*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(text):
         text = pattern.sub(lambda _: section, text)
     else:

@@ -340,9 +340,17 @@ class Client:
             streams[stream].flush()
             written[stream] += len(text)
 
+        said = [0]  # a route's failed attempts told so far (the stream starts over on a break)
+
+        def tell(run: dict[str, Any]) -> dict[str, Any]:
+            for line in failed_attempts(run)[said[0] :]:
+                write("stderr", line + "\n")
+            return run
+
         delay = 1.0
         for attempt in range(attempts):
             seen = {"stdout": 0, "stderr": 0}
+            told = 0
             try:
                 for event in self.events(run_id):
                     if event.get("event") == "output" and event.get("stream") in seen:
@@ -350,8 +358,14 @@ class Client:
                         skip = max(0, written[stream] - seen[stream])  # shown before a break
                         seen[stream] += len(text)
                         write(stream, text[skip:])
+                    elif event.get("event") == "attempt":
+                        told += 1
+                        if told > said[0]:  # one line per failed attempt, on stderr
+                            said[0] = told
+                            streams["stderr"].write(f"{event.get('message', '')}\n")
+                            streams["stderr"].flush()
                     elif event.get("event") == "run" and isinstance(event.get("run"), dict):
-                        return dict(event["run"])
+                        return tell(dict(event["run"]))
             except RelayClientError as error:
                 if error.status in (404, 405) or attempt == attempts - 1:
                     break  # no stream here (an older relay, a proxy): poll instead
@@ -362,7 +376,7 @@ class Client:
         run = self.wait(self.get(run_id))
         for stream in ("stdout", "stderr"):
             write(stream, str(run.get(stream) or "")[written[stream] :])
-        return run
+        return tell(run)
 
     def cancel(self, run_id: str) -> dict[str, Any]:
         """Cancel a run (``DELETE /v1/runs/{id}``); 409 ``run_finished`` if it ended."""
@@ -378,6 +392,20 @@ class Client:
         shown = {key: value for key, value in query.items() if value is not None}
         path = "/v1/runs" + ("?" + urllib.parse.urlencode(shown) if shown else "")
         return self._request("GET", path)[1]
+
+
+def failed_attempts(run: dict[str, Any]) -> list[str]:
+    """One line per provider a run was tried on that did not run it (a route's failover):
+    ``e2b: E2B did not create the sandbox in time``."""
+    lines = []
+    for attempt in run.get("attempts") or []:
+        if not isinstance(attempt, dict):
+            continue
+        error, sandbox = attempt.get("error"), attempt.get("sandbox_id")
+        ran = sandbox is not None and sandbox == run.get("sandbox_id")
+        if isinstance(error, dict) and not ran:  # the one that ran it: the run's own error
+            lines.append(f"{attempt.get('provider')}: {error.get('message', '')}")
+    return lines
 
 
 STANDARD_SECRET_PREFIX = "whsec_"  # noqa: S105  # a prefix, not a secret
@@ -762,6 +790,8 @@ def _main(argv: list[str] | None, prog: str, raw: bool) -> int:
                 run = client.wait(run, max_wait_s=args.max_wait_s)
             elif run.get("state") in FINAL:
                 spinner.stop()
+                for line in failed_attempts(run):
+                    print(line, file=sys.stderr)
                 sys.stdout.write(run.get("stdout", ""))
                 sys.stderr.write(run.get("stderr", ""))
             else:

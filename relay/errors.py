@@ -27,6 +27,7 @@ a provider's response body, headers or keys are never copied into one.
     │   ├── EgressUnsupported (422 egress_unsupported)
     │   ├── SizeUnsupported (422 size_unsupported)
     │   ├── ProviderNotEnabled (422 provider_not_enabled)
+    │   ├── NoRoute (422 no_route)
     │   ├── CallbackRefused (422 callback_refused)
     │   └── JobsInvalid (422 jobs_invalid)
     ├── RateLimited (429 rate_limited)
@@ -159,6 +160,14 @@ class ProviderNotEnabled(ValidationFailed):
     code, default_message = "provider_not_enabled", "that provider is not enabled"
 
 
+class NoRoute(ValidationFailed):
+    """No provider of the run's route can take it (its size, its egress, the token's
+    providers, a provider's own check): the message names each provider's reason."""
+
+    code = "no_route"
+    default_message = "no provider on the route can take this run"
+
+
 class CallbackRefused(ValidationFailed):
     code, default_message = "callback_refused", "the callback URL is not allowed"
 
@@ -246,6 +255,7 @@ ERROR_CLASSES: tuple[type[RelayError], ...] = (
     EgressUnsupported,
     SizeUnsupported,
     ProviderNotEnabled,
+    NoRoute,
     CallbackRefused,
     JobsInvalid,
     RateLimited,

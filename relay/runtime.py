@@ -161,6 +161,7 @@ class Relay:
             single_replica=store.is_sqlite,
             reap_interval_s=settings.reap_interval_s,
             before_sweep=service.replay_spool,
+            beat=lambda: service.breakers.snapshot(providers),
         )
         webhooks = WebhookDispatcher(
             settings, store, secret_for=tokens.webhook_secret, events=events
@@ -198,7 +199,7 @@ class Relay:
         first sweep at once: hundreds of orphans must not keep the relay from answering),
         the warm pools' fill, the webhook dispatcher, the pruner. ``beside`` is entered
         last, and closed right after the runs drain."""
-        await self.store.heartbeat(self.instance_id)
+        await self.store.heartbeat(self.instance_id, self.service.breakers.snapshot(self.providers))
         await self.service.replay_spool()
         self._reaping = asyncio.create_task(self.reaper.run_forever(sweep_first=True))
         self.service.start()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import Field, PrivateAttr, SecretStr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -27,6 +27,10 @@ class ProviderSettings(BaseSettings):
     (``RELAY_E2B_``); built by :meth:`Settings.section`, never read on its own."""
 
     model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
+    max_concurrent: int | None = Field(None, ge=1)
+    """Runs at once on this provider across the replicas (``RELAY_<NAME>_MAX_CONCURRENT``;
+    None: no cap): relay/runs/capacity.py."""
 
     @classmethod
     def keyword_prefix(cls) -> str:
@@ -128,6 +132,33 @@ class Settings(BaseSettings):
     create_timeout_s: float = Field(60.0, gt=0)
     grace_s: float = Field(30.0, ge=5)
 
+    # Runs at once on the providers with no settings model of their own; a cloud provider's
+    # is its model's (ProviderSettings.max_concurrent). relay/runs/capacity.py.
+    local_max_concurrent: int | None = Field(None, ge=1)
+    memory_max_concurrent: int | None = Field(None, ge=1)
+
+    # Routing and failover (relay/runs/route.py, relay/runs/breakers.py)
+    route: Annotated[list[str], NoDecode] = []
+    """The relay-wide route, in order: where ``provider: "auto"`` runs a job that names no
+    provider of its own (and a raw command). Empty: the enabled providers, in
+    ``RELAY_PROVIDERS`` order."""
+    route_choice: Literal["order", "fastest", "cheapest"] = "order"
+    """How a run's route is ranked where its job names no ``route`` (relay/runs/ranking.py)."""
+    route_latency_refresh_s: float = Field(30.0, gt=0)
+    """How often at most ``fastest`` reads the providers' recent create times again."""
+    route_create_budget_s: float | None = Field(None, gt=0)
+    """How long all the attempts of one run may spend getting a sandbox, together (each
+    attempt's create is bounded by its provider's create timeout too). Unset: twice
+    ``RELAY_CREATE_TIMEOUT_S``."""
+    breaker_failures: int = Field(3, ge=1)
+    """Consecutive create failures of a provider that open its breaker."""
+    breaker_failure_rate: float = Field(0.5, gt=0, le=1)
+    """The share of failed creates over ``RELAY_BREAKER_WINDOW_S`` (of at least twice
+    ``RELAY_BREAKER_FAILURES`` creates) that opens the breaker too."""
+    breaker_window_s: float = Field(60.0, gt=0)
+    breaker_cooldown_s: float = Field(30.0, gt=0)
+    """How long an open breaker keeps its provider out of routes before one run tries it."""
+
     # Limits
     max_body_bytes: int = Field(1_048_576, ge=1024)
     max_output_bytes: int = Field(1_048_576, ge=1)
@@ -213,12 +244,35 @@ class Settings(BaseSettings):
                 return Path(str(url.database)).absolute().parent
         return Path.cwd()
 
-    @field_validator("providers", mode="before")
+    @field_validator("providers", "route", mode="before")
     @classmethod
     def _split_providers(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _routed_providers(self) -> Settings:
+        # A route naming a provider that is not enabled would skip it on every run unseen.
+        unknown = [name for name in self.route if name not in self.providers]
+        if unknown:
+            raise ValueError(
+                f"RELAY_ROUTE names {unknown[0]!r}, which is not in RELAY_PROVIDERS "
+                f"({', '.join(self.providers)})"
+            )
+        if len(set(self.route)) != len(self.route):
+            raise ValueError("RELAY_ROUTE names a provider twice")
+        return self
+
+    @property
+    def default_route(self) -> list[str]:
+        """The relay-wide route: ``RELAY_ROUTE``, else the enabled providers in order."""
+        return self.route or self.providers
+
+    @property
+    def create_budget_s(self) -> float:
+        """What all of a run's attempts may spend getting a sandbox, together."""
+        return self.route_create_budget_s or 2 * self.create_timeout_s
 
     @field_validator("public_url")
     @classmethod

@@ -735,3 +735,31 @@ def test_init_writes_jobs_a_dev_token_and_a_dot_env_and_keeps_them(tmp_path: Pat
     assert again.returncode == 0 and again.stdout.count("kept") == 3
     assert "Next: relay serve --dev" in again.stdout
     assert (here / "tokens.toml").read_text() == before
+
+
+def test_a_runs_failed_attempts_are_one_line_each_in_run_and_runs_show() -> None:
+    """The providers a route tried before the one that ran the job, each on a line of its
+    own: `relay run` prints them on stderr, `relay runs show` under the provider."""
+    from relay.cli.runs import _details
+    from relay.client import failed_attempts
+
+    run = {
+        "id": "run_a",
+        "state": "succeeded",
+        "exit_code": 0,
+        "provider": "daytona",
+        "sandbox_id": "d-1",
+        "attempts": [
+            {"provider": "e2b", "sandbox_id": None, "error": {"code": "provider_timeout",
+             "message": "E2B did not create the sandbox in time"}},
+            {"provider": "daytona", "sandbox_id": "d-1", "error": None},
+        ],
+    }  # fmt: skip
+    assert failed_attempts(run) == ["e2b: E2B did not create the sandbox in time"]
+    assert "tried      e2b: E2B did not create the sandbox in time" in _details(run).splitlines()
+    # A run that ended in error on the provider that ran it: that error is the run's own.
+    lost = {**run, "state": "error", "attempts": [
+        {"provider": "daytona", "sandbox_id": "d-1", "error": {"code": "sandbox_lost",
+         "message": "gone"}},
+    ]}  # fmt: skip
+    assert failed_attempts(lost) == []

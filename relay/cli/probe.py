@@ -31,10 +31,12 @@ def _remove_empty_folders(top: Path) -> None:
 
 async def _probe(name: str, settings: Settings) -> ProbeResult:
     """The probe, and the provider's warm pools where the store already holds some: today
-    (UTC) and relay-wide, like an admin token's ``/v1/usage``."""
+    (UTC) and relay-wide, like an admin token's ``/v1/usage``; and its breakers on the live
+    replicas, as their heartbeats last wrote them."""
     from relay.providers.probe import run_probe
     from relay.store.limits import day_start
     from relay.store.pools import read_summary
+    from relay.store.quiet_reads import read_breakers
 
     # The state directory follows RELAY_DATABASE_URL (a SQLite file's folder) and the
     # local provider makes its sandbox root there: where it did not exist, the probe leaves
@@ -53,6 +55,18 @@ async def _probe(name: str, settings: Settings) -> ProbeResult:
             "pool_claimed": str(pools.claimed),
             "pool_idle_s": str(round(pools.idle_s)),
             "pool_idle_usd": f"{pools.idle_usd:.6f}",
+        }
+    breakers = await read_breakers(settings.database_url, name)
+    if breakers is not None:
+        states = breakers.states
+        shown = (
+            next(iter(states))
+            if len(states) == 1
+            else ",".join(f"{state}:{count}" for state, count in sorted(states.items()))
+        )
+        result.breaker = {
+            "breaker": shown,
+            "breaker_failures": str(breakers.consecutive_failures),
         }
     return result
 

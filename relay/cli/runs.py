@@ -65,6 +65,8 @@ def _details(run: dict[str, Any]) -> str:
     """One run as labelled lines; its output is ``relay runs logs``'s to print."""
     lines = [f"{run.get('id')}  {run.get('state')}  {_ending(run)}", f"job        {_what(run)}"]
     lines.append(f"provider   {run.get('provider')}  sandbox {run.get('sandbox_id') or '-'}")
+    for line in relay_client.failed_attempts(run):  # a route's providers that did not run it
+        lines.append(f"tried      {line}")
     for label in ("created", "started", "ended"):
         lines.append(f"{label:<10} {run.get(label + '_at') or '-'}")
     took = run.get("duration_ms")

@@ -4,7 +4,8 @@ A token sees one tool per job it may run, ``run_command`` if it has the command 
 and ``get_run``. A tool call is a ``POST /v1/runs`` by other means: the same request
 model, the same run service (scopes, params, limits, idempotency, cost, the store), so
 the run shows in ``GET /v1/runs`` and ``/metrics`` like any other. While it runs, its
-output goes out as progress notifications; a client that cancels the call cancels the
+output goes out as progress notifications (and a route's failover as one, "e2b: create
+timed out after 10 s; trying daytona"); a client that cancels the call cancels the
 run (its sandbox is terminated); a run still going after ``RELAY_MAX_WAIT_S`` is answered
 with its id and state, for ``get_run`` to read later. A refusal (bad arguments, a limit, a
 job this token may not run, an unknown run) is a tool error whose text is ``code: message``.
@@ -333,6 +334,12 @@ async def _output(ctx: ServerRequestContext[Any], state: AppState, run_id: str) 
                 continue
             if line is None:
                 return
+            if line.get("event") == "attempt":
+                # A route moved the run on ("e2b: create timed out after 10 s; trying
+                # daytona"): one step of progress, as progress must grow with each message.
+                sent += 1
+                await ctx.session.report_progress(sent, None, str(line["message"]))
+                continue
             if line.get("event") != "output":
                 continue
             text: str = line["text"]

@@ -30,6 +30,9 @@ The series (names are stable API; dashboards depend on them):
 ``relay_pool_sandboxes_total``              counter    event (created, claimed, expired, failed)
 ``relay_pool_idle_seconds_total``           counter    (seconds pooled sandboxes waited)
 ``relay_pool_idle_usd_total``               counter    (what that idle time cost)
+``relay_provider_breaker_state``            gauge      provider (0 closed, 1 half-open, 2 open)
+``relay_route_attempts_total``              counter    provider, code (``ok`` or the error)
+``relay_route_failovers_total``             counter    provider, code (runs moved on after it)
 ``relay_store_bytes``                       gauge      (SQLite file pages, or PG database)
 ``relay_build_info``                        gauge      version, python (always 1)
 ``process_*``                               various    (this process: CPU, memory, fds)
@@ -141,6 +144,7 @@ class _LiveCollector(Collector):
         pruned.add_metric(("deliveries",), pruner.pruned_deliveries if pruner is not None else 0)
         yield pruned
         yield from _pool_metrics(service)
+        yield from _route_metrics(service)
         yield GaugeMetricFamily(
             "relay_store_bytes",
             "Size of the store after the last retention pass (SQLite pages, or PostgreSQL).",
@@ -180,6 +184,40 @@ def _pool_metrics(service: RunService | None) -> Iterable[Metric]:
         "What pooled sandboxes' idle time cost, in US dollars (RELAY_COST_RATES).",
         value=pools.stats.idle_usd if pools is not None else 0.0,
     )
+
+
+def _route_metrics(service: RunService | None) -> Iterable[Metric]:
+    """This replica's breakers (relay/runs/breakers.py) and what routes tried, when scraped.
+    Only runs whose route has several providers go through a breaker."""
+    known = service.breakers.known(service.providers) if service is not None else {}
+    breakers = service.breakers if service is not None else None
+    states = GaugeMetricFamily(
+        "relay_provider_breaker_state",
+        "Each provider's breaker on this replica: 0 closed, 1 half-open (one run may try "
+        "it), 2 open (routes skip it).",
+        labels=("provider",),
+    )
+    attempts = CounterMetricFamily(
+        "relay_route_attempts",
+        "Attempts of routes of several providers on each provider, by outcome (ok, or the "
+        "error code).",
+        labels=("provider", "code"),
+    )
+    failovers = CounterMetricFamily(
+        "relay_route_failovers",
+        "Runs that moved on from a provider to the next of their route, by the error code.",
+        labels=("provider", "code"),
+    )
+    for name, breaker in sorted(known.items()):
+        assert breakers is not None
+        states.add_metric((name,), breakers.state(name).number)
+        for code, count in sorted(breaker.attempts.items()):
+            attempts.add_metric((name, code), count)
+        for code, count in sorted(breaker.failovers.items()):
+            failovers.add_metric((name, code), count)
+    yield states
+    yield attempts
+    yield failovers
 
 
 class Metrics:

@@ -113,10 +113,20 @@ _RUN_EVENT: dict[str, Any] = {
     "type": "object",
     "required": ["event"],
     "properties": {
-        "event": {"type": "string", "enum": ["state", "output", "ping", "run"]},
+        "event": {"type": "string", "enum": ["state", "output", "attempt", "ping", "run"]},
         "state": {"type": "string", "description": "for `state`: the run's new state"},
         "stream": {"type": "string", "enum": ["stdout", "stderr"]},
         "text": {"type": "string", "description": "for `output`: the next chunk, in order"},
+        "provider": {
+            "type": "string",
+            "description": "for `attempt`: a provider of the run's route that did not run it",
+        },
+        "error": {**_ref("ErrorInfo"), "description": "for `attempt`: why"},
+        "message": {
+            "type": "string",
+            "description": "for `attempt`: what happened and where the run goes, one line "
+            "(`e2b: create timed out after 10 s; trying daytona`)",
+        },
         "run": {**_ref("Run"), "description": "for `run`: the final run; the last line"},
     },
 }
@@ -232,7 +242,8 @@ def _create_run(common: dict[str, Any]) -> dict[str, Any]:
             "429": _json(
                 "ErrorBody",
                 "error codes: rate_limited (a limit of the token's, its fair share of the "
-                "relay's runs at once, or the relay's own), budget_exceeded",
+                "relay's runs at once, the relay's own, or every provider of the run's "
+                "route at its RELAY_<NAME>_MAX_CONCURRENT, each named), budget_exceeded",
                 {**_RETRY, **_RATE_LIMIT},
             ),
             "202": _json(

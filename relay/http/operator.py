@@ -26,8 +26,10 @@ from relay.http.routes import (
     token_limits,
 )
 from relay.run_state import RunState
+from relay.runs.breakers import Breakers
 from relay.runs.models import (
     MAX_OUTCOME_HOURS,
+    BreakerHealth,
     ErrorInfo,
     JobsReload,
     LastFailure,
@@ -120,6 +122,7 @@ async def operator_health(request: Request) -> Response:
     state = state_of(request)
     checks = await readiness(state)
     outcomes = await state.service.provider_outcomes(time.time() - 86_400)
+    create_p50_ms = await state.service.ranking.fresh()
     providers = []
     for name, provider in state.providers.items():
         problem = getattr(provider, "problem", None)
@@ -128,6 +131,9 @@ async def operator_health(request: Request) -> Response:
             ProviderHealth(
                 name=name,
                 problem=problem() if callable(problem) else None,
+                breaker=breaker_health(state.service.breakers, name),
+                create_p50_ms=create_p50_ms.get(name),
+                max_concurrent=state.service.capacity.caps.get(name),
                 runs=runs,
                 errors=errors,
                 failed=failed,
@@ -209,6 +215,23 @@ def _outcome(group: GroupOutcome) -> Outcome:
         p95_ms=group.duration_ms.get(95),
         usd=round(group.usd, 6),
         last_failure=last_failure,
+    )
+
+
+def breaker_health(breakers: Breakers, name: str) -> BreakerHealth:
+    """``name``'s breaker on this replica, as ``/v1/health`` shows it."""
+    breaker = breakers.of(name)
+    opened_at = None
+    if breaker.opened_at is not None:  # the breakers' clock is monotonic
+        opened_at = _iso(time.time() - (breakers.clock() - breaker.opened_at))
+    return BreakerHealth(
+        state=breakers.state(name).value,
+        consecutive_failures=breaker.consecutive,
+        opened=breaker.opened,
+        opened_at=opened_at,
+        cooldown_left_s=round(breakers.cooldown_left(name), 1),
+        attempts=dict(breaker.attempts),
+        failovers=dict(breaker.failovers),
     )
 
 

@@ -3,6 +3,8 @@
 ::
 
     {"event": "state", "state": "running"}
+    {"event": "attempt", "provider": "e2b", "error": {"code": "provider_timeout", …},
+     "message": "e2b: create timed out after 10 s; trying daytona"}
     {"event": "output", "stream": "stdout", "text": "sleeping\\n"}
     {"event": "ping"}                                   (every 15 s of silence)
     {"event": "run", "run": {…the final run, as GET /v1/runs/{id}…}}
@@ -178,6 +180,8 @@ class LiveRuns:
             buffer = self._open(run_id)
         if event.kind == "state":
             buffer.add({"event": "state", "state": event.state})
+        elif event.kind == "attempt" and event.attempt is not None:
+            buffer.add(attempt_line(event))
         elif event.kind == "output" and event.stream:
             text = buffer.text(event.stream, event.data)
             if text:
@@ -219,6 +223,18 @@ class LiveRuns:
         buffer = self._runs.get(run_id)
         if buffer is not None and queue in buffer.followers:
             buffer.followers.remove(queue)
+
+
+def attempt_line(event: RunEvent) -> Line:
+    """A route's failed attempt as a line of the stream (``attempt``)."""
+    attempt = event.attempt
+    assert attempt is not None
+    return {
+        "event": "attempt",
+        "provider": attempt.provider,
+        "error": {"code": attempt.error_code, "message": attempt.error_message},
+        "message": event.message,
+    }
 
 
 def _encode(line: Line) -> bytes:

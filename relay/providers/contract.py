@@ -48,6 +48,9 @@ TAG_CLUSTER = "relay-cluster"
 """Tag (label, metadata key) naming the relay cluster that owns a sandbox."""
 TAG_RUN = "relay-run"
 """Tag naming the run a sandbox belongs to."""
+TAG_ATTEMPT = "relay-attempt"
+"""Tag naming which of its run's attempts a sandbox is (1, 2, …), on a route of several
+providers (relay/runs/route.py)."""
 POOL_PREFIX = "pool_"
 """Starts the run tag of a warm pool's sandbox (relay/runs/pools.py): created before any
 run, the reaper finds it by this tag in the store's pooled rows, not among the runs."""
@@ -120,6 +123,9 @@ class SandboxSpec:
     """The declared job the sandbox is for (None: a raw command): a source that keeps
     sandboxes made ahead for a job (a warm pool) serves only that job's runs. Providers
     ignore it."""
+    attempt: int | None = None
+    """Which of its run's attempts this sandbox is, on a route of several providers (a tag,
+    :data:`TAG_ATTEMPT`); None on a one-provider route."""
 
     @property
     def lifetime_s(self) -> int:
@@ -128,7 +134,9 @@ class SandboxSpec:
 
     @property
     def tags(self) -> dict[str, str]:
-        return {TAG_CLUSTER: self.cluster, TAG_RUN: self.run_id}
+        if self.attempt is None:
+            return {TAG_CLUSTER: self.cluster, TAG_RUN: self.run_id}
+        return {TAG_CLUSTER: self.cluster, TAG_RUN: self.run_id, TAG_ATTEMPT: str(self.attempt)}
 
 
 @dataclass(frozen=True)
@@ -181,6 +189,14 @@ class OutputSink:
     def output(self, stream: StreamName) -> bytes:
         return bytes(self._kept[stream])
 
+    def clear(self) -> None:
+        """Forget the output so far: the command runs again from the start elsewhere (a
+        route's safe retry), and the run keeps the output of the run that finished."""
+        for kept in self._kept.values():
+            kept.clear()
+        self._seen = dict.fromkeys(self._seen, 0)
+        self._dropped = dict.fromkeys(self._dropped, False)
+
     def mark_truncated(self, stream: StreamName) -> None:
         """Record that output of ``stream`` was dropped before it reached the sink (a
         provider's own cap, such as the Cloudflare job Worker's): :meth:`truncated` says so."""
@@ -191,6 +207,25 @@ class OutputSink:
 
     def text(self, stream: StreamName) -> str:
         return self.output(stream).decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One provider a route tried for a run that did not run the command to its end: a
+    create that failed, or a sandbox lost (before the command started, or during a job
+    that is safe to repeat). What the run records of it, and what it billed."""
+
+    provider: str
+    sandbox_id: str | None
+    """Its sandbox, if the create gave one."""
+    error_code: str
+    error_message: str
+    create_ms: int
+    """From the create call to its answer (or to giving up on it)."""
+    ended_at: float
+    """When the attempt ended (``time.time``)."""
+    billed_s: float
+    """Seconds its provider billed: from the create call to the attempt's end."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +240,11 @@ class Provenance:
     claim of a sandbox a warm pool made ahead (its idle time before is the pool's)."""
     pooled: bool = False
     """Whether a warm pool made it ahead of its run."""
+    attempts: tuple[Attempt, ...] = ()
+    """The attempts before this sandbox that failed (a route's; a provider's: none)."""
+    create_ms: int | None = None
+    """From this sandbox's create call (or claim) to the sandbox (a route's; else None:
+    the run measures it)."""
 
 
 @runtime_checkable

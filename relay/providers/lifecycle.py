@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import re
 import shlex
@@ -58,6 +59,12 @@ DOMAIN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}
 KILLED_EXIT_CODES: frozenset[int | None] = frozenset({137, -1, -9, None})
 """How a command killed with its sandbox reads (SIGKILL, a lost status, no status)."""
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+SWEEP_ASIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("sweep_aside", default=False)
+"""Set (by a route with another provider to try, relay/runs/route.py) where the sweep after
+a failed create may run beside what comes next instead of before it: the next attempt is
+on another provider, so the sweep cannot touch its sandbox, and what the sweep leaves, the
+reaper ends once the run is final (its sandboxes are tagged with the run)."""
 
 
 def variables_file(env: Mapping[str, str]) -> bytes:
@@ -325,14 +332,15 @@ class SandboxProvider(ABC, Generic[S]):
         return [ref.sandbox_id for ref in await self.list_owned() if ref.run_id == spec.run_id]
 
     async def _swept(self, spec: SandboxSpec, called: float) -> None:
-        """Sweep what a failed create left (:meth:`_sweep`), waited for within what is left
-        of the create's bound (``create_timeout_s`` from ``called``): the caller has its
-        answer by then, and the sweep goes on beside serving."""
+        """Sweep what a failed create left (:meth:`_sweep`) beside serving, waited for within
+        what is left of the create's bound (``create_timeout_s`` from ``called``): the caller
+        has its answer by then. Not waited for at all where a route has another provider to
+        try (:data:`SWEEP_ASIDE`): the next attempt cannot be touched by this sweep."""
         sweep = self.aftercare.start(
             self._sweep(spec), f"the sweep after run {spec.run_id}'s failed create"
         )
         left = called + self.create_timeout_s - time.monotonic()
-        if sweep is not None and left > 0:
+        if sweep is not None and left > 0 and not SWEEP_ASIDE.get():
             await asyncio.wait({sweep}, timeout=left)
 
     async def _sweep(self, spec: SandboxSpec) -> None:

@@ -112,6 +112,8 @@ class MemoryFaults:
     """Listings never answer."""
     terminate_hang: bool = False
     """Terminates never answer (the sandbox lives on)."""
+    upload_lost: bool = False
+    """Each sandbox is gone when its files arrive (killed under the upload): 404."""
 
 
 @dataclass
@@ -167,6 +169,8 @@ class MemoryWorld:
     faults: MemoryFaults = field(default_factory=MemoryFaults)
     reachable: bool = True
     """False: every call is a refused connection (a provider nobody listens for)."""
+    started: list[tuple[str, str]] = field(default_factory=list)
+    """(sandbox, run) of every command started, in order: a ledger of executions."""
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _release: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -249,11 +253,14 @@ class MemoryWorld:
         if self.faults.upload_hang:
             await self._release.wait()
             raise MemoryAPIError(503, "upload abandoned")
+        if self.faults.upload_lost:
+            self.end(box_id, "vanished")
         self._box(box_id).files.update(files)
 
     def start(self, api_key: str, box_id: str, program: Program) -> Command:
         self._answer(api_key)
         box = self._box(box_id)
+        self.started.append((box_id, box.run_id))
         command = Command()
         started = program(command)
         if isinstance(started, int):  # a built-in that ended at once: no task to wait for

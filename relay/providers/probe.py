@@ -11,8 +11,11 @@ The store is only read, and only for the line's pool words: where ``RELAY_DATABA
 names a store that already holds pooled rows of this provider, ``relay probe``
 (relay/cli/probe.py) adds ``pool_ready=N pool_claimed=N pool_idle_s=N pool_idle_usd=X``
 before ``limits=`` (:attr:`ProbeResult.pool`; relay/store/pools.py reads them without
-creating or migrating anything). A store that is missing, unreachable or older leaves the
-line as it was.
+creating or migrating anything). Likewise the provider's breakers, as the live replicas'
+heartbeats last wrote them (a breaker lives in each replica's memory): ``breaker=closed``,
+``breaker=open``, or each state with its count of replicas (``breaker=open:1,closed:2``),
+and ``breaker_failures=N`` (the most failed creates in a row) (:attr:`ProbeResult.breaker`).
+A store that is missing, unreachable or older leaves the line as it was.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class ProbeResult:
     limits: dict[str, str | bool] | None = None
     pool: dict[str, str] = field(default_factory=dict)
     """The provider's warm pools, relay-wide, as ``key=value`` words (empty: none)."""
+    breaker: dict[str, str] = field(default_factory=dict)
+    """The provider's breakers on the live replicas, as ``key=value`` words (empty: none
+    known)."""
 
     @property
     def ok(self) -> bool:
@@ -70,7 +76,8 @@ class ProbeResult:
         if self.sandbox_id:
             words.append(f"sandbox={self.sandbox_id}")
         words += [f"{name}={value}" for name, value in self.pool.items()]
-        if self.pool and self.limits is None:
+        words += [f"{name}={value}" for name, value in self.breaker.items()]
+        if (self.pool or self.breaker) and self.limits is None:
             # Key=value words are read up to a closing `limits=`: a provider that
             # reports no limits of its own says `none`, so the line still parses.
             words.append("limits=none")

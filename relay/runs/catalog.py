@@ -37,6 +37,9 @@ _JOB_KEYS = {
     "description",
     "command",
     "provider",
+    "providers",
+    "retry",
+    "route",
     "image",
     "images",
     "timeout_s",
@@ -68,6 +71,11 @@ _PARAM_KEYS = {
 MAX_JOB_FILE_BYTES = 1_048_576
 MAX_WARM = 64
 """A job's ``warm`` at most (``RELAY_POOL_MAX`` caps all pools together anyway)."""
+RANKINGS = ("order", "fastest", "cheapest")
+"""How a job's ``route`` ranks its providers (relay/runs/ranking.py)."""
+RETRIES = ("never", "safe")
+"""A job's ``retry``: ``safe`` is the job author's promise that running it twice does no
+harm, so a sandbox lost during the command may run it again on the next provider."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,13 @@ class JobSpec:
     command: tuple[str, ...]
     description: str = ""
     provider: str = "auto"
+    providers: tuple[str, ...] = ()
+    """Its own route, in order (``providers = [...]``); empty: ``provider``, else the
+    relay's route (``RELAY_ROUTE``)."""
+    retry: str = "never"
+    """``safe``: a sandbox lost after the command started may run it again elsewhere."""
+    route: str | None = None
+    """How its route is ranked (:data:`RANKINGS`); None: ``RELAY_ROUTE_CHOICE``."""
     image: str | None = None
     images: Mapping[str, str] = field(default_factory=dict)
     """Per-provider images (an E2B template, a registry image), overriding ``image``."""
@@ -160,6 +175,13 @@ class JobSpec:
     pip: tuple[str, ...] = ()
     warm: int = 0
     """Sandboxes kept created ahead for this job's own shape (relay/runs/pools.py)."""
+
+    @property
+    def route_names(self) -> tuple[str, ...]:
+        """The providers the job names, in order (empty: the relay's route)."""
+        if self.providers:
+            return self.providers
+        return () if self.provider == "auto" else (self.provider,)
 
     def resolve_params(self, given: Mapping[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(given) - set(self.params))
@@ -272,6 +294,26 @@ def _parse_param(path: Path, name: str, table: Any) -> ParamSpec:
     return spec
 
 
+def _route(path: Path, data: Mapping[str, Any]) -> tuple[tuple[str, ...], str, str | None]:
+    """The job's ``providers`` (its route, in order), ``retry`` and ``route`` (ranking)."""
+    providers = data.get("providers", [])
+    if (
+        not isinstance(providers, list)
+        or not all(isinstance(name, str) and name for name in providers)
+        or len(set(providers)) != len(providers)
+    ):
+        raise _fail(path, "providers: a list of provider names, in order, each once")
+    if providers and data.get("provider", "auto") != "auto":
+        raise _fail(path, "provider: give `provider` or `providers`, not both")
+    retry = data.get("retry", "never")
+    if retry not in RETRIES:
+        raise _fail(path, f"retry: must be one of {', '.join(RETRIES)}")
+    route = data.get("route")
+    if route is not None and route not in RANKINGS:
+        raise _fail(path, f"route: must be one of {', '.join(RANKINGS)}")
+    return tuple(providers), retry, route
+
+
 def load_job(directory: Path) -> JobSpec:
     """Read and validate one ``job.toml``; errors name the file and the field."""
     path = directory / "job.toml"
@@ -318,6 +360,7 @@ def load_job(directory: Path) -> JobSpec:
     warm = data.get("warm", 0)
     if not isinstance(warm, int) or isinstance(warm, bool) or not 0 <= warm <= MAX_WARM:
         raise _fail(path, f"warm: must be a whole number from 0 to {MAX_WARM}")
+    providers, retry, route = _route(path, data)
     images = data.get("images", {})
     if not isinstance(images, dict) or not all(isinstance(v, str) for v in images.values()):
         raise _fail(path, "images: must be a table of provider name = image")
@@ -340,6 +383,9 @@ def load_job(directory: Path) -> JobSpec:
         command=tuple(command),
         description=str(data.get("description", "")),
         provider=str(data.get("provider", "auto")),
+        providers=providers,
+        retry=retry,
+        route=route,
         image=data.get("image"),
         images=images,
         timeout_s=float(timeout),

@@ -1,4 +1,5 @@
-"""In-process run events: state changes, output chunks and the final run.
+"""In-process run events: state changes, output chunks, a route's failed attempts and the
+final run.
 
 The run service publishes; metrics, live output streams and webhooks subscribe. A
 subscriber must be quick and must not raise (its errors are logged and dropped, so a
@@ -12,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from relay.providers.contract import Attempt
 from relay.store.records import RunRecord
 
 log = logging.getLogger("relay.events")
 
-EventKind = Literal["state", "output", "finished"]
+EventKind = Literal["state", "output", "attempt", "finished"]
 
 
 @dataclass(slots=True)
@@ -31,6 +33,11 @@ class RunEvent:
     data: bytes = b""
     run: RunRecord | None = field(default=None, repr=False)
     """For ``finished``: the run as stored, final."""
+    attempt: Attempt | None = None
+    """For ``attempt``: a provider of the run's route that did not run it."""
+    message: str = ""
+    """For ``attempt``: what happened and where the run goes, in one line
+    ("e2b: create timed out after 10 s; trying daytona")."""
 
 
 Subscriber = Callable[[RunEvent], None]

@@ -164,7 +164,7 @@ class FinalWrites:
 
 
 _KEPT_WHEN_CANCELED = (
-    *("sandbox_id", "started_at", "sandbox_s", "cost_usd"),
+    *("sandbox_id", "provider", "attempts", "started_at", "sandbox_s", "cost_usd"),
     *("ended_at", "duration_ms", "timings"),
     # Everything printed until the cancel stays with the run.
     *("stdout", "stderr", "stdout_truncated", "stderr_truncated"),

@@ -52,10 +52,15 @@ def admission_for(
     settings: Settings,
     now: float,
     settled: Mapping[str, float] | None = None,
+    route: tuple[str, ...] = (),
+    caps: Mapping[str, int] | None = None,
 ) -> Admission:
     """The limits a run of ``principal`` submitted at ``now`` is admitted under;
     ``settled``, the runs this replica knows ended (their cost) while the store still
-    counts them running (their final write has not landed: relay/runs/final_writes.py)."""
+    counts them running (their final write has not landed: relay/runs/final_writes.py);
+    ``route`` (its providers in the order tried) weighs the per-provider ``caps``, if any
+    has one."""
+    caps = caps or {}
     return Admission(
         token_concurrent=principal.max_concurrent,
         global_concurrent=settings.max_concurrent,
@@ -64,6 +69,9 @@ def admission_for(
         now=now,
         token_share=fair_share(settings),
         settled=dict(settled or {}),
+        caps=tuple((name, caps.get(name)) for name in route)
+        if any(name in caps for name in route)
+        else (),
     )
 
 
@@ -115,6 +123,14 @@ def refusal(limit: LimitReached, admission: Admission, reserved_usd: float) -> R
         return BudgetExceeded(
             f"this token's daily budget of ${limit.limit:g} is used up (counting the worst "
             "case of its running runs and of this one)",
+            retry_after=retry_after,
+            headers=headers,
+        )
+    if limit.kind == "provider_concurrency":
+        full = ", ".join(f"{name} ({cap} at once)" for name, cap in limit.full)
+        return RateLimited(
+            f"limit reached: every provider of this run's route is at its cap of runs at "
+            f"once: {full}",
             retry_after=retry_after,
             headers=headers,
         )

@@ -209,6 +209,21 @@ class ErrorInfo(BaseModel):
     )
 
 
+class RunAttempt(BaseModel):
+    """One provider a run was tried on: the one that ran it (``error`` null unless the run
+    ended in ``error`` there), and on a route of several, each before it that did not (a
+    create that failed, a sandbox lost before the command started, or during a job that is
+    ``retry = "safe"``)."""
+
+    provider: str
+    sandbox_id: str | None = Field(None, description="Its sandbox, if the create gave one.")
+    error: ErrorInfo | None = Field(None, description="Why this attempt did not run the job.")
+    create_ms: int | None = Field(
+        None, description="From the create call (or the warm pool's claim) to its answer."
+    )
+    ended_at: str | None = Field(None, description="When the attempt ended.")
+
+
 class DeliveryAttempt(BaseModel):
     """One POST of a webhook: the receiver's status code, or why there was none."""
 
@@ -272,6 +287,11 @@ class RunSummary(BaseModel):
     cost_usd: float = 0.0
     timings: Timings = Field(default_factory=Timings)
     error: ErrorInfo | None = None
+    attempts: list[RunAttempt] = Field(
+        default_factory=list,
+        description="Every provider the run was tried on, in order; the last one that got a "
+        "sandbox is `provider`/`sandbox_id` (a route's failover: README, Routing and failover).",
+    )
     deliveries: list[Delivery] = Field(
         default_factory=list, description="Webhook deliveries (runs with a `callback_url`)."
     )
@@ -305,6 +325,11 @@ class Run(BaseModel):
     cost_usd: float = 0.0
     timings: Timings = Field(default_factory=Timings)
     error: ErrorInfo | None = None
+    attempts: list[RunAttempt] = Field(
+        default_factory=list,
+        description="Every provider the run was tried on, in order; the last one that got a "
+        "sandbox is `provider`/`sandbox_id` (a route's failover: README, Routing and failover).",
+    )
     deliveries: list[Delivery] = Field(
         default_factory=list, description="Webhook deliveries (runs with a `callback_url`)."
     )
@@ -461,9 +486,41 @@ class SpendReport(BaseModel):
     tokens: list[TokenSpend]
 
 
+class BreakerHealth(BaseModel):
+    """A provider's breaker on this replica (README: Routing and failover)."""
+
+    state: Literal["closed", "half_open", "open"] = Field(
+        description="closed: routes try it; open: routes skip it without an attempt; "
+        "half_open: past the cool-down, the next run tries it once."
+    )
+    consecutive_failures: int = Field(description="Failed creates in a row.")
+    opened: int = Field(description="Times it opened on this replica.")
+    opened_at: str | None = Field(None, description="When it last opened.")
+    cooldown_left_s: float = Field(0.0, description="Until one run may try it again.")
+    attempts: dict[str, int] = Field(
+        default_factory=dict,
+        description="Attempts of routes on it by outcome: `ok`, or the error code.",
+    )
+    failovers: dict[str, int] = Field(
+        default_factory=dict, description="Runs that moved on from it, by the error code."
+    )
+
+
 class ProviderHealth(BaseModel):
     name: str
     problem: str | None = Field(None, description="Why the provider cannot serve, if so.")
+    breaker: BreakerHealth | None = Field(
+        None, description="Its breaker on the replica that answered (routes of several only)."
+    )
+    create_p50_ms: int | None = Field(
+        None,
+        description="Its median create time over the relay's recent runs (what a route "
+        "ranked `fastest` orders by; read again at most every RELAY_ROUTE_LATENCY_REFRESH_S); "
+        "null: no recent create.",
+    )
+    max_concurrent: int | None = Field(
+        None, description="Its cap of runs at once (RELAY_<NAME>_MAX_CONCURRENT); null: none."
+    )
     runs: int = Field(description="Runs on it in the last 24 hours.")
     errors: int = Field(description="Of those, runs that ended in `error` or `lost`.")
     failed: int = Field(

@@ -1,8 +1,11 @@
-"""From a request to a plan: scopes, job, params, caps and provider, checked and resolved.
+"""From a request to a plan: scopes, job, params, caps and route, checked and resolved.
 
 Nothing here writes or waits: :meth:`Planner.plan` either raises a RelayError naming what
-is wrong with the request or returns the exact argv, environment, files, timeout and
-sandbox spec the run service will execute.
+is wrong with the request or returns the exact argv, environment, files, timeout and the
+run's route: the providers that can take it, in order, each with the sandbox spec made for
+it (its image; its ``check`` passed). A provider that cannot take the run (its size, its
+egress, the token's providers) is left out, never given a wider spec; a route left with
+none is :class:`~relay.errors.NoRoute`, naming each provider's reason.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import hashlib
 import json
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from relay.auth import Principal
 from relay.errors import (
@@ -19,7 +22,9 @@ from relay.errors import (
     EnvConflict,
     FileConflict,
     Forbidden,
+    NoRoute,
     ProviderNotEnabled,
+    RelayError,
     UnknownJob,
     ValidationFailed,
 )
@@ -31,11 +36,20 @@ from relay.settings import Settings
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """One provider of a run's route, and the sandbox spec made for it."""
+
+    provider: str
+    spec: SandboxSpec
+
+
+@dataclass(frozen=True)
 class Plan:
     """A validated request, resolved to exactly what will run and where."""
 
     job: str | None
     provider: str
+    """The first provider of the route (the run's until another one runs it)."""
     argv: list[str]
     env: dict[str, str]
     files: dict[str, bytes]
@@ -43,6 +57,17 @@ class Plan:
     workdir: str | None
     timeout_s: float
     spec: SandboxSpec
+    """The first provider's spec."""
+    route: tuple[Candidate, ...] = ()
+    """Every provider that can take the run, in the order tried (the first is
+    :attr:`provider`); empty in a plan made by hand: that provider alone."""
+    retry_safe: bool = False
+    """The job may run again elsewhere after a sandbox lost under it (``retry = "safe"``)."""
+    ranking: str = "order"
+    """How the route is ranked before it is tried (the job's ``route``, else
+    ``RELAY_ROUTE_CHOICE``): relay/runs/ranking.py."""
+    skipped: tuple[tuple[str, str], ...] = ()
+    """Providers of the route left out at the admission, and why (at their cap)."""
 
 
 def request_hash(request: RunRequest) -> str:
@@ -117,17 +142,58 @@ class Planner:
         self.catalog = catalog
         self.providers = providers
 
-    def choose_provider(self, principal: Principal, asked: str, job: JobSpec | None) -> str:
-        name = asked
-        if name == "auto":
-            name = job.provider if job and job.provider != "auto" else self.settings.providers[0]
-        if name not in self.providers:
-            raise ProviderNotEnabled(f"provider {name!r} is not enabled on this relay")
-        if not principal.may_use_provider(name):
-            raise Forbidden(f"this token may not use provider {name!r}")
-        if job and job.provider not in ("auto", name):
-            raise Forbidden(f"job {job.name!r} runs only on {job.provider!r}")
-        return name
+    def route_names(self, principal: Principal, asked: str, job: JobSpec | None) -> tuple[str, ...]:
+        """The providers a run may go to, in order, before each is checked: the request's
+        one (where its token may choose it and it is on the job's route), else the job's
+        route, else the relay's (``RELAY_ROUTE``)."""
+        named = job.route_names if job is not None else ()
+        if asked == "auto":
+            return named or tuple(self.settings.default_route)
+        if asked not in self.providers:
+            raise ProviderNotEnabled(f"provider {asked!r} is not enabled on this relay")
+        if not principal.may_use_provider(asked):
+            raise Forbidden(f"this token may not use provider {asked!r}")
+        if job is not None and named and asked not in named:
+            where = repr(named[0]) if len(named) == 1 else f"its route ({', '.join(named)})"
+            raise Forbidden(f"job {job.name!r} runs only on {where}")
+        return (asked,)
+
+    def routed(
+        self,
+        principal: Principal,
+        names: tuple[str, ...],
+        spec: SandboxSpec,
+        job: JobSpec | None,
+        *,
+        asked_image: bool,
+    ) -> tuple[Candidate, ...]:
+        """The providers of ``names`` that can take a run of ``spec``, each with its own
+        spec (its image: ``image_for``); :class:`NoRoute` naming each one's reason when
+        none can (a route of one raises that provider's own refusal)."""
+        route: list[Candidate] = []
+        refusals: dict[str, RelayError] = {}
+        for name in names:
+            provider = self.providers.get(name)
+            if provider is None:
+                refusals[name] = ProviderNotEnabled(f"provider {name!r} is not enabled here")
+                continue
+            if not principal.may_use_provider(name):
+                refusals[name] = Forbidden(f"this token may not use provider {name!r}")
+                continue
+            image = spec.image if asked_image else image_for(name, None, job, spec.image)
+            own = spec if image == spec.image else replace(spec, image=image)
+            try:
+                provider.check(own)
+            except ValidationFailed as refused:  # its size, its egress: the request's shape
+                refusals[name] = refused
+                continue
+            route.append(Candidate(name, own))
+        if route:
+            return tuple(route)
+        if len(refusals) == 1:
+            raise next(iter(refusals.values()))
+        reasons = "; ".join(f"{name}: {error.message}" for name, error in refusals.items())
+        raise NoRoute(f"no provider on this run's route can take it ({reasons})")
 
     def plan(self, principal: Principal, request: RunRequest, run_id: str) -> Plan:
         """Check scopes, job, params and limits; raise a RelayError or return the plan."""
@@ -184,29 +250,32 @@ class Planner:
             caps.append(principal.max_timeout_s)
         timeout_s = min([request.timeout_s or base_timeout, *caps])
         size = request.size or size
-        provider = self.choose_provider(principal, request.provider, job)
+        names = self.route_names(principal, request.provider, job)
         cpu, memory_mb, disk_mb = SIZES[size]
-        spec = SandboxSpec(
+        shape = SandboxSpec(
             run_id=run_id,
             cluster=self.settings.cluster,
             timeout_s=timeout_s,
             grace_s=self.settings.grace_s,
-            image=image_for(provider, request.image, job, image),
+            image=request.image or image,
             resources=Resources(cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb),
             egress=Egress(tuple(egress)),
             pip=job.pip if job else (),
             job=job.name if job else None,
         )
-        self.providers[provider].check(spec)
+        route = self.routed(principal, names, shape, job, asked_image=bool(request.image))
         stdin = request.stdin.encode("utf-8") if request.stdin is not None else None
         return Plan(
             job=job.name if job else None,
-            provider=provider,
+            provider=route[0].provider,
             argv=argv,
             env=env,
             files=files,
             stdin=stdin,
             workdir=request.workdir,
             timeout_s=timeout_s,
-            spec=spec,
+            spec=route[0].spec,
+            route=route,
+            retry_safe=job is not None and job.retry == "safe",
+            ranking=(job.route if job is not None else None) or self.settings.route_choice,
         )

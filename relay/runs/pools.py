@@ -211,7 +211,9 @@ class Pools:
 
     def _pool_for(self, job: JobSpec) -> Pool | None:
         target = self.settings.pool_warm.get(job.name, job.warm)
-        name = job.provider if job.provider != "auto" else self.settings.providers[0]
+        # On the first provider of the job's route (a route claims a warm sandbox on any of
+        # its providers before a cold create anywhere: relay/runs/route.py).
+        name = (job.route_names or tuple(self.settings.default_route))[0]
         provider = self.providers.get(name)
         if target <= 0 or self.settings.pool_max <= 0:
             return None
@@ -272,6 +274,13 @@ class Pools:
         return sum(len(pool.ready) for pool in self.pools.values())
 
     # -- claims ------------------------------------------------------------------------
+
+    def has_ready(self, provider: str, spec: SandboxSpec) -> bool:
+        """Whether :meth:`claim` may find a ready sandbox for ``spec`` on ``provider`` (a
+        read of this replica's memory)."""
+        shape = Shape.of(provider, spec)
+        pool = self.pools.get((shape.job, provider)) if shape is not None else None
+        return pool is not None and bool(pool.ready) and shape == pool.shape
 
     async def claim(self, provider: str, spec: SandboxSpec) -> Claimed | None:
         """A ready sandbox of the spec's exact shape on ``provider``, now the spec's run's;

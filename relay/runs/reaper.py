@@ -119,11 +119,14 @@ class Reaper:
         beats_before_judging: int = BEATS_BEFORE_JUDGING,
         clock: Callable[[], float] = time.time,
         before_sweep: Callable[[], Awaitable[object]] | None = None,
+        beat: Callable[[], str] | None = None,
     ) -> None:
         self.clock = clock
         self.before_sweep = before_sweep
         """Run before each sweep: the spool's replay (relay/runs/spool.py), so an outcome a
         stopped relay on this machine spooled is held before its run could be judged lost."""
+        self.beat = beat
+        """What each heartbeat carries besides the time (the replica's breakers, as JSON)."""
         self.reap_interval_s = reap_interval_s
         self.store = store
         self.providers = providers
@@ -414,7 +417,7 @@ class Reaper:
         next_sweep = time.monotonic() + (0 if sweep_first else self.reap_interval_s)
         while True:
             try:
-                await self.store.heartbeat(self.instance_id)
+                await self.store.heartbeat(self.instance_id, self.beat() if self.beat else None)
                 self.beats += 1
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + self.reap_interval_s

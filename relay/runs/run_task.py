@@ -2,10 +2,12 @@
 
 open the sandbox through the run's door (leaving it always terminates the sandbox) → record
 it running (a moment later, see :data:`RUNNING_WRITE_DELAY_S`) → upload the files and run
-the command within what is left of the timeout → what it cost. The door is a sandbox source
-(relay/runs/sources.py): a provider, or a provider behind its warm pools; the task never
-knows which, the sandbox's provenance says where it came from. Writing the final state, and
-keeping the runs in flight, is the :class:`~relay.runs.runner.Runner`'s.
+the command within what is left of the timeout → what it cost, and every attempt. The door
+is a sandbox source (relay/runs/sources.py, relay/runs/route.py): a provider, a provider
+behind its warm pools, or a route over several; the task never knows which: the sandbox's
+provenance says where it came from and which attempts failed before it (a route's error
+that ran out of providers carries them in ``details["attempts"]``). Writing the final
+state, and keeping the runs in flight, is the :class:`~relay.runs.runner.Runner`'s.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from relay.errors import RelayError
-from relay.providers.contract import OutputSink, Provenance, Sandbox, SandboxSource
+from relay.providers.contract import Attempt, OutputSink, Provenance, Sandbox, SandboxSource
 from relay.run_state import RunState, transition
+from relay.runs.attempts import attempts_json
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.planning import Plan
@@ -64,9 +67,13 @@ class RunTask:
         )
         self.watch = _Stopwatch()
         self.provenance: Provenance | None = None
-        """Where the sandbox came from, once there is one."""
+        """Where the sandbox that ran the command came from, once there is one."""
         self.outcome: RunValues = {}
         """The state the job ended in, once its command has ended (before the terminate)."""
+        self.failed: tuple[Attempt, ...] = ()
+        """The attempts that did not run the command (a route's; a create that failed)."""
+        self.exhausted = False
+        """Every attempt failed: the run's cost is theirs alone."""
 
     async def steps(self) -> RunValues:
         """Run the job in a sandbox, always terminated; the state it ended in. A failure
@@ -79,17 +86,52 @@ class RunTask:
             # A create is bounded by the provider's create_timeout_s (SandboxProvider.created).
             async with self.door.sandbox(self.plan.spec) as sandbox:  # leaving it terminates
                 self._sandbox_created(sandbox.provenance)
-                record = self._mark_running(sandbox.id)
+                record = self._mark_running(sandbox)
                 try:
                     assert self.run.started_at is not None
                     final = self.outcome = await self._exec(sandbox, self.run.started_at)
                 finally:
                     record.cancel()
+                    self._ran_on(sandbox)
                 terminate_started = time.monotonic()
             self.watch.timings["terminate_ms"] = _ms_since(terminate_started)
         except Exception as exc:
             final = failure(self.run, self.plan, final, exc)
+            self._failed_by(exc, final)
         return final
+
+    def _ran_on(self, sandbox: Sandbox) -> None:
+        """The sandbox that ran the command (a route may have moved the run since it was
+        created): the run's provider and sandbox id, and the attempts before it."""
+        provenance = sandbox.provenance
+        self.provenance, self.failed = provenance, provenance.attempts
+        self.watch.sandbox_started = provenance.billed_from
+        # Its last sandbox failed too (the run's deadline came during a route's next
+        # attempt): every attempt is on the record, and the cost is theirs.
+        self.exhausted = any(tried.sandbox_id == sandbox.id for tried in provenance.attempts)
+        if sandbox.id != self.run.sandbox_id or provenance.provider != self.run.provider:
+            self.run = self.run.changed(sandbox_id=sandbox.id, provider=provenance.provider)
+
+    def _failed_by(self, exc: Exception, final: RunValues) -> None:
+        """The attempts of a run that ended by ``exc``: a route's that ran out (in its
+        details), else one for a create that failed on the run's only provider."""
+        tried = exc.details.get("attempts") if isinstance(exc, RelayError) else None
+        if tried:
+            self.failed, self.exhausted = tuple(tried), True
+        elif self.provenance is None and self.watch.sandbox_started is not None:
+            began = self.watch.sandbox_started
+            self.failed = (
+                Attempt(
+                    provider=self.plan.provider,
+                    sandbox_id=None,
+                    error_code=str(final.get("error_code") or "internal"),
+                    error_message=str(final.get("error_message") or ""),
+                    create_ms=_ms_since(began),
+                    ended_at=time.time(),
+                    billed_s=round(time.monotonic() - began, 3),
+                ),
+            )
+            self.exhausted = True
 
     def _sandbox_created(self, provenance: Provenance) -> None:
         """The sandbox exists: billed from when its provenance says (its create call, or
@@ -99,16 +141,21 @@ class RunTask:
         watch.timings["create_ms"] = _ms_since(watch.started)
         watch.timings["pooled"] = provenance.pooled
 
-    def _mark_running(self, sandbox_id: str) -> asyncio.TimerHandle:
+    def _mark_running(self, sandbox: Sandbox) -> asyncio.TimerHandle:
         """The sandbox exists: the run is running, and its deadline starts now. Returns
         the timer of the deferred `running` write, to cancel when the run has ended."""
         run, started_at = self.run, time.time()
         running: RunValues = {
             "state": transition(run, RunState.running),
-            "sandbox_id": sandbox_id,
+            "sandbox_id": sandbox.id,
             "started_at": started_at,
             "deadline": started_at + self.plan.timeout_s,
         }
+        provenance = sandbox.provenance
+        if provenance.provider != run.provider:  # a route's later provider took it
+            running["provider"] = provenance.provider
+        if provenance.attempts:
+            running["attempts"] = attempts_json(provenance.attempts)
         self.events.publish(RunEvent(run.id, "state", state=RunState.running))
         # Stored a moment later, unless the run has ended by then: its final write then
         # carries the sandbox id, one transaction instead of two.
@@ -161,7 +208,8 @@ class RunTask:
         return {"state": transition(self.run, state), "exit_code": result.exit_code}
 
     def measured(self, final: RunValues) -> RunValues:
-        """``final`` with what the run cost, and ``watch``'s timings completed."""
+        """``final`` with what the run cost (every attempt's), its attempts, and ``watch``'s
+        timings completed."""
         plan, sink, watch = self.plan, self.sink, self.watch
         if watch.exec_started is not None and "exec_ms" not in watch.timings:
             watch.timings["exec_ms"] = _ms_since(watch.exec_started)
@@ -169,12 +217,41 @@ class RunTask:
             watch.timings["first_output_ms"] = int((sink.first_output_at - watch.started) * 1000)
         if watch.sandbox_started is None:
             return final
-        # Billed from the create call to the end of terminate: what the provider saw.
-        seconds = round(time.monotonic() - watch.sandbox_started, 3)
         resources = plan.spec.resources
-        provider = self.provenance.provider if self.provenance else plan.provider
-        cost = self.costs.cost(provider, resources.cpu, resources.memory_mb, seconds)
-        return {**final, "sandbox_s": seconds, "cost_usd": cost}
+        cpu, memory_mb, costs = resources.cpu, resources.memory_mb, self.costs
+        seconds, cost = 0.0, 0.0
+        for attempt in self.failed:  # what each attempt before billed, at its provider
+            seconds += attempt.billed_s
+            cost += costs.cost(attempt.provider, cpu, memory_mb, attempt.billed_s)
+        measured: RunValues = {**final}
+        if not self.exhausted:
+            # Billed from the create call to the end of terminate: what the provider saw.
+            held = round(time.monotonic() - watch.sandbox_started, 3)
+            provider = self.provenance.provider if self.provenance else plan.provider
+            seconds += held
+            cost += costs.cost(provider, cpu, memory_mb, held)
+        if self.failed:
+            measured["attempts"] = attempts_json(self._every_attempt(final))
+            if self.run.provider != plan.provider:
+                measured["provider"] = self.run.provider
+            cost = round(cost, 9)
+        return {**measured, "sandbox_s": round(seconds, 3), "cost_usd": cost}
+
+    def _every_attempt(self, final: RunValues) -> Sequence[Attempt]:
+        """The failed attempts, and the one that ran the command (its error: the run's)."""
+        if self.exhausted or self.provenance is None:
+            return self.failed
+        provenance, broke = self.provenance, final.get("state") == RunState.error
+        ran = Attempt(
+            provider=provenance.provider,
+            sandbox_id=self.run.sandbox_id,
+            error_code=str(final.get("error_code") or "") if broke else "",
+            error_message=str(final.get("error_message") or "") if broke else "",
+            create_ms=provenance.create_ms or int(self.watch.timings.get("create_ms", 0)),
+            ended_at=time.time(),
+            billed_s=0.0,
+        )
+        return (*self.failed, ran)
 
 
 @dataclass

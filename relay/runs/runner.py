@@ -23,6 +23,7 @@ from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.final_writes import FinalWrites
 from relay.runs.planning import Plan
+from relay.runs.route import Route, Routing
 from relay.runs.run_task import RunTask, canceled
 from relay.runs.spool import Spool, Spooled
 from relay.settings import Settings
@@ -78,12 +79,15 @@ class Runner:
         sources: Mapping[str, SandboxSource],
         events: EventBus,
         costs: CostModel,
+        routing: Routing | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.sources = sources
         """Each provider's door (relay/runs/sources.py): the provider, or it behind its
         warm pools."""
+        self.routing = routing
+        """What the routes of runs with several providers share (relay/runs/route.py)."""
         self.events = events
         self.costs = costs
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -219,7 +223,10 @@ class Runner:
     # -- the run -----------------------------------------------------------------------
 
     def door_for(self, plan: Plan) -> SandboxSource:
-        """Where the plan's run opens its sandbox: its provider's source."""
+        """Where the plan's run opens its sandbox: its provider's door, or a route over its
+        providers when it has several (relay/runs/route.py)."""
+        if len(plan.route) > 1 and self.routing is not None:
+            return Route(plan, self.routing)
         return self.sources[plan.provider]
 
     async def _execute(self, plan: Plan, run: RunRecord) -> None:

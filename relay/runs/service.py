@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import dataclasses
+import functools
 import json
 import logging
 import secrets
@@ -27,19 +28,24 @@ from relay.auth import Principal
 from relay.errors import Forbidden, IdempotencyConflict, NotFound, RunNotCancelable, ShuttingDown
 from relay.providers.contract import Provider
 from relay.run_state import RunState, transition
+from relay.runs.breakers import Breakers
 from relay.runs.callback_urls import refuse_unsafe_callback
+from relay.runs.capacity import Capacity, caps_of
 from relay.runs.catalog import Catalog
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.limits import admission_for, rate_limit_headers, refusal
 from relay.runs.models import RunRequest
-from relay.runs.planning import Planner, request_hash
+from relay.runs.planning import Plan, Planner, request_hash
 from relay.runs.pools import Pools
+from relay.runs.ranking import Ranking
+from relay.runs.route import Routing
 from relay.runs.runner import Runner
 from relay.runs.sources import sources_for
 from relay.settings import Settings
 from relay.store.database import Store, Usage
 from relay.store.deliveries import Deliveries
+from relay.store.latency import create_p50_ms
 from relay.store.limits import DuplicateKey, LimitReached, day_start, month_start
 from relay.store.outcomes import Grouping, GroupOutcome, GroupOutcomes, Outcomes
 from relay.store.records import DeliveryRecord, RunRecord, RunValues
@@ -89,7 +95,25 @@ class RunService:
             clock=clock,
         )
         self.sources = sources_for(self.providers, self.pools)
-        self.runner = Runner(settings, store, self.sources, self.events, self.costs)
+        self.breakers = Breakers(settings)
+        """Each provider's breaker on this replica (relay/runs/breakers.py)."""
+        self.capacity = Capacity(caps_of(settings, self.providers), store)
+        """Each provider's cap of runs at once, counted in the store (relay/runs/capacity.py)."""
+        self.ranking = Ranking(
+            self.costs,
+            functools.partial(create_p50_ms, store),
+            settings.route_latency_refresh_s,
+        )
+        """How runs' routes are ordered (relay/runs/ranking.py)."""
+        routing = Routing(
+            self.providers,
+            self.pools,
+            self.breakers,
+            self.capacity,
+            self.events,
+            settings.create_budget_s,
+        )
+        self.runner = Runner(settings, store, self.sources, self.events, self.costs, routing)
         self._deliveries = Deliveries(store)
         self._reports = Reports(store)
         self._outcomes = Outcomes(store)
@@ -114,11 +138,19 @@ class RunService:
             if existing is not None:
                 return _same_request(existing, digest), False
         run_id = new_run_id()
-        plan = self.planner.plan(principal, request, run_id)
+        plan = self.ranking.ranked(self.planner.plan(principal, request, run_id))
         if request.callback_url is not None:
             await refuse_unsafe_callback(request.callback_url, self.settings)
         now = self.clock()
         cpu, memory_mb = plan.spec.resources.cpu, plan.spec.resources.memory_mb
+        # Reserved at the dearest provider of its route: whichever runs it, the token's
+        # budget holds (the final cost replaces the reservation).
+        reserved = max(
+            self.costs.cost(candidate.provider, cpu, memory_mb, plan.timeout_s)
+            for candidate in plan.route or [plan]
+        )
+        # Its sandbox may take every attempt's create budget to come (one: its create).
+        creating_s = self.settings.create_budget_s if len(plan.route) > 1 else None
         run = RunRecord(
             id=run_id,
             token=principal.name,
@@ -132,8 +164,8 @@ class RunService:
             cpu=cpu,
             memory_mb=memory_mb,
             created_at=now,
-            deadline=now + self.settings.create_timeout_s + plan.timeout_s,
-            reserved_usd=self.costs.cost(plan.provider, cpu, memory_mb, plan.timeout_s),
+            deadline=now + (creating_s or self.settings.create_timeout_s) + plan.timeout_s,
+            reserved_usd=reserved,
             owner=self.instance_id,
             stdout_bytes=0,
             stderr_bytes=0,
@@ -141,7 +173,10 @@ class RunService:
             request=json.dumps(request.echo(), separators=(",", ":")),
         )
         self.runner.hold(run_id)  # before the row exists: a sweep now must not orphan it
-        admission = admission_for(principal, self.settings, now, self.runner.settled())
+        route = tuple(candidate.provider for candidate in plan.route) or (plan.provider,)
+        admission = admission_for(
+            principal, self.settings, now, self.runner.settled(), route, self.capacity.caps
+        )
         try:
             standing = await self.store.admit_run(run, admission)
         except DuplicateKey:
@@ -156,6 +191,8 @@ class RunService:
         except BaseException:
             self.runner.release(run_id)
             raise
+        if standing is not None and standing.provider not in (None, plan.provider):
+            plan, run = self._placed(plan, run, standing.provider or plan.provider)
         if limit_headers is not None and standing is not None:
             limit_headers.update(
                 rate_limit_headers(admission, standing, run.reserved_usd, admitted=True)
@@ -173,6 +210,20 @@ class RunService:
             },
         )
         return run, True
+
+    def _placed(self, plan: Plan, run: RunRecord, provider: str) -> tuple[Plan, RunRecord]:
+        """The plan and run placed on ``provider`` by the per-provider caps: the providers
+        of the route before it were full (skipped, not attempts)."""
+        index = next(i for i, c in enumerate(plan.route) if c.provider == provider)
+        full = tuple((c.provider, self.capacity.refusal(c.provider)) for c in plan.route[:index])
+        placed = dataclasses.replace(
+            plan,
+            route=plan.route[index:],
+            provider=provider,
+            spec=plan.route[index].spec,
+            skipped=full,
+        )
+        return placed, run.changed(provider=provider)
 
     # -- reading, waiting, cancelling --------------------------------------------------
 
@@ -357,6 +408,7 @@ class RunService:
         assert self._drain_started is not None
         await self.runner.shutdown(self.settings.drain_s - (time.monotonic() - self._drain_started))
         await self.pools.drain()
+        await self.ranking.aclose()
 
 
 def _same_request(existing: RunRecord, digest: str) -> RunRecord:

@@ -8,8 +8,8 @@ mount wraps a transport. The runner hands each run its door (:func:`sources_for`
 per provider); the run task opens it and never knows which kind it holds: the sandbox's
 :class:`~relay.providers.contract.Provenance` says where it came from.
 
-A route (several providers, each through its pool, tried in order) is the next source of
-this shape; docs/architecture.md says how it fits.
+A route (several providers, each with its pool, tried in order) is a source of this shape
+too: relay/runs/route.py.
 """
 
 from __future__ import annotations

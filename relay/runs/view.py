@@ -11,12 +11,14 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from relay.run_state import RunState
 from relay.runs.models import (
     Delivery,
     DeliveryAttempt,
     ErrorInfo,
     RequestEcho,
     Run,
+    RunAttempt,
     RunSummary,
     Timings,
     UsageWindow,
@@ -47,6 +49,36 @@ def delivery_model(delivery: DeliveryRecord) -> Delivery:
     )
 
 
+def _attempts(
+    run: RunRecord, error: ErrorInfo | None, timings: Timings, ended_at: str | None
+) -> list[RunAttempt]:
+    """The run's attempts: those stored (a route's, or a create that failed), and the one
+    holding its sandbox when the stored ones do not name it (the first attempt ran it, or
+    the run is still running, or the reaper ended it)."""
+    tried = [
+        RunAttempt(
+            provider=entry["provider"],
+            sandbox_id=entry.get("sandbox_id"),
+            error=ErrorInfo(**entry["error"]) if entry.get("error") else None,
+            create_ms=entry.get("create_ms"),
+            ended_at=_iso(entry.get("ended_at")),
+        )
+        for entry in (json.loads(run.attempts) if run.attempts else ())
+    ]
+    if run.sandbox_id is None or any(each.sandbox_id == run.sandbox_id for each in tried):
+        return tried
+    ended = run.state in (RunState.error, RunState.lost)
+    # Built from checked values, without validating them again: every answer has one.
+    holding = RunAttempt.model_construct(
+        provider=run.provider,
+        sandbox_id=run.sandbox_id,
+        error=error if ended else None,
+        create_ms=timings.create_ms if not tried else None,
+        ended_at=ended_at,
+    )
+    return [*tried, holding]
+
+
 def _run_fields(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None) -> dict[str, Any]:
     """What a run and a run's summary share, from its record and its deliveries."""
     error = None
@@ -56,6 +88,8 @@ def _run_fields(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None) -> 
             message=run.error_message or "",
             retry_after_s=run.error_retry_after_s,
         )
+    timings = Timings(**json.loads(run.timings or "{}"))
+    ended_at = _iso(run.ended_at)
     return {
         "id": run.id,
         "token": run.token,
@@ -69,11 +103,12 @@ def _run_fields(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None) -> 
         "timeout_s": run.timeout_s,
         "created_at": _iso(run.created_at) or "",
         "started_at": _iso(run.started_at),
-        "ended_at": _iso(run.ended_at),
+        "ended_at": ended_at,
         "duration_ms": run.duration_ms,
         "cost_usd": run.cost_usd or 0.0,
-        "timings": Timings(**json.loads(run.timings or "{}")),
+        "timings": timings,
         "error": error,
+        "attempts": _attempts(run, error, timings, ended_at),
         "deliveries": [delivery_model(delivery) for delivery in deliveries or []],
     }
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import secrets
 import sqlite3
 import time
@@ -42,7 +43,7 @@ from relay.errors import ConfigError, InvalidRequest
 from relay.run_state import ACTIVE, FINAL
 from relay.store.answering import StoreAnswer
 from relay.store.connection import database_url, sqlite_engine
-from relay.store.limits import Admission, DuplicateKey, Standing, check_limits
+from relay.store.limits import Admission, DuplicateKey, Standing, check_limits, moved, placed
 from relay.store.records import RunRecord, RunValues
 from relay.store.schema import (
     SCHEMA_VERSION,
@@ -404,12 +405,18 @@ class Store:
 
     # -- replicas ----------------------------------------------------------------------
 
-    async def heartbeat(self, replica_id: str) -> None:
+    async def heartbeat(self, replica_id: str, breakers: str | None = None) -> None:
+        """This replica is alive now; ``breakers``, its providers' breakers as JSON
+        (relay/runs/breakers.py), is kept with it for ``relay probe``."""
+
         def work(conn: Connection) -> None:
             now = time.time()
-            query = replicas.update().where(replicas.c.id == replica_id).values(seen_at=now)
+            beat: dict[str, object] = {"seen_at": now}
+            if breakers is not None:
+                beat["breakers"] = breakers
+            query = replicas.update().where(replicas.c.id == replica_id).values(**beat)
             if not conn.execute(query).rowcount:
-                conn.execute(replicas.insert().values(id=replica_id, started_at=now, seen_at=now))
+                conn.execute(replicas.insert().values(id=replica_id, started_at=now, **beat))
 
         await self.write(work)
 
@@ -447,11 +454,28 @@ class Store:
             if key is not None and conn.execute(_BY_KEY, {"token": run.token, "key": key}).first():
                 raise DuplicateKey
             standing = check_limits(conn, run, admission) if admission else None
+            provider = placed(conn, run, admission) if admission else None
+            columns = run.columns()
+            if provider is not None and standing is not None:
+                columns["provider"] = provider
+                standing = dataclasses.replace(standing, provider=provider)
             try:
-                fast_path.write(conn, _INSERT, with_sizes(run.columns()))
+                fast_path.write(conn, _INSERT, with_sizes(columns))
             except IntegrityError as exc:  # the unique index: another replica got there first
                 raise DuplicateKey from exc
             return standing
+
+        return await self.write(work)
+
+    async def move_run(self, run_id: str, to: str, cap: int | None) -> bool:
+        """Count the active run on provider ``to`` (a route moving on), if ``to`` is below
+        ``cap``, under the admission's lock: caps hold across replicas
+        (relay/store/limits.py)."""
+
+        def work(conn: Connection) -> bool:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text(f"SELECT pg_advisory_xact_lock({_LOCK_ADMIT})"))
+            return moved(conn, run_id, to, cap)
 
         return await self.write(work)
 

@@ -11,10 +11,17 @@ reservation, so its slot is free the moment its outcome is known.
 insert, under an advisory lock on PostgreSQL, so the limits hold across replicas, and
 raises :class:`LimitReached`; what the caller is told of it (the 429) is the run service's
 (relay/runs/limits.py). Days and months are UTC (:func:`day_start`, :func:`month_start`).
+
+Per provider: runs at once (``RELAY_<NAME>_MAX_CONCURRENT``). A run is counted on the
+provider its row names (``runs.provider``): :func:`placed` puts a new run on the first
+provider of its ranked route with room, in the same transaction and under the same lock;
+:func:`moved` moves a running route's count to the next provider with a conditional update.
+A route with no capped provider reads nothing more.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -46,6 +53,9 @@ class Admission:
     settled: Mapping[str, float] = field(default_factory=dict)
     """Runs the admitting replica knows ended, with their cost, though the store still
     counts them active (their final write not landed yet): counted as ended."""
+    caps: tuple[tuple[str, int | None], ...] = ()
+    """The run's route in the order tried, each provider with its runs-at-once cap (None:
+    none); empty when no provider of the route has one (nothing is counted)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,9 @@ class Standing:
     frees_in: float | None = None
     runs_today: int | None = None
     usd_today: float | None = None
+    provider: str | None = None
+    """The provider of its route the run was placed on under per-provider caps (None: no
+    caps were weighed, the route's first)."""
 
 
 class LimitReached(Exception):
@@ -65,13 +78,20 @@ class LimitReached(Exception):
     token's standing at that moment."""
 
     def __init__(
-        self, kind: str, limit: float, retry_after: float, standing: Standing | None = None
+        self,
+        kind: str,
+        limit: float,
+        retry_after: float,
+        standing: Standing | None = None,
+        full: tuple[tuple[str, int], ...] = (),
     ) -> None:
         super().__init__(kind)
         self.kind = kind
         self.limit = limit
         self.retry_after = max(1.0, retry_after)
         self.standing = standing or Standing()
+        self.full = full
+        """Each provider at its cap and the cap (``provider_concurrency``)."""
 
 
 _active = runs.c.state.in_(state_in(ACTIVE))
@@ -93,9 +113,13 @@ class _Settled:
     everyone: int = 0
     mine: int = 0
     usd_over: float = 0.0
+    on: Mapping[str, int] = field(default_factory=dict)
+    """Of them, how many each provider's row names (what its cap counts)."""
 
 
-_SETTLED = sa.select(runs.c.id, runs.c.token, runs.c.created_at, runs.c.reserved_usd).where(
+_SETTLED = sa.select(
+    runs.c.id, runs.c.token, runs.c.provider, runs.c.created_at, runs.c.reserved_usd
+).where(
     _active, runs.c.id.in_(sa.bindparam("ids", expanding=True))
 )
 
@@ -112,7 +136,7 @@ def _settled(conn: Connection, run: RunRecord, admission: Admission) -> _Settled
         for row in mine
         if day_number(row.created_at) == today
     )
-    return _Settled(len(rows), len(mine), over)
+    return _Settled(len(rows), len(mine), over, Counter(row.provider for row in rows))
 
 
 def check_limits(conn: Connection, run: RunRecord, admission: Admission) -> Standing:
@@ -156,6 +180,49 @@ def check_limits(conn: Connection, run: RunRecord, admission: Admission) -> Stan
     ):
         raise LimitReached("usd_per_day", admission.usd_per_day, next_day, standing)
     return standing
+
+
+_ON_PROVIDER = sa.select(sa.func.count()).where(
+    _active, runs.c.provider == sa.bindparam("provider")
+)
+
+
+def placed(conn: Connection, run: RunRecord, admission: Admission) -> str | None:
+    """The first provider of the run's route (``admission.caps``) with room for one more
+    run, counting in the store (a provider with no cap always has room, without a read);
+    None when no provider of the route is capped. Raises :class:`LimitReached`
+    (``provider_concurrency``) naming every provider full when none has room."""
+    if not admission.caps:
+        return None
+    full: list[tuple[str, int]] = []
+    settled = _settled(conn, run, admission)
+    for provider, cap in admission.caps:
+        if cap is None:
+            return provider
+        (count,) = fast_path.row(conn, _ON_PROVIDER, {"provider": provider})
+        count -= settled.on.get(provider, 0)
+        if count < cap:
+            return provider
+        full.append((provider, cap))
+    frees_in = _frees_in(conn, None, admission.now)
+    raise LimitReached("provider_concurrency", full[0][1], frees_in, full=tuple(full))
+
+
+_MOVE = (
+    runs.update()
+    .where(runs.c.id == sa.bindparam("run_id"), _active)
+    .values(provider=sa.bindparam("to"))
+)
+
+
+def moved(conn: Connection, run_id: str, to: str, cap: int | None) -> bool:
+    """Count the active run ``run_id`` on provider ``to`` from now on, if ``to`` has room
+    (``cap``; None: no cap). False when it is full (or the run has ended)."""
+    if cap is not None:
+        (count,) = conn.execute(_ON_PROVIDER, {"provider": to}).one()
+        if count >= cap:
+            return False
+    return bool(conn.execute(_MOVE, {"run_id": run_id, "to": to}).rowcount)
 
 
 def _today(

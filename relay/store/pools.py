@@ -13,25 +13,16 @@ read-only and never creates or migrates it.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import os
-import sqlite3
-import threading
-import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import create_async_engine
 
-from relay.store.connection import database_url
 from relay.store.database import Store
+from relay.store.quiet_reads import QUIET_READ_TIMEOUT_S, read_quietly
 from relay.store.schema import pooled, runs
-
-_T = TypeVar("_T")
 
 CREATING, READY, CLAIMED, ENDED = "creating", "ready", "claimed", "ended"
 WAITING = (CREATING, READY)
@@ -212,7 +203,7 @@ class PoolSummary:
     idle_usd: float
 
 
-SUMMARY_TIMEOUT_S = 3.0
+SUMMARY_TIMEOUT_S = QUIET_READ_TIMEOUT_S
 """How long ``relay probe`` waits for the store before it prints its line without it."""
 
 
@@ -238,102 +229,7 @@ def _summary(conn: Connection, provider: str, since: float) -> PoolSummary | Non
 
 async def read_summary(url: str, provider: str, since: float) -> PoolSummary | None:
     """``provider``'s pools in the store at ``url``, read without creating, migrating or
-    writing anything; None when the store is not there, not reachable within
-    :data:`SUMMARY_TIMEOUT_S`, older than warm pools, or holds no pooled row of
-    ``provider`` (``relay probe`` then prints its line as before).
-
-    The read runs on a daemon thread of its own, and so do the blocking calls it makes
-    (a host name's lookup, a SQLite lock wait): the probe stops waiting at the timeout and
-    exits, where a worker thread of asyncio's would hold the exit until a hung DNS server
-    or file system let go of it."""
-    answer: concurrent.futures.Future[PoolSummary | None] = concurrent.futures.Future()
-
-    def work() -> None:
-        if not answer.set_running_or_notify_cancel():
-            return
-        try:
-            answer.set_result(_read_in_thread(url, provider, since))
-        except BaseException as exc:  # told to the waiting probe, which says nothing of it
-            answer.set_exception(exc)
-
-    threading.Thread(target=work, name="relay-probe-store", daemon=True).start()
-    try:
-        return await asyncio.wait_for(asyncio.wrap_future(answer), SUMMARY_TIMEOUT_S)
-    except Exception:  # whatever it is, the probe is about the provider, not the store
-        return None
-
-
-class _DaemonThreads(concurrent.futures.ThreadPoolExecutor):
-    """An event loop's executor whose calls each get a daemon thread, never joined: a
-    call still blocked when the probe gives up does not hold the process."""
-
-    def submit(
-        self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any
-    ) -> concurrent.futures.Future[_T]:
-        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
-
-        def call() -> None:
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn(*args, **kwargs))
-                except BaseException as exc:
-                    future.set_exception(exc)
-
-        threading.Thread(target=call, daemon=True).start()
-        return future
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        return None
-
-
-def _read_in_thread(url: str, provider: str, since: float) -> PoolSummary | None:
-    target = database_url(url)
-    if target.get_backend_name() == "sqlite":
-        return _read_sqlite(target.database or "", provider, since)
-
-    async def remote() -> PoolSummary | None:
-        asyncio.get_running_loop().set_default_executor(_DaemonThreads())
-        async with asyncio.timeout(SUMMARY_TIMEOUT_S):
-            return await _read_remote(target, provider, since)
-
-    return asyncio.run(remote())
-
-
-def _read_sqlite(path: str, provider: str, since: float) -> PoolSummary | None:
-    if path in ("", ":memory:") or not os.path.isfile(path):
-        return None  # ``mode=ro`` creates nothing either; this says why, without an error
-    # A WAL database opened read-only creates its -wal and -shm files where they are missing
-    # (the last relay to close it removed them) and leaves them behind, owned by whoever
-    # ran the probe: a relay of another user could then not open its own store. Missing,
-    # no relay has the file open and all of it is in the file: read it as immutable (no
-    # lock, nothing created). Present, a relay may be writing: read through them. Anything
-    # else (one of the two, a rollback journal) is not a state to read a summary in.
-    present = {suffix for suffix in ("-wal", "-shm", "-journal") if os.path.lexists(path + suffix)}
-    if present == {"-wal", "-shm"}:
-        options = "mode=ro"
-    elif not present:
-        options = "mode=ro&immutable=1"
-    else:
-        return None
-    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?" + options
-    engine = sa.create_engine(
-        "sqlite+pysqlite://",
-        # A lock held elsewhere is waited for well within SUMMARY_TIMEOUT_S, so this thread
-        # is done when the probe gives up on it.
-        creator=lambda: sqlite3.connect(uri, uri=True, timeout=SUMMARY_TIMEOUT_S / 3),
-        poolclass=sa.pool.NullPool,
-    )
-    try:
-        with engine.connect() as conn:
-            return _summary(conn, provider, since)
-    finally:
-        engine.dispose()
-
-
-async def _read_remote(url: sa.URL, provider: str, since: float) -> PoolSummary | None:
-    remote = create_async_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        async with remote.connect() as conn:
-            return await conn.run_sync(_summary, provider, since)
-    finally:
-        await remote.dispose()
+    writing anything (:func:`~relay.store.quiet_reads.read_quietly`); None when the store
+    is not there, not reachable within :data:`SUMMARY_TIMEOUT_S`, older than warm pools, or
+    holds no pooled row of ``provider`` (``relay probe`` then prints its line as before)."""
+    return await read_quietly(url, lambda conn: _summary(conn, provider, since))

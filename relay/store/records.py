@@ -63,6 +63,9 @@ class RunRecord:
     request: str | None = None
     """What was asked, as a JSON object without secrets (``request_echo``); None before
     schema 8, and in a listing."""
+    attempts: str | None = None
+    """A route's attempts, as a JSON list (relay/runs/view.py shows them); None when the
+    first attempt ran the command."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.state, RunState):  # the column's text, from an untyped caller
@@ -132,6 +135,7 @@ class RunValues(TypedDict, total=False):
     cancel_requested: bool
     callback_url: str | None
     request: str | None
+    attempts: str | None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from relay.run_state import ACTIVE
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 metadata = sa.MetaData()
 
@@ -65,6 +65,9 @@ runs = sa.Table(
     sa.Column("callback_url", sa.Text),
     # What was asked, as the console shows it: env names and stdin's size, never their values.
     sa.Column("request", sa.Text),
+    # Each attempt of a route that did not run the command, and the one that did, as a JSON
+    # list (relay/runs/run_task.py); NULL when the first attempt ran it (the run says all).
+    sa.Column("attempts", sa.Text),
     sa.UniqueConstraint("token", "idempotency_key", name="uq_runs_token_key"),
     sa.Index("ix_runs_token_created", "token", "created_at"),
     sa.Index("ix_runs_state", "state"),
@@ -105,6 +108,9 @@ replicas = sa.Table(
     sa.Column("id", sa.String(64), primary_key=True),
     sa.Column("started_at", sa.Float, nullable=False),
     sa.Column("seen_at", sa.Float, nullable=False),
+    # Its providers' breakers as of the heartbeat, as JSON (relay/runs/breakers.py): what
+    # `relay probe` reads of them; the breakers themselves live in the replica's memory.
+    sa.Column("breakers", sa.Text),
 )
 """Each running relay's heartbeat: a replica not seen for a while has died."""
 
@@ -181,6 +187,16 @@ def _add_columns(table: sa.Table, *names: str) -> Callable[[Connection], None]:
                 conn.execute(
                     sa.text(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}{default}{null}")
                 )
+
+    return step
+
+
+def _add_columns_of(
+    tables: dict[sa.Table, tuple[str, ...]],
+) -> Callable[[Connection], None]:
+    def step(conn: Connection) -> None:
+        for table, names in tables.items():
+            _add_columns(table, *names)(conn)
 
     return step
 
@@ -284,6 +300,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     8: _add_columns(runs, "request"),
     9: _create_tables(pooled),
     10: _create_tables(token_uses),
+    11: _add_columns_of({runs: ("attempts",), replicas: ("breakers",)}),
 }
 """Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
 never drops or rewrites a run. A relay refuses a database newer than it knows."""

@@ -325,6 +325,8 @@ def test_spend_chart_adds_up(relay: RelayProcess, page: Any) -> None:
     _docs_picture(page, "console-spend.png")
     page.goto(relay.url + "/console/health")  # the token stays for the tab
     expect(page.locator("#providers")).to_contain_text("local")
+    expect(page.locator("#providers tbody tr").first.locator("td").nth(1)).to_have_text("closed")
+    expect(page.locator("#providers tbody tr").first.locator("td").nth(4)).to_have_text("none")
     expect(page.locator("#reaper")).to_contain_text("last sweep")
     expect(page.locator("#pools")).to_contain_text("ready / wanted")
     page.set_viewport_size({"width": 360, "height": 740})  # a phone: nothing wider than it
@@ -462,6 +464,11 @@ def test_a_run_page_shows_its_deliveries_and_counts_a_running_run_live(
         expect(delivery.locator(".attempts")).to_contain_text("HTTP 503")
         expected = run["deliveries"][0]["next_attempt_at"].replace("T", " ")[:16]
         expect(delivery.locator("td").nth(3)).to_contain_text(expected)  # the next retry
+        # The one attempt that ran it: its provider and sandbox, no error.
+        attempt = page.locator("#attempts tbody tr[data-provider='local']")
+        expect(attempt).to_have_count(1)
+        expect(attempt.locator("td").nth(2)).to_have_text(run["sandbox_id"])
+        expect(attempt.locator("td").nth(5)).to_have_text("\u2013")  # an en dash: no error
     page.goto(relay.url + f"/console/runs/{run['id']}")
     _docs_picture(page, "console-run.png")
     assert page.problems == []

@@ -24,9 +24,12 @@ import pytest
 
 from relay.cli.probe import _probe
 from relay.providers.probe import run_probe
+from relay.runs.breakers import Breakers
 from relay.store.database import Store
 from relay.store.limits import day_start
 from relay.store.pools import CLAIMED, ENDED, READY, PoolRecord, PoolRows, PoolSummary, read_summary
+from relay.store.quiet_reads import read_breakers
+from relay.store.schema import replicas
 from testing.rigs import ON_FAKES, RIGS
 from tests.conftest import make_settings
 
@@ -215,6 +218,34 @@ async def test_the_pool_summary_reads_either_store(database_url: str) -> None:
     summary = await read_summary(database_url, "memory", today - 1)
     assert summary == PoolSummary(ready=0, claimed=0, idle_s=2.0, idle_usd=0.25)
     assert await read_summary(database_url, "e2b", today - 1) is None
+
+
+async def test_a_probe_shows_the_providers_breakers_as_the_live_replicas_last_wrote_them(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Each replica's breakers live in its memory; its heartbeat writes them beside it, and
+    the probe reads the live replicas': one open and one closed read as both, a replica
+    whose heartbeat is old is not counted."""
+    settings = make_settings(tmp_path, database_url=database_url, breaker_failures=2)
+    breakers = Breakers(settings)
+    store = await Store.open(database_url)
+    try:
+        breakers.failed("memory", "provider_unavailable")
+        breakers.failed("memory", "provider_unavailable")
+        await store.heartbeat("replica-a", breakers.snapshot(["memory"]))
+        await store.heartbeat("replica-b", Breakers(settings).snapshot(["memory"]))
+        await store.heartbeat("replica-gone", breakers.snapshot(["memory"]))
+        await store.write(
+            lambda conn: conn.execute(
+                replicas.update().where(replicas.c.id == "replica-gone").values(seen_at=0)
+            )
+        )
+    finally:
+        await store.close()
+    result = await _probe("memory", settings)
+    assert result.breaker == {"breaker": "closed:1,open:1", "breaker_failures": "2"}
+    assert result.line().endswith(" breaker=closed:1,open:1 breaker_failures=2 limits=none")
+    assert await read_breakers(database_url, "e2b") is None
 
 
 async def test_the_pool_summary_leaves_no_file_beside_a_sqlite_store(tmp_path: Path) -> None:

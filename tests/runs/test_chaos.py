@@ -7,6 +7,7 @@ protocol-level fake. A failure names the seeds; replay one with
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import pytest
 
 from testing.chaos import fake_backend, run_many, run_schedule
 from testing.rigs import ON_FAKES
+from testing.route_chaos import RouteReport, run_route_schedule
+from tests.conftest import new_database
 
 # Hundreds of schedules.
 pytestmark = pytest.mark.slow
@@ -55,3 +58,54 @@ async def test_schedules_against_each_provider_fake(
     failed = [r for r in reports if not r.ok]
     assert not failed, f"{name} seeds that leaked or left runs open: " + _failures(failed)
     assert sum(r.runs for r in reports) >= 5 and sum(r.created for r in reports) >= 3
+
+
+ROUTED_SCHEDULES = 60
+
+
+def _route_failures(reports: list[RouteReport]) -> str:
+    return ", ".join(
+        f"{r.seed} (leaked {r.leaked}, open {r.not_final}, twice {r.run_twice}, "
+        f"output lost {r.outputs_lost})"
+        for r in reports
+    )
+
+
+async def test_routed_schedules_with_provider_outages_run_nothing_twice_and_lose_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Runs routed over two providers while either goes down (creates refused or hanging),
+    its sandboxes vanish, relays crash: every run final, 0 commands run twice, 0 sandboxes
+    left, 0 finished outputs lost. Replay one with ``python -m testing.route_chaos SEED``."""
+    caplog.set_level(logging.CRITICAL)
+    reports = []
+    for start in range(0, ROUTED_SCHEDULES, 10):
+        reports += await asyncio.gather(
+            *(run_route_schedule(seed, tmp_path / f"r{seed}") for seed in range(start, start + 10))
+        )
+    failed = [r for r in reports if not r.ok]
+    assert not failed, "routed seeds that broke a promise: " + _route_failures(failed)
+    # The schedules really moved runs from one provider to the other, and crashed relays.
+    assert sum(r.failovers for r in reports) >= 150
+    assert sum(r.restarts for r in reports) >= 20
+    assert sum(r.runs for r in reports) >= 500
+
+
+@pytest.mark.postgres
+async def test_routed_schedules_on_two_replicas_sharing_postgresql(
+    tmp_path: Path, postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same promises with two replicas at once on one PostgreSQL database."""
+    caplog.set_level(logging.CRITICAL)
+    reports = [
+        await run_route_schedule(
+            seed,
+            tmp_path / f"p{seed}",
+            database_url=await new_database(postgres_url),
+            replicas=2,
+        )
+        for seed in range(4)
+    ]
+    failed = [r for r in reports if not r.ok]
+    assert not failed, "replica seeds that broke a promise: " + _route_failures(failed)
+    assert sum(r.failovers for r in reports) >= 2 and sum(r.runs for r in reports) >= 40

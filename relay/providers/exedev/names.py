@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
-from relay.providers.contract import TAG_CLUSTER, TAG_RUN, SandboxSpec
+from relay.providers.contract import TAG_ATTEMPT, TAG_CLUSTER, TAG_RUN, SandboxSpec
 
 TAG_LIFETIME = "relay-lifetime"
 """The lifetime (seconds) the relay gives the VM, for an operator to check: exe.dev has no
@@ -24,7 +24,7 @@ lifetime of its own to hold it."""
 TAG_CREATED = "relay-created"
 """The VM's creation time (Unix seconds), for the reaper where ``ls`` gives none (its
 ``created_at`` is optional)."""
-KEYS = (TAG_CLUSTER, TAG_RUN, TAG_LIFETIME, TAG_CREATED)
+KEYS = (TAG_CLUSTER, TAG_RUN, TAG_ATTEMPT, TAG_LIFETIME, TAG_CREATED)
 """Each tag is ``<key>-<value>`` (no key starts another key followed by ``-``)."""
 _PLAIN = frozenset(string.ascii_lowercase + string.digits)
 _LETTERS = string.ascii_lowercase
@@ -89,13 +89,12 @@ def vm_name(spec: SandboxSpec) -> str:
 
 
 def tags_for(spec: SandboxSpec) -> list[str]:
-    """The VM's tags: its cluster, its run, its lifetime and its creation time."""
-    values = {
-        TAG_CLUSTER: spec.cluster,
-        TAG_RUN: escaped(spec.run_id),
-        TAG_LIFETIME: str(spec.lifetime_s),
-        TAG_CREATED: str(int(time.time())),
-    }
+    """The VM's tags: its cluster, its run (and which attempt of it, on a route), its
+    lifetime and its creation time."""
+    values = {TAG_CLUSTER: spec.cluster, TAG_RUN: escaped(spec.run_id)}
+    if spec.attempt is not None:
+        values[TAG_ATTEMPT] = str(spec.attempt)
+    values |= {TAG_LIFETIME: str(spec.lifetime_s), TAG_CREATED: str(int(time.time()))}
     return [f"{key}-{value}" for key, value in values.items()]
 
 

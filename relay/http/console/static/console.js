@@ -298,6 +298,7 @@
     ]);
     facts($("run-request"), requestFacts(run.request));
     $("timings").replaceChildren(timingsBar(run.timings || {}));
+    drawAttempts(run.attempts || []);
     drawDeliveries(run.deliveries || []);
     if (withOutput) {
       $("stdout").textContent = run.stdout;
@@ -309,6 +310,21 @@
     if (shownRun) shownRun = { ...shownRun, state };
     $("run-state").replaceWith(Object.assign(badge(state), { id: "run-state" }));
     $("cancel").hidden = FINAL.has(state);
+  }
+
+  function drawAttempts(attempts) {
+    $("attempts").tBodies[0].replaceChildren(
+      ...attempts.map((attempt, index) => el(
+        "tr",
+        { "data-provider": attempt.provider },
+        el("td", { class: "number" }, String(index + 1)),
+        el("td", {}, attempt.provider),
+        el("td", {}, attempt.sandbox_id ? el("code", {}, attempt.sandbox_id) : "–"),
+        el("td", { class: "number" }, millis(attempt.create_ms)),
+        el("td", {}, when(attempt.ended_at) || "–"),
+        el("td", {}, attempt.error ? attempt.error.code + ": " + attempt.error.message : "–"),
+      )),
+    );
   }
 
   function drawDeliveries(deliveries) {
@@ -573,6 +589,14 @@
 
   // -- health ------------------------------------------------------------------------
 
+  function breakerText(breaker) {
+    if (!breaker) return "–";
+    const failures = breaker.consecutive_failures ? ", " + breaker.consecutive_failures + " failed in a row" : "";
+    if (breaker.state === "open") return "open (one run tries it in " + Math.ceil(breaker.cooldown_left_s) + " s)" + failures;
+    if (breaker.state === "half_open") return "half-open (the next run tries it)";
+    return "closed" + failures;
+  }
+
   async function healthPage() {
     const health = await json("/v1/health");
     $("health-status").replaceWith(Object.assign(badge(health.status), { id: "health-status" }));
@@ -582,6 +606,10 @@
       ...health.providers.map((provider) => el("tr", {},
         el("th", { scope: "row" }, provider.name),
         el("td", {}, provider.problem || "none"),
+        el("td", {}, breakerText(provider.breaker)),
+        el("td", { class: "number" }, String(Object.values((provider.breaker || {}).failovers || {}).reduce((a, b) => a + b, 0))),
+        el("td", { class: "number" }, provider.create_p50_ms == null ? "–" : provider.create_p50_ms + " ms"),
+        el("td", { class: "number" }, provider.max_concurrent == null ? "none" : String(provider.max_concurrent)),
         el("td", { class: "number" }, String(provider.runs)),
         el("td", { class: "number" }, String(provider.failed)),
         el("td", { class: "number" }, String(provider.errors)),
