@@ -118,8 +118,8 @@ class Target:
 
 
 @asynccontextmanager
-async def _relay(root: Path) -> Any:
-    """The relay app with its lifespan running."""
+async def _relay(root: Path, database_url: str | None = None) -> Any:
+    """The relay app with its lifespan running (on a SQLite file unless told another store)."""
     folder = root / "relay"
     jobs = folder / "jobs"
     for job, manifest in BENCH_JOBS.items():
@@ -131,7 +131,7 @@ async def _relay(root: Path) -> Any:
         providers=["memory"],
         jobs_dir=jobs,
         tokens_file=folder / "tokens.toml",
-        database_url=f"sqlite:///{folder / 'relay.db'}",
+        database_url=database_url or f"sqlite:///{folder / 'relay.db'}",
         max_concurrent=100_000,
         max_wait_s=120,
     )
