@@ -144,8 +144,6 @@ def _overhead_and_local(root: Path, args: argparse.Namespace, results: Results) 
                 run_wrk(url + "/v1/runs", NOOP, token=tok, concurrency=10, seconds=1)
         for level in args.levels if overhead else ():
             for name, (url, tok, pid) in targets_by_name.items():
-                if name.endswith("(PostgreSQL)") and level == 1:
-                    continue  # (4) compares the stores under load only (c=10 and c=50)
                 _say(f"(1) {name}, concurrency {level}, {args.seconds:.0f} s")
                 row: LoadResult = run_wrk(
                     url + "/v1/runs",
