@@ -18,7 +18,7 @@ from bench.extras import BUDGET_ROUNDS, BUDGET_RUNS, ratio_to_floor
 from tests.conftest import REPO
 
 BUDGET = REPO / "bench" / "budget.toml"
-ATTEMPTS = 3
+ATTEMPTS = 4
 
 
 def committed_budget() -> float:
@@ -31,10 +31,16 @@ def committed_budget() -> float:
 @pytest.mark.xdist_group("budget")
 def test_the_relays_cpu_per_run_stays_within_its_budget_against_the_floor() -> None:
     allowed = committed_budget()
-    # Other work on the machine only ever makes a measure dearer, and a real regression is
-    # over the budget every time: a measure over it is taken again, at most ATTEMPTS times.
+    # Other work on the machine only ever makes a round dearer, and a real regression is in
+    # every round: while the cheapest rounds so far are over the budget, more rounds are
+    # taken (at most ATTEMPTS times as many), and the cheapest of them all count.
+    floor_ms: list[float] = []
+    relay_ms: list[float] = []
     for _ in range(ATTEMPTS):
-        ratio, floor_ms, relay_ms = uvloop.run(ratio_to_floor(BUDGET_ROUNDS, BUDGET_RUNS))
+        _, floor_more, relay_more = uvloop.run(ratio_to_floor(BUDGET_ROUNDS, BUDGET_RUNS))
+        floor_ms += floor_more
+        relay_ms += relay_more
+        ratio = min(relay_ms) / min(floor_ms)
         print(f"budget: {ratio:.2f}x of {allowed:.2f}x")  # the figures, with -s
         if ratio <= allowed:
             break
