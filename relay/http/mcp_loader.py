@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,8 @@ from relay.settings import Settings
 
 if TYPE_CHECKING:
     from relay.http.mcp_server import McpEndpoint
+
+log = logging.getLogger("relay.app")
 
 
 class McpLoader:
@@ -89,16 +92,20 @@ class McpLoader:
             # The import, off the loop (a module is imported once, whichever thread asks).
             await asyncio.to_thread(importlib.import_module, "relay.http.mcp_server")
             endpoint = self._build()
+        except Exception as exc:  # an SDK that does not import: /mcp answers 500, /v1 serves on
+            log.error("the MCP endpoint failed to load", extra={"error_class": type(exc).__name__})
+            self._failure = exc
+            self._ready.set()
+            done.cancel()
+            return
+        try:
             async with endpoint.running():
                 self.endpoint = endpoint
                 self._ready.set()
                 await done
-        except BaseException as exc:
-            self._failure = exc
-            self._ready.set()
-            raise
         finally:
             self.endpoint = None
+            self._ready.set()
 
     async def tools_changed(self, catalog: Catalog) -> None:
         """The endpoint's, once built (before, no session has listed any tools)."""
