@@ -7,6 +7,7 @@ figures are not to be quoted.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import sys
@@ -19,6 +20,7 @@ from bench import admission, bounded, local, mcp_calls, promises, servers, waiti
 from bench.load import LoadResult, run_wrk
 from bench.report import Results, machine_line, render, targets
 from relay.providers.local.invocation import bwrap_works
+from testing.postgres import new_database
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 NOOP = {"job": "noop"}
@@ -129,14 +131,19 @@ def _overhead_and_local(root: Path, args: argparse.Namespace, results: Results) 
             )
             assert pg_relay.process is not None
             targets_by_name["relay (PostgreSQL)"] = (pg_relay.url, pg_token, pg_relay.process.pid)
+            # The floor on the same server, in a database of its own (the relay's counts
+            # its own runs).
+            floor_url = asyncio.run(new_database(pg_url))
+            pg_floor, pg_floor_url = stack.enter_context(
+                servers.floor(root / "floor-pg", pg_token, database_url=floor_url)
+            )
+            targets_by_name["floor (PostgreSQL)"] = (pg_floor_url, pg_token, pg_floor.pid)
         if overhead:
             _say("(1) overhead per run: warming up")
             for url, tok, _pid in targets_by_name.values():
                 run_wrk(url + "/v1/runs", NOOP, token=tok, concurrency=10, seconds=1)
         for level in args.levels if overhead else ():
             for name, (url, tok, pid) in targets_by_name.items():
-                if name == "relay (PostgreSQL)" and level != max(args.levels):
-                    continue  # (4) compares the stores at the highest concurrency only
                 _say(f"(1) {name}, concurrency {level}, {args.seconds:.0f} s")
                 row: LoadResult = run_wrk(
                     url + "/v1/runs",

@@ -12,7 +12,8 @@ lines, the metrics, the events for streams, the request ids. The gap between thi
 and the relay's in bench/RESULTS.md is what those cost; the gap between this row and the
 bare endpoint is what the stack itself (pydantic, SQLAlchemy Core, SQLite) costs.
 
-Run as ``python -m bench.floor PORT DATABASE_FILE TOKEN``.
+Run as ``python -m bench.floor PORT DATABASE TOKEN`` (``DATABASE``: a SQLite file, or a
+PostgreSQL URL for the ``floor (PostgreSQL)`` row).
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ async def healthz(request: Request) -> Response:
 
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    app.state.store = await Store.open(f"sqlite:///{sys.argv[2]}")
+    database = sys.argv[2]  # a SQLite file, or a database URL (the PostgreSQL row)
+    app.state.store = await Store.open(database if "://" in database else f"sqlite:///{database}")
     try:
         yield
     finally:

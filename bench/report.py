@@ -75,6 +75,11 @@ def _mark(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
 
+FLOOR_RATIO_TARGET = 2.0
+"""Issue 42: the relay's server CPU per run over the floor's, at c=10 and c=50 (issue 24's
+1.5x was withdrawn)."""
+
+
 def targets(results: Results) -> list[tuple[str, str, bool]]:
     """(target, measured, met) for each target the issue sets."""
     out: list[tuple[str, str, bool]] = []
@@ -97,19 +102,24 @@ def targets(results: Results) -> list[tuple[str, str, bool]]:
     if 10 in sqlite and 10 in base:
         extra = sqlite[10].p99_ms - base[10].p99_ms
         out.append(("(1) p99 overhead at concurrency 10 < 10 ms", f"{_ms(extra)} ms", extra < 10))
-    both = [level for level in (10, 50) if level in sqlite and level in floor]
-    if both:  # issue 24's per-run extras: what the relay adds to the stack's own floor
-        ratios = {level: sqlite[level].server_cpu_ms / floor[level].server_cpu_ms for level in both}
+    pg, pg_floor = by_level.get("relay (PostgreSQL)", {}), by_level.get("floor (PostgreSQL)", {})
+    for store, relay, its_floor in (("SQLite", sqlite, floor), ("PostgreSQL", pg, pg_floor)):
+        both = [level for level in (10, 50) if level in relay and level in its_floor]
+        if not both:  # issue 42's per-run extras: what the relay adds to the stack's own floor
+            continue
+        ratios = {
+            level: relay[level].server_cpu_ms / its_floor[level].server_cpu_ms for level in both
+        }
         measured = "; ".join(
-            f"c={level}: {ratio:.2f}x ({sqlite[level].server_cpu_ms:.2f} vs "
-            f"{floor[level].server_cpu_ms:.2f} ms)"
+            f"c={level}: {ratio:.2f}x ({relay[level].server_cpu_ms:.2f} vs "
+            f"{its_floor[level].server_cpu_ms:.2f} ms)"
             for level, ratio in ratios.items()
         )
         out.append(
             (
-                "(1) relay CPU per run ≤ 1.5x the stack's floor (SQLite)",
+                f"(1) relay CPU per run ≤ {FLOOR_RATIO_TARGET}x the stack's floor ({store})",
                 measured,
-                max(ratios.values()) <= 1.5,
+                max(ratios.values()) <= FLOOR_RATIO_TARGET,
             )
         )
     relay_wait = results.waiting.get("relay")

@@ -79,11 +79,12 @@ def baseline() -> contextlib.AbstractContextManager[tuple[subprocess.Popen[bytes
 
 
 def floor(
-    root: Path, token: str
+    root: Path, token: str, database_url: str | None = None
 ) -> contextlib.AbstractContextManager[tuple[subprocess.Popen[bytes], str]]:
-    """The stack's floor (bench/floor.py), its SQLite file in ``root``, taking ``token``."""
+    """The stack's floor (bench/floor.py), taking ``token``: its SQLite file in ``root``, or
+    the database at ``database_url``."""
     root.mkdir(parents=True, exist_ok=True)
-    return _server("bench.floor", str(root / "floor.db"), token)
+    return _server("bench.floor", database_url or str(root / "floor.db"), token)
 
 
 @contextlib.contextmanager

@@ -52,7 +52,7 @@ def test_smoke_run_writes_every_section_and_every_request_succeeds(tmp_path: Pat
     }
     assert re.search(r"the stack's floor: [\d.]+%", text)
     assert re.search(
-        r"relay CPU per run ≤ 1.5x the stack's floor \(SQLite\) \| c=10: [\d.]+x", text
+        r"relay CPU per run ≤ 2.0x the stack's floor \(SQLite\) \| c=10: [\d.]+x", text
     )
     assert all(errors == "0" for _, _, errors in overhead), overhead
     waiting = re.findall(r"^\| (relay|baseline) \| 20 \| (\d+) \| (\d+) \|", text, re.M)

@@ -85,6 +85,7 @@ def node_modules() -> Path:
     return WORKER / "node_modules"
 
 
+@pytest.mark.node
 @pytest.mark.timeout(INSTALL_TIMEOUT_S + RUN_TIMEOUT_S)
 def test_the_worker_passes_its_own_tests_in_workerd(node_modules: Path) -> None:
     vitest = node_modules / ".bin" / "vitest"
@@ -93,6 +94,7 @@ def test_the_worker_passes_its_own_tests_in_workerd(node_modules: Path) -> None:
     assert re.search(r"Tests\s+\d+ passed", _tail(done)), _tail(done)
 
 
+@pytest.mark.node
 @pytest.mark.timeout(INSTALL_TIMEOUT_S + RUN_TIMEOUT_S)
 def test_the_worker_typechecks_against_the_pinned_sdk(node_modules: Path) -> None:
     done = _run([str(node_modules / ".bin" / "tsc"), "--noEmit", "-p", "."], RUN_TIMEOUT_S)

@@ -154,6 +154,7 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
     server.stop()
 
 
+@pytest.mark.slow  # a relay killed or restarted, then waited for (make check leaves it out)
 def test_every_readme_command_runs_as_written(relay: RelayProcess, tmp_path: Path) -> None:
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
     (tmp_path / ".relay-dev-token").write_text(relay.tokens["dev"] + "\n")

@@ -37,8 +37,7 @@ from relay.http.app_state import AppState
 from relay.http.console_page import console_routes
 from relay.http.docs_page import docs_routes
 from relay.http.index_page import index_routes
-from relay.http.mcp_server import McpEndpoint
-from relay.http.mcp_sessions import own_origins
+from relay.http.mcp_loader import McpLoader
 from relay.http.metrics import Metrics
 from relay.http.operator import operator_routes
 from relay.http.routes import routes
@@ -235,10 +234,8 @@ def create_app(
     metrics_token = settings.metrics_token
     metrics = Metrics(metrics_token.get_secret_value() if metrics_token else None)
     logs.redact_settings(settings)  # a key that still reaches a log line reads [redacted]
-    # /mcp: a fresh SDK server per app, its sessions per lifespan
-    mcp = McpEndpoint(
-        catalog, tokens, allowed_origins=own_origins(settings), refusal_of=_store_refusal
-    )
+    # /mcp: a fresh SDK server per app, built at its first request; its sessions per lifespan
+    mcp = McpLoader(catalog, tokens, settings, refusal_of=_store_refusal)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:

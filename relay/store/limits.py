@@ -119,9 +119,7 @@ class _Settled:
 
 _SETTLED = sa.select(
     runs.c.id, runs.c.token, runs.c.provider, runs.c.created_at, runs.c.reserved_usd
-).where(
-    _active, runs.c.id.in_(sa.bindparam("ids", expanding=True))
-)
+).where(_active, runs.c.id.in_(sa.bindparam("ids", expanding=True)))
 
 
 def _settled(conn: Connection, run: RunRecord, admission: Admission) -> _Settled:

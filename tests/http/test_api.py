@@ -295,6 +295,7 @@ def test_body_limit_at_its_edge(relay: RelayProcess) -> None:
     assert streamed.status_code == 413
 
 
+@pytest.mark.slow  # a relay killed or restarted, then waited for (make check leaves it out)
 def test_runs_survive_a_restart(tmp_path: Path) -> None:
     server = RelayProcess(tmp_path / "r")
     token = server.add_token("t", command=True)
@@ -311,6 +312,7 @@ def test_runs_survive_a_restart(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.slow  # a relay killed or restarted, then waited for (make check leaves it out)
 def test_sigterm_drains_then_cancels(tmp_path: Path) -> None:
     server = RelayProcess(tmp_path / "d", drain_s=2)
     token = server.add_token("t", command=True)

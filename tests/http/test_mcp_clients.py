@@ -35,6 +35,8 @@ README_HOST = "https://relay.your-domain"
 """The relay's URL as the README's MCP examples write it."""
 NPM_TIMEOUT_S = 600
 
+pytestmark = pytest.mark.node  # the official TypeScript SDK and the Inspector, on Node
+
 
 def node_major() -> int:
     version = subprocess.run(["node", "--version"], capture_output=True, text=True, check=True)

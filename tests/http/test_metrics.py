@@ -162,6 +162,7 @@ def test_in_flight_follows_a_running_run(relay: RelayProcess) -> None:
     assert value(samples, "relay_runs_total", job="sleep", provider="local", state="canceled") >= 1
 
 
+@pytest.mark.slow  # a relay killed or restarted, then waited for (make check leaves it out)
 def test_reaper_terminations_after_a_crash(tmp_path: Path) -> None:
     server = RelayProcess(tmp_path / "crash", local_isolation="bwrap", drain_s=1)
     token = server.add_token("ops")

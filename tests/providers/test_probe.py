@@ -319,6 +319,7 @@ def test_a_local_probe_leaves_no_folder_where_the_store_path_names_none(tmp_path
     assert sorted(path.name for path in tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # a relay killed or restarted, then waited for (make check leaves it out)
 def test_a_probe_or_a_reap_beside_a_serving_relay_leaves_its_cgroups_alone(
     tmp_path: Path,
 ) -> None:

@@ -450,6 +450,7 @@ def _relay_run(relay: RelayProcess, token: str, job: str, *params: str) -> dict[
     return answer
 
 
+@pytest.mark.slow  # a relay killed or restarted, then waited for (make check leaves it out)
 def test_relay_runs_every_example_job_on_e2b(fake: FakeE2B, tmp_path: Path) -> None:
     relay = _relay_on(fake, tmp_path / "relay")
     token = relay.add_token("e2e")
@@ -476,6 +477,7 @@ def test_relay_runs_every_example_job_on_e2b(fake: FakeE2B, tmp_path: Path) -> N
     assert all(SECRET_CANARY not in json.dumps(run) for run in runs.values())
 
 
+@pytest.mark.slow  # a relay killed or restarted, then waited for (make check leaves it out)
 def test_a_relay_killed_mid_run_leaves_nothing_after_restart(fake: FakeE2B, tmp_path: Path) -> None:
     relay = _relay_on(fake, tmp_path / "relay")
     token = relay.add_token("e2e")
@@ -499,6 +501,7 @@ def test_a_relay_killed_mid_run_leaves_nothing_after_restart(fake: FakeE2B, tmp_
     assert run["state"] == "lost"
 
 
+@pytest.mark.slow  # a relay per fault, end to end (the contract suite covers each fault)
 @pytest.mark.parametrize(
     ("fault", "value", "status", "code"),
     [

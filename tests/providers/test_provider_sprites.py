@@ -505,6 +505,7 @@ def test_e2e_timeout_and_provider_faults(fake: FakeSprites, sprites_relay: Relay
         assert fake.ledger.alive() == set()
 
 
+@pytest.mark.slow  # a relay killed or restarted, then waited for (make check leaves it out)
 def test_e2e_a_killed_relay_leaves_sprites_the_next_one_reaps(
     fake: FakeSprites, tmp_path: Path
 ) -> None:

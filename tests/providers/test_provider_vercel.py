@@ -626,6 +626,7 @@ def test_e2e_a_rate_limited_run_passes_on_vercels_retry_after(
     assert fake.ledger.alive() == set()
 
 
+@pytest.mark.slow  # a relay killed or restarted, then waited for (make check leaves it out)
 def test_e2e_a_killed_relay_leaves_a_sandbox_the_next_one_reaps(
     fake: FakeVercel, tmp_path: Path
 ) -> None:
