@@ -29,6 +29,7 @@ CONSOLE_SCRIPT = Path(__file__).parents[1] / "relay/http/console/static/console.
 ACTIVE_IN_TRIGGERS = {
     9: ("queued", "starting", "running"),
     10: ("queued", "starting", "running"),  # token_uses: the triggers unchanged
+    11: ("queued", "starting", "running"),  # artifacts: the triggers unchanged
 }
 """For each schema version, the active states the store's day-count triggers count at their
 reservation once a database is migrated to it (relay/store/schema.py builds them from

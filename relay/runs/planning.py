@@ -43,10 +43,17 @@ class Plan:
     workdir: str | None
     timeout_s: float
     spec: SandboxSpec
+    artifacts: tuple[str, ...] = ()
+    """Paths and globs (relative to the workdir) whose files are kept with the run."""
+    artifacts_required: bool = False
+    """The run fails unless every artifact is kept whole (its job's ``artifacts_required``)."""
 
 
 def request_hash(request: RunRequest) -> str:
-    body = request.model_dump(mode="json", exclude={"wait"})
+    # A request without artifacts hashes as before they existed: a retry across an
+    # upgrade is the same request.
+    unset = {"wait"} if request.artifacts else {"wait", "artifacts"}
+    body = request.model_dump(mode="json", exclude=unset)
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -102,7 +109,7 @@ def narrower_egress(job: tuple[str, ...], asked: list[str]) -> tuple[str, ...]:
 
 
 OVERRIDABLE = frozenset(
-    ("image", "size", "env", "stdin", "files", "workdir", "timeout_s", "egress")
+    ("image", "size", "env", "stdin", "files", "workdir", "timeout_s", "egress", "artifacts")
 )
 """What a request may set for a job only where the job's ``allow`` lists it."""
 
@@ -199,6 +206,7 @@ class Planner:
         )
         self.providers[provider].check(spec)
         stdin = request.stdin.encode("utf-8") if request.stdin is not None else None
+        declared = job.artifacts if job else ()
         return Plan(
             job=job.name if job else None,
             provider=provider,
@@ -209,4 +217,6 @@ class Planner:
             workdir=request.workdir,
             timeout_s=timeout_s,
             spec=spec,
+            artifacts=tuple(dict.fromkeys((*declared, *request.artifacts))),
+            artifacts_required=job.artifacts_required if job else False,
         )

@@ -2,7 +2,8 @@
 
 open the sandbox through the run's door (leaving it always terminates the sandbox) → record
 it running (a moment later, see :data:`RUNNING_WRITE_DELAY_S`) → upload the files and run
-the command within what is left of the timeout → what it cost. The door is a sandbox source
+the command within what is left of the timeout → keep the files its job declares
+(relay/runs/artifacts.py, bounded by its own budget) → what it cost. The door is a sandbox source
 (relay/runs/sources.py): a provider, or a provider behind its warm pools; the task never
 knows which, the sandbox's provenance says where it came from. Writing the final state, and
 keeping the runs in flight, is the :class:`~relay.runs.runner.Runner`'s.
@@ -19,10 +20,12 @@ from dataclasses import dataclass, field
 from relay.errors import RelayError
 from relay.providers.contract import OutputSink, Provenance, Sandbox, SandboxSource
 from relay.run_state import RunState, transition
+from relay.runs import artifacts
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.planning import Plan
 from relay.settings import Settings
+from relay.store.artifacts import Artifacts
 from relay.store.records import RunRecord, RunValues
 
 log = logging.getLogger("relay.service")
@@ -46,6 +49,7 @@ class RunTask:
         events: EventBus,
         costs: CostModel,
         record_running: Callable[[str, RunValues], None],
+        artifact_store: Artifacts | None = None,
     ) -> None:
         self.plan = plan
         self.run = run
@@ -56,6 +60,8 @@ class RunTask:
         self.costs = costs
         self.record_running = record_running
         """Stores the `running` state (the runner, which keeps track of the write)."""
+        self.artifact_store = artifact_store
+        """Where the run's artifacts are kept (None: they are not collected)."""
         self.sink = OutputSink(
             settings.max_output_bytes,
             lambda stream, data: events.publish(
@@ -81,12 +87,32 @@ class RunTask:
                 try:
                     assert self.run.started_at is not None
                     final = await self._exec(sandbox, self.run.started_at)
+                    final = await self._collect(sandbox, final)
                 finally:
                     record.cancel()
                 terminate_started = time.monotonic()
             self.watch.timings["terminate_ms"] = _ms_since(terminate_started)
         except Exception as exc:
             final = failure(self.run, self.plan, final, exc)
+        return final
+
+    async def _collect(self, sandbox: Sandbox, final: RunValues) -> RunValues:
+        """Keep the files the job declares, before the sandbox ends (its one step)."""
+        if not self.plan.artifacts:
+            return final
+        started, watch = time.monotonic(), self.watch
+        assert watch.sandbox_started is not None
+        lifetime_left = self.plan.spec.lifetime_s - (started - watch.sandbox_started)
+        final = await artifacts.collected(
+            sandbox,
+            final,
+            plan=self.plan,
+            run=self.run,
+            store=self.artifact_store,
+            settings=self.settings,
+            lifetime_left_s=lifetime_left,
+        )
+        watch.timings["artifacts_ms"] = _ms_since(started)
         return final
 
     def _sandbox_created(self, provenance: Provenance) -> None:

@@ -24,6 +24,7 @@ from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.planning import Plan
 from relay.runs.run_task import RunTask, canceled
 from relay.settings import Settings
+from relay.store.artifacts import Artifacts
 from relay.store.database import Store
 from relay.store.records import RunRecord, RunValues
 
@@ -88,6 +89,8 @@ class Runner:
         warm pools."""
         self.events = events
         self.costs = costs
+        self.artifacts = Artifacts(store)
+        """Where runs' artifacts are kept (relay/store/artifacts.py)."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._done: dict[str, _Done] = {}
         self._cancel_reason: dict[str, str] = {}
@@ -215,6 +218,7 @@ class Runner:
             events=self.events,
             costs=self.costs,
             record_running=self._record_running,
+            artifact_store=self.artifacts,
         )
         self._output[run.id] = task.sink
         final: RunValues = {}

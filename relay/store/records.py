@@ -63,6 +63,9 @@ class RunRecord:
     request: str | None = None
     """What was asked, as a JSON object without secrets (``request_echo``); None before
     schema 8, and in a listing."""
+    artifacts: str | None = None
+    """Its artifacts' listing, a JSON array (relay/runs/artifacts.py); None when it declared
+    none, and in a listing."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.state, RunState):  # the column's text, from an untyped caller
@@ -132,6 +135,7 @@ class RunValues(TypedDict, total=False):
     cancel_requested: bool
     callback_url: str | None
     request: str | None
+    artifacts: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
