@@ -187,10 +187,10 @@ async def found_files(
     for pattern in patterns:
         matched = beyond = 0
         async for found in walk.matches(pattern):
+            matched += 1
             if found.name in seen:
                 continue  # matched by an earlier pattern too, or the same name after NFC
             seen.add(found.name)
-            matched += 1
             if found.skipped is None and kept < max_files:
                 kept += 1
                 yield found

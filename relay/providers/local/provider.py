@@ -101,6 +101,8 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         self.prlimit = shutil.which("prlimit", path=HOST_ENV["PATH"])
         self.setpriv = find_setpriv() if self.isolation == "bwrap" else "setpriv"
         self.timeout = shutil.which("timeout", path=HOST_ENV["PATH"]) or "timeout"
+        self.nsenter = shutil.which("nsenter", path=HOST_ENV["PATH"]) or "nsenter"
+        """Reads a sandbox's files in its own view (relay/providers/local/files.py)."""
         self.root = sandbox_root(settings)
         check_root(self.root)
         self.max_sandboxes = min(settings.local_max_sandboxes, settings.max_concurrent)
@@ -308,6 +310,7 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
             (home / ENDING_FILE).touch()
         box = self._live.pop(sandbox_id, None)
         if box is not None:
+            box.hold_view(None)  # its mounts (and their memory) go with the namespaces
             for process in box.processes:
                 if process.returncode is None:
                     kill_group(process.pid)
