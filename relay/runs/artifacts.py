@@ -90,16 +90,17 @@ async def collected(
         return final
     budget = min(settings.artifacts_collect_s, lifetime_left_s - TERMINATE_MARGIN_S)
     started = time.monotonic()
-    collection = _Collection(sandbox, store, Caps.of(settings))
-    await collection.run(plan, budget)
-    entries = collection.entries
+    entries = await collect(
+        sandbox, plan.artifacts, workdir=plan.workdir, store=store, caps=Caps.of(settings),
+        budget_s=budget,
+    )  # fmt: skip
     await store.record(run.id, [_stored(entry) for entry in entries])
     log.info(
         "artifacts collected",
         extra={
             "run_id": run.id,
             "kept": sum(entry.sha256 is not None for entry in entries),
-            "bytes": collection.total,
+            "bytes": sum(entry.size for entry in entries),
             "ms": int((time.monotonic() - started) * 1000),
         },
     )
@@ -116,6 +117,22 @@ async def collected(
             )[:500],
         }
     return values
+
+
+async def collect(
+    sandbox: Sandbox,
+    patterns: Sequence[str],
+    *,
+    workdir: str | None,
+    store: Artifacts,
+    caps: Caps,
+    budget_s: float,
+) -> list[Entry]:
+    """Find and keep the files ``patterns`` name in ``sandbox`` (see the module's
+    docstring): each one's entry, in order; nothing is raised for a file or a sandbox."""
+    collection = _Collection(sandbox, store, caps)
+    await collection.run(patterns, workdir, budget_s)
+    return collection.entries
 
 
 @dataclass(frozen=True)
@@ -157,28 +174,28 @@ class _Collection:
         self.total = 0
         self.current: Found | None = None
 
-    async def run(self, plan: Plan, budget_s: float) -> None:
-        """Find and keep the plan's artifacts for at most ``budget_s``; what is not done by
-        then (or when the sandbox stops answering) is listed as skipped."""
+    async def run(self, patterns: Sequence[str], workdir: str | None, budget_s: float) -> None:
+        """Find and keep the files for at most ``budget_s``; what is not done by then (or
+        when the sandbox stops answering) is listed as skipped."""
         try:
             async with asyncio.timeout(max(0.0, budget_s)):
                 found = found_files(
-                    self.sandbox, plan.artifacts, workdir=plan.workdir, max_files=self.caps.files
+                    self.sandbox, patterns, workdir=workdir, max_files=self.caps.files
                 )
                 async for entry in found:
                     self.current = entry
                     self.entries.append(await self._keep(entry))
                     self.current = None
         except TimeoutError:
-            self._stopped(plan, OUT_OF_TIME)
+            self._stopped(patterns, OUT_OF_TIME)
         except ProviderError as exc:
             log.warning("artifacts: provider error", extra={"error_code": exc.code})
-            self._stopped(plan, ANSWERLESS)
+            self._stopped(patterns, ANSWERLESS)
 
-    def _stopped(self, plan: Plan, why: str) -> None:
+    def _stopped(self, patterns: Sequence[str], why: str) -> None:
         """Name where the collection stopped: the file it was reading (or, between files,
-        the job's first pattern); nothing after it was looked at."""
-        name = self.current.name if self.current is not None else plan.artifacts[0]
+        the first pattern); nothing after it was looked at."""
+        name = self.current.name if self.current is not None else patterns[0]
         self.entries.append(Entry(name, skipped=f"{why}; nothing after it was looked at"))
 
     async def _keep(self, found: Found) -> Entry:
