@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 
 from relay.errors import FileUnreadable
-from relay.providers.contract import DEFAULT_WORKDIR, FileEntry, Sandbox
+from relay.providers.contract import DEFAULT_WORKDIR, FileEntry, FileKind, Sandbox
 
 GLOB_CHARACTERS = frozenset("*?[")
 """What makes a name in a declared path a pattern (``fnmatch``'s), not a literal name."""
@@ -54,6 +54,36 @@ class Found:
     """Its size as listed (``None``: the provider does not say)."""
     skipped: str | None = None
     """Why it is not read (``None``: it is to be read)."""
+
+
+_FIND_KINDS: dict[str, FileKind] = {"f": "file", "d": "folder", "l": "link"}
+
+
+def find_listing(path: str) -> list[str]:
+    """A command that lists the folder at ``path`` for :func:`find_entries`, links not
+    followed (``%y``: the entry's own type), NUL-separated: for a provider whose file API
+    has no listing of its own, run in the sandbox (GNU find)."""
+    return ["find", path, "-mindepth", "1", "-maxdepth", "1", "-printf", "%y %s %f\\0"]
+
+
+def find_entries(listing: bytes) -> list[FileEntry]:
+    """The records of :func:`find_listing`'s output as entries (a record cut short, at
+    the end of a capped listing, is left out; a name not UTF-8 keeps its bytes escaped,
+    which :func:`name_problem` refuses)."""
+    found = []
+    for record in listing.split(b"\0"):
+        kind, _, rest = record.partition(b" ")
+        size, _, name = rest.partition(b" ")
+        if not name or not size.isdigit():
+            continue
+        found.append(
+            FileEntry(
+                name.decode("utf-8", "surrogateescape"),
+                _FIND_KINDS.get(kind.decode("ascii", "replace"), "other"),
+                int(size),
+            )
+        )
+    return found
 
 
 def folder_of(workdir: str | None) -> str:

@@ -26,7 +26,8 @@ import os
 from collections.abc import AsyncIterator, Sequence
 
 from relay.errors import FileUnreadable, ProviderError
-from relay.providers.contract import FileEntry, FileKind
+from relay.providers.collection import find_entries, find_listing
+from relay.providers.contract import FileEntry
 from relay.providers.local.invocation import HOST_ENV
 
 READ_CHUNK = 65_536
@@ -34,7 +35,6 @@ MAX_LISTING_BYTES = 4 * 1_048_576
 """Most of a folder's listing read (about 100,000 names); the rest of a larger folder is
 not seen."""
 LIST_TIMEOUT_S = 10.0
-_KINDS: dict[str, FileKind] = {"f": "file", "d": "folder", "l": "link"}
 
 
 class View:
@@ -64,11 +64,6 @@ class View:
                 os.close(fd)
 
 
-def list_command(path: str) -> list[str]:
-    # %y: the entry's own type (links not followed); %s its size; %f its name; NUL ends it.
-    return ["find", path, "-mindepth", "1", "-maxdepth", "1", "-printf", "%y %s %f\\0"]
-
-
 def read_command(path: str, limit: int) -> list[str]:
     return [
         "dd",
@@ -80,28 +75,9 @@ def read_command(path: str, limit: int) -> list[str]:
     ]
 
 
-def entries(listing: bytes) -> list[FileEntry]:
-    """``find``'s records as entries; a name that is not UTF-8 keeps its bytes escaped
-    (surrogates), which the collection refuses by name."""
-    found = []
-    for record in listing.split(b"\0"):
-        kind, _, rest = record.partition(b" ")
-        size, _, name = rest.partition(b" ")
-        if not name or not size.isdigit():
-            continue  # the cut end of a listing past its cap
-        found.append(
-            FileEntry(
-                os.fsdecode(name),
-                _KINDS.get(kind.decode("ascii", "replace"), "other"),
-                int(size),
-            )
-        )
-    return found
-
-
 async def listed(prefix: Sequence[str], path: str, fds: Sequence[int]) -> list[FileEntry]:
     """The entries of the folder at ``path`` (in the view of ``prefix``)."""
-    process = await _start([*prefix, *list_command(path)], fds)
+    process = await _start([*prefix, *find_listing(path)], fds)
     assert process.stdout is not None
     try:
         async with asyncio.timeout(LIST_TIMEOUT_S):
@@ -114,7 +90,7 @@ async def listed(prefix: Sequence[str], path: str, fds: Sequence[int]) -> list[F
         await _end(process)
     if code not in (0, None):
         raise FileUnreadable("no such folder")
-    return entries(listing)
+    return find_entries(listing)
 
 
 async def read(
