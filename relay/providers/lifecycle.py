@@ -149,6 +149,11 @@ class ProviderSandbox(ABC):
             async for chunk in self.file_chunks(path, limit, size):
                 yield chunk
 
+    @property
+    def reads_files(self) -> bool:
+        """Whether its driver reads files at all (``folder_entries`` its own)."""
+        return type(self).folder_entries is not ProviderSandbox.folder_entries
+
     async def folder_entries(self, path: str) -> list[FileEntry]:
         """The provider's folder listing; SDK exceptions are mapped by :meth:`list_folder`,
         a missing folder is :class:`FileUnreadable` (the provider's not-found, caught)."""

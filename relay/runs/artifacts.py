@@ -130,6 +130,9 @@ async def collect(
 ) -> list[Entry]:
     """Find and keep the files ``patterns`` name in ``sandbox`` (see the module's
     docstring): each one's entry, in order; nothing is raised for a file or a sandbox."""
+    if not getattr(sandbox, "reads_files", True):
+        why = "this provider cannot read a sandbox's files yet"
+        return [Entry(pattern, skipped=why) for pattern in patterns]
     collection = _Collection(sandbox, store, caps)
     await collection.run(patterns, workdir, budget_s)
     return collection.entries
