@@ -6,7 +6,12 @@ request names, a second read of the run lists the same, and each url downloads t
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -94,3 +99,30 @@ def test_each_artifact_downloads_from_its_url_to_its_runs_token_only(relay: Rela
         assert refused.status_code == 404, asked
         assert refused.json()["error"]["code"] == "not_found"
     assert httpx.get(relay.url + big["url"]).status_code == 401
+
+
+def test_relay_run_and_relay_runs_artifacts_download_them(
+    relay: RelayProcess, tmp_path: Path
+) -> None:
+    env = {"PATH": os.environ["PATH"], "RELAY_URL": relay.url, "RELAY_TOKEN": relay.tokens["ops"]}
+
+    def relay_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "relay", *args],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    script = "mkdir -p out/deep && printf one > out/a.txt && printf two > out/deep/b.txt"
+    ran = relay_cli(
+        "exec", "--artifact", "out/*.txt", "--artifact", "out/deep/*", "--artifacts", "got",
+        "--json", "--", "sh", "-c", script,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert (tmp_path / "got/out/a.txt").read_text() == "one"
+    assert "saved got/out/a.txt" in ran.stderr
+    run_id = json.loads(ran.stdout)["id"]
+    again = relay_cli("runs", "artifacts", run_id, "-o", "again")
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "again/out/deep/b.txt").read_text() == "two"
+    missing = relay_cli("runs", "artifacts", "run_nope", "-o", "x")
+    assert missing.returncode == 4 and "no such run" in missing.stderr
