@@ -203,7 +203,11 @@ class RunService:
 
     def artifact_chunks(self, info: BlobInfo) -> AsyncIterator[bytes]:
         """A stored artifact's bytes, a chunk at a time (see relay/store/artifacts.py)."""
-        return self.runner.artifacts.chunks(info.sha256)
+        return self.artifact_chunks_of(info.sha256)
+
+    def artifact_chunks_of(self, sha256: str) -> AsyncIterator[bytes]:
+        """The bytes stored under ``sha256`` (of a run the caller already may read)."""
+        return self.runner.artifacts.chunks(sha256)
 
     async def get(self, principal: Principal, run_id: str) -> RunRecord:
         """``principal``'s run, with its output so far while it runs here."""
