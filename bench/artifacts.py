@@ -7,7 +7,11 @@ time, through the real service and store (a SQLite file), on the local provider
 the relay's). It prints, per provider, the median wall time of a run each way and the
 relay's CPU per run (this process's user + system time: the event loop and the store's
 threads, not the sandbox's processes), and the difference: what collecting 10 MiB costs.
-``--write`` adds the table to bench/RESULTS.md's artifacts section.
+Then the serving side: a relay process (``python -m relay serve``, local provider) keeps one
+16 MiB artifact, and ``--downloads`` (50) clients fetch it at once; its resident memory is
+sampled every 5 ms (psutil) before and during, and the peak growth per download is set
+against one store chunk (256 KiB): streamed, not buffered, it stays within two chunks.
+``--write`` adds both tables to bench/RESULTS.md's artifacts section.
 """
 
 from __future__ import annotations
@@ -124,6 +128,77 @@ async def measure(name: str, url: str | None, rounds: int) -> dict[str, float]:
     return result
 
 
+async def _downloads(count: int) -> dict[str, float]:
+    """Peak RSS growth of a relay serving one 16 MiB artifact to ``count`` clients at once."""
+    import httpx
+    import psutil
+
+    from relay.store.artifacts import CHUNK_BYTES
+    from testing.relay_server import RelayProcess
+
+    with tempfile.TemporaryDirectory(prefix="bench-downloads-") as folder:
+        relay = RelayProcess(Path(folder), local_isolation="bwrap")
+        token = relay.add_token("bench", command=True)
+        relay.start()
+        try:
+            script = "mkdir -p out && head -c 16777216 /dev/urandom > out/big.bin"
+            body = {"command": ["sh", "-c", script], "artifacts": ["out/big.bin"]}
+            run = relay.post(token, body).json()
+            (entry,) = run["artifacts"]
+            assert relay.process is not None
+            process = psutil.Process(relay.process.pid)
+            headers = relay.headers(token)
+            async with httpx.AsyncClient(base_url=relay.url, timeout=120) as client:
+                await client.get(entry["url"], headers=headers)  # warm: imports, buffers
+                before = process.memory_info().rss
+                peak = before
+                done = asyncio.Event()
+
+                async def sample() -> None:
+                    nonlocal peak
+                    while not done.is_set():
+                        peak = max(peak, process.memory_info().rss)
+                        await asyncio.sleep(0.005)
+
+                async def fetch() -> int:
+                    size = 0
+                    async with client.stream("GET", entry["url"], headers=headers) as got:
+                        async for chunk in got.aiter_bytes():
+                            size += len(chunk)
+                    return size
+
+                sampler = asyncio.create_task(sample())
+                started = time.perf_counter()
+                sizes = await asyncio.gather(*(fetch() for _ in range(count)))
+                took = time.perf_counter() - started
+                done.set()
+                await sampler
+        finally:
+            relay.stop()
+    if set(sizes) != {16 * 1_048_576}:
+        raise RuntimeError(f"a download was short: {sorted(set(sizes))}")
+    growth = max(0, peak - before)
+    return {
+        "downloads": count,
+        "before_mib": before / 1_048_576,
+        "peak_mib": peak / 1_048_576,
+        "growth_per_download_kib": growth / count / 1024,
+        "chunk_kib": CHUNK_BYTES / 1024,
+        "seconds": took,
+    }
+
+
+def downloads_table(result: dict[str, float]) -> str:
+    per, chunk = result["growth_per_download_kib"], result["chunk_kib"]
+    verdict = "within" if per <= 2 * chunk else "OVER"
+    return (
+        f"\nServing one 16 MiB artifact to {result['downloads']:.0f} concurrent downloads "
+        f"(all in {result['seconds']:.1f} s): the relay's RSS {result['before_mib']:.0f} MiB "
+        f"before, {result['peak_mib']:.0f} MiB at its peak: {per:.0f} KiB more per download, "
+        f"{verdict} the target of two {chunk:.0f} KiB chunks ({2 * chunk:.0f} KiB).\n"
+    )
+
+
 def table(results: dict[str, dict[str, float]], rounds: int) -> str:
     lines = [
         f"Ten 1 MiB artifacts per run, median of {rounds} runs each way, one at a time "
@@ -144,13 +219,14 @@ def table(results: dict[str, dict[str, float]], rounds: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--downloads", type=int, default=50)
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     os.nice(5)
     results = {"local": asyncio.run(measure("local", None, args.rounds))}
     with _fake_e2b() as url:
         results["e2b (fake)"] = asyncio.run(measure("e2b", url, args.rounds))
-    text = table(results, args.rounds)
+    text = table(results, args.rounds) + downloads_table(asyncio.run(_downloads(args.downloads)))
     print(text)
     if args.write:
         path = REPO / "bench" / "RESULTS.md"
