@@ -110,3 +110,29 @@ class ArtifactContract:
         assert [(entry.name, entry.skipped) for entry in entries] == [
             ("nowhere/*.txt", "no file matched")
         ]
+
+    async def test_links_are_listed_never_followed_and_a_fifo_never_read(
+        self, harness: Harness, artifact_store: Artifacts
+    ) -> None:
+        if getattr(self, "rig", "") == "memory":
+            pytest.skip("the memory world's files have no links or FIFOs")
+        script = (
+            "mkdir -p d && echo kept > d/f.txt && ln -s f.txt d/link && ln -s /etc d/etc && "
+            "mkfifo d/pipe"
+        )
+        async with harness.provider.sandbox(spec(harness)) as box:
+            await _exec(box, script)
+            entries = await collect(
+                box, ["d/*", "d/etc/passwd"], workdir=None, store=artifact_store,
+                caps=Caps(1024, 4096, 16), budget_s=30,
+            )  # fmt: skip
+        listed = {entry.name: entry for entry in entries}
+        assert await _kept(artifact_store, listed["d/f.txt"]) == b"kept\n"
+        for link in ("d/link", "d/etc"):
+            assert listed[link].sha256 is None and "link" in (listed[link].skipped or ""), link
+        assert "link" in (listed["d/etc/passwd"].skipped or "")
+        # A FIFO is skipped as special, or not listed at all (E2B's SDK leaves it out).
+        pipe = listed.get("d/pipe")
+        assert pipe is None or (
+            pipe.sha256 is None and "not a regular file" in (pipe.skipped or "")
+        )
