@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from relay.cancellation import shielded
 from relay.errors import RelayError
 from relay.providers.contract import OutputSink, Provenance, Sandbox, SandboxSource
 from relay.run_state import RunState, transition
@@ -30,6 +31,8 @@ from relay.store.records import RunRecord, RunValues
 
 log = logging.getLogger("relay.service")
 
+CANCEL_GRACE_S = 5.0
+"""How long a canceled run's files are still collected for (its sandbox still answering)."""
 RUNNING_WRITE_DELAY_S = 0.05
 """A run's `running` state is stored this long after its sandbox exists: a run that ends
 sooner (a quick job) is written once, final, with its sandbox id. Events (metrics, live
@@ -71,6 +74,8 @@ class RunTask:
         self.watch = _Stopwatch()
         self.provenance: Provenance | None = None
         """Where the sandbox came from, once there is one."""
+        self.collected: RunValues = {}
+        """The artifacts' listing once kept (what a canceled run's final write carries)."""
 
     async def steps(self) -> RunValues:
         """Run the job in a sandbox, always terminated; the state it ended in. A failure
@@ -86,8 +91,7 @@ class RunTask:
                 record = self._mark_running(sandbox.id)
                 try:
                     assert self.run.started_at is not None
-                    final = await self._exec(sandbox, self.run.started_at)
-                    final = await self._collect(sandbox, final)
+                    final = await self._run_and_keep(sandbox, self.run.started_at)
                 finally:
                     record.cancel()
                 terminate_started = time.monotonic()
@@ -96,13 +100,30 @@ class RunTask:
             final = failure(self.run, self.plan, final, exc)
         return final
 
-    async def _collect(self, sandbox: Sandbox, final: RunValues) -> RunValues:
-        """Keep the files the job declares, before the sandbox ends (its one step)."""
+    async def _run_and_keep(self, sandbox: Sandbox, started_at: float) -> RunValues:
+        """Run the job, then keep the files it declares before the sandbox ends; a canceled
+        run keeps what it wrote so far too, within :data:`CANCEL_GRACE_S` (its listing in
+        :attr:`collected`, for the runner's canceled write)."""
+        try:
+            final = await self._exec(sandbox, started_at)
+        except asyncio.CancelledError:
+            canceled_now: RunValues = {"state": RunState.canceled}
+            await shielded(self._collect(sandbox, canceled_now, CANCEL_GRACE_S))
+            raise
+        return await self._collect(sandbox, final)
+
+    async def _collect(
+        self, sandbox: Sandbox, final: RunValues, within_s: float | None = None
+    ) -> RunValues:
+        """Keep the files the job declares (relay/runs/artifacts.py), in ``within_s`` at
+        most (else its own budget), never past the sandbox's lifetime."""
         if not self.plan.artifacts:
             return final
         started, watch = time.monotonic(), self.watch
         assert watch.sandbox_started is not None
         lifetime_left = self.plan.spec.lifetime_s - (started - watch.sandbox_started)
+        if within_s is not None:
+            lifetime_left = min(lifetime_left, within_s + artifacts.TERMINATE_MARGIN_S)
         final = await artifacts.collected(
             sandbox,
             final,
@@ -113,6 +134,8 @@ class RunTask:
             lifetime_left_s=lifetime_left,
         )
         watch.timings["artifacts_ms"] = _ms_since(started)
+        if "artifacts" in final:
+            self.collected = {"artifacts": final["artifacts"]}
         return final
 
     def _sandbox_created(self, provenance: Provenance) -> None:

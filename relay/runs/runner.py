@@ -226,7 +226,8 @@ class Runner:
         try:
             final = await task.steps()
         except asyncio.CancelledError:
-            final = canceled(task.run, self._cancel_reason.get(run.id, "shutdown"))
+            reason = self._cancel_reason.get(run.id, "shutdown")
+            final = {**canceled(task.run, reason), **task.collected}
             cancelled = True
         finally:
             # From here stop() leaves the task alone (the flag changes while this task
@@ -366,7 +367,7 @@ class Runner:
 _KEPT_WHEN_CANCELED = (
     *("sandbox_id", "started_at", "sandbox_s", "cost_usd"),
     *("ended_at", "duration_ms", "timings"),
-    # Everything printed until the cancel stays with the run.
-    *("stdout", "stderr", "stdout_truncated", "stderr_truncated"),
+    # Everything printed until the cancel stays with the run, and the files it kept.
+    *("stdout", "stderr", "stdout_truncated", "stderr_truncated", "artifacts"),
 )
 """What a run canceled through another replica keeps of what its task measured."""

@@ -4,6 +4,7 @@ to their caps, and required where the job says so."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -93,3 +94,29 @@ async def test_files_past_the_file_count_are_listed_as_skipped(tmp_path: Path) -
         assert "RELAY_ARTIFACTS_MAX_FILES" in (run.artifacts[2].skipped or "")
     finally:
         await store.close()
+
+
+async def test_a_canceled_run_keeps_what_it_wrote_before_the_cancel(tmp_path: Path) -> None:
+    config = make_settings(tmp_path, providers=["memory"])
+    world = MemoryWorld()
+    store = await Store.open(config.database_url)
+    service = RunService(
+        config, store, Catalog.load(config.jobs_dir), {"memory": MemoryProvider(config, world)}
+    )
+    try:
+        script = "echo early > early.txt; sleep 30"
+        request = RunRequest(command=["sh", "-c", script], artifacts=["early.txt"], wait=False)
+        row, _ = await service.submit(PRINCIPAL, request, None)
+        for _ in range(100):  # until the script has written its file
+            if any(box.files for box in world.boxes.values()):
+                break
+            await asyncio.sleep(0.02)
+        await service.cancel(PRINCIPAL, row.id)
+        run = run_model(await service.get(PRINCIPAL, row.id))
+        assert run.state == "canceled"
+        (kept,) = run.artifacts
+        assert kept.name == "early.txt" and await _content(store, kept.sha256 or "") == b"early\n"
+    finally:
+        await service.shutdown()
+        await store.close()
+    assert world.alive() == set()
