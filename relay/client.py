@@ -378,6 +378,49 @@ class Client:
             write(stream, str(run.get(stream) or "")[written[stream] :])
         return tell(run)
 
+    def download_artifacts(
+        self, run: dict[str, Any], folder: Path, *, on_skipped: Any = None
+    ) -> list[Path]:
+        """Download each artifact the run kept into ``folder`` (its name, a relative path,
+        under it), streamed to disk and checked against its SHA-256; the paths written.
+        ``on_skipped(entry)`` hears of each entry the run did not keep."""
+        written = []
+        for entry in run.get("artifacts") or []:
+            url = entry.get("url")
+            if not url:
+                if on_skipped is not None:
+                    on_skipped(entry)
+                continue
+            if not str(url).startswith("/v1/runs/"):  # the token goes to the relay only
+                raise RelayClientError(f"artifact {entry.get('name')!r} has a foreign url")
+            target = artifact_path(folder, str(entry.get("name", "")))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(target.name + ".part")
+            digest = hashlib.sha256()
+            request = self._prepare("GET", str(url), headers={"Accept": "*/*"})
+            try:
+                with (
+                    urllib.request.urlopen(request, timeout=self.timeout_s) as answer,  # noqa: S310
+                    partial.open("wb") as out,
+                ):
+                    while chunk := answer.read(1 << 16):
+                        digest.update(chunk)
+                        out.write(chunk)
+            except urllib.error.HTTPError as error:
+                partial.unlink(missing_ok=True)
+                raise _http_error(error) from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+                partial.unlink(missing_ok=True)
+                raise RelayClientError(
+                    f"cannot reach the relay: {getattr(error, 'reason', error)}"
+                ) from None
+            if digest.hexdigest() != entry.get("sha256"):
+                partial.unlink(missing_ok=True)
+                raise RelayClientError(f"artifact {target.name}: its bytes do not match its sha256")
+            partial.replace(target)
+            written.append(target)
+        return written
+
     def cancel(self, run_id: str) -> dict[str, Any]:
         """Cancel a run (``DELETE /v1/runs/{id}``); 409 ``run_finished`` if it ended."""
         return self._request("DELETE", f"/v1/runs/{run_id}")[1]
@@ -409,6 +452,20 @@ def failed_attempts(run: dict[str, Any]) -> list[str]:
 
 
 STANDARD_SECRET_PREFIX = "whsec_"  # noqa: S105  # a prefix, not a secret
+
+
+def artifact_path(folder: Path, name: str) -> Path:
+    """Where an artifact named ``name`` goes under ``folder``; a name that would leave it
+    (absolute, ``..``, empty parts, control characters) is refused."""
+    parts = name.split("/")
+    if (
+        not name
+        or name.startswith("/")
+        or any(part in ("", ".", "..") for part in parts)
+        or any(not char.isprintable() for char in name)
+    ):
+        raise RelayClientError(f"artifact name {name[:100]!r} is not a relative path")
+    return folder.joinpath(*parts)
 
 
 def standard_webhooks_key(secret: str | bytes) -> bytes:
@@ -718,6 +775,14 @@ def arguments(prog: str = "client.py", *, raw: bool = False) -> argparse.Argumen
         "--attempts", type=int, default=4, help="tries of a submit the network or relay failed"
     )
     parser.add_argument("--json", action="store_true", help="print the whole run as JSON")
+    parser.add_argument(
+        "--artifacts",
+        metavar="DIR",
+        help="once the run ends, download the files its job declared (its artifacts) into DIR",
+    )
+    parser.add_argument("--artifact", action="append", default=[], metavar="PATH|GLOB",
+                        help="keep this file of the workdir too (repeat; a job must allow "
+                        "`artifacts`)")  # fmt: skip
     return parser
 
 
@@ -733,6 +798,8 @@ def request_body(args: argparse.Namespace, command: list[str] | None) -> dict[st
         body["env"] = parse_env(args.env)
     if args.file:
         body["files"] = read_files(args.file)
+    if args.artifact:
+        body["artifacts"] = list(args.artifact)
     return body
 
 
@@ -808,7 +875,22 @@ def _main(argv: list[str] | None, prog: str, raw: bool) -> int:
         return EXIT_USAGE
     if args.json:
         print(json.dumps(run, indent=2))
+    if args.artifacts and run.get("state") in FINAL:
+        try:
+            saved(client.download_artifacts(run, Path(args.artifacts), on_skipped=skipped))
+        except RelayClientError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return error_exit_code(error)
     return finished(run)
+
+
+def saved(paths: list[Path]) -> None:
+    for path in paths:
+        print(f"saved {path}", file=sys.stderr)
+
+
+def skipped(entry: dict[str, Any]) -> None:
+    print(f"not kept: {entry.get('name')}: {entry.get('skipped') or 'skipped'}", file=sys.stderr)
 
 
 def finished(run: dict[str, Any]) -> int:

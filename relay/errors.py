@@ -34,6 +34,7 @@ a provider's response body, headers or keys are never copied into one.
     │   └── BudgetExceeded (429 budget_exceeded)
     ├── ShuttingDown (503 shutting_down)
     ├── StoreUnavailable (503 store_unavailable)
+    ├── FileUnreadable (422 file_unreadable) -- why an artifact was skipped, never an answer
     ├── ProviderError (502 provider_error)
     │   ├── ProviderAuth (502 provider_auth)
     │   ├── SandboxLost (502 sandbox_lost)
@@ -199,6 +200,14 @@ class StoreUnavailable(RelayError):
 
     status, code = 503, "store_unavailable"
     default_message = "the relay's database is unavailable; retry later"
+
+
+class FileUnreadable(RelayError):
+    """A path in a sandbox that its provider's file API will not read as a file (not there,
+    a folder, a link, a special file, too large for an API that reads whole files): the
+    reason an artifact is listed as skipped, in the relay's own words. Never an answer."""
+
+    status, code, default_message = 422, "file_unreadable", "the file could not be read"
 
 
 class ProviderError(RelayError):

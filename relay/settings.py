@@ -174,6 +174,18 @@ class Settings(BaseSettings):
     cost_rates: dict[str, dict[str, float]] = {}
     """Per-provider overrides of the list prices, ``{"e2b": {"vcpu_s": …, "gib_s": …}}``."""
 
+    # Artifacts (relay/runs/artifacts.py): the files a job declares, kept with its run
+    artifacts_max_file_bytes: int = Field(16 * 1_048_576, ge=1)
+    """Bytes kept of one file; the rest is left and the file marked ``truncated``."""
+    artifacts_max_run_bytes: int = Field(16 * 1_048_576, ge=1)
+    """Bytes kept of all a run's files together; past it a file is truncated, then skipped."""
+    artifacts_max_files: int = Field(64, ge=1, le=10_000)
+    """Files kept of one run; further matches are listed as skipped (as many again), then
+    counted."""
+    artifacts_collect_s: float = Field(20.0, gt=0)
+    """How long collecting a run's files may take after its command ended (never past the
+    sandbox's hard lifetime); what is not read by then is listed as skipped."""
+
     # Lifecycle
     drain_s: float = Field(20.0, ge=0)
     reap_interval_s: float = Field(60.0, gt=0)

@@ -729,7 +729,7 @@ def test_init_writes_jobs_a_dev_token_and_a_dot_env_and_keeps_them(tmp_path: Pat
     assert (here / ".relay-dev-token").read_text().strip() == dotenv["RELAY_TOKEN"]
     assert dotenv["RELAY_URL"] == "http://127.0.0.1:8080"
     listed = relay_cli("jobs", cwd=here)  # the .env's paths: the folder works as it is
-    assert listed.returncode == 0 and "4 job(s) valid" in listed.stderr
+    assert listed.returncode == 0 and "5 job(s) valid" in listed.stderr
     before = (here / "tokens.toml").read_text()
     again = relay_cli("init", cwd=here)
     assert again.returncode == 0 and again.stdout.count("kept") == 3

@@ -76,7 +76,7 @@ def test_openapi_covers_every_route_and_error_code() -> None:
     doc = document()
     assert doc["openapi"].startswith("3.1")
     for route in [*routes, *operator_routes]:
-        path = route.path
+        path = re.sub(r":\w+\}", "}", route.path)  # {name:path} is {name} in the document
         for method in route.methods or ():
             if method == "HEAD":
                 continue

@@ -186,7 +186,7 @@ def test_pip_install_then_relay_init_then_serve_and_run(installed: Path, tmp_pat
     app = tmp_path / "app"
     assert "Next: cd app && relay serve --dev" in told
     assert sorted(path.name for path in (app / "jobs").iterdir()) == [
-        "echo", "http-status", "params", "python"
+        "chart", "echo", "http-status", "params", "python"
     ]  # fmt: skip
     assert stat.S_IMODE((app / ".env").stat().st_mode) == 0o600
     assert stat.S_IMODE((app / "tokens.toml").stat().st_mode) == 0o600

@@ -195,7 +195,9 @@ def _jobs(sub: Commands) -> None:
 
 
 def _runs(sub: Commands) -> None:
-    runs = sub.add_parser("runs", help="list, show, follow and cancel runs")
+    runs = sub.add_parser(
+        "runs", help="list, show, follow and cancel runs, download their artifacts"
+    )
     rsub = runs.add_subparsers(dest="action", required=True, metavar="ACTION")
     listed = rsub.add_parser("list", help="this token's runs, newest first")
     listed.add_argument("--state", help="only runs in this state")
@@ -214,6 +216,13 @@ def _runs(sub: Commands) -> None:
         help="follow it as it happens, and exit as `relay run` does",
     )
     rsub.add_parser("cancel", help="cancel a run").add_argument("run_id", help="run_…")
+    artifacts = rsub.add_parser(
+        "artifacts", help="download a run's artifacts (the files its job declared)"
+    )
+    artifacts.add_argument("run_id", help="run_…")
+    artifacts.add_argument(
+        "-o", "--output", default=".", metavar="DIR", help="where to save them (default: here)"
+    )
     for each in rsub.choices.values():
         each.add_argument("--no-auth-header", action="store_true", help=argparse.SUPPRESS)
     runs.set_defaults(handler="runs:cmd_runs")

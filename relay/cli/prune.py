@@ -28,6 +28,9 @@ async def _prune(settings: Settings, older_than_days: float, dry_run: bool) -> i
     )
     if not dry_run and store.is_sqlite:
         size = retention.vacuum_if_needed(settings.database_url) or size
+    print(
+        f"{verb} {pruned.artifacts} artifact content(s) no run names: {pruned.artifact_bytes} bytes"
+    )
     print(f"store size: {size} bytes")
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from relay import client as relay_client
@@ -120,6 +121,12 @@ def _action(client: relay_client.Client, args: argparse.Namespace) -> int:
         run = client.get(args.run_id)
         sys.stdout.write(run.get("stdout") or "")
         sys.stderr.write(run.get("stderr") or "")
+    elif args.action == "artifacts":
+        run = client.get(args.run_id)
+        found = client.download_artifacts(run, Path(args.output), on_skipped=relay_client.skipped)
+        relay_client.saved(found)
+        if not run.get("artifacts"):
+            print(f"run {args.run_id} has no artifacts", file=sys.stderr)
     elif args.action == "cancel":
         run = client.cancel(args.run_id)
         print(f"canceled {run.get('id', args.run_id)} (was {run.get('state')})")

@@ -25,10 +25,11 @@ from relay.errors import NotFound
 from relay.run_state import FAILURES, RunState
 
 CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; "
     "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
-"""This origin only: no inline script or style, no frames, forms post to the console."""
+"""This origin only: no inline script or style, no frames, forms post to the console;
+images also from ``blob:`` (an artifact's preview, fetched with the token, never a URL)."""
 
 FILES = Path(__file__).parent / "console"
 ASSETS = {

@@ -70,7 +70,7 @@ from relay.run_state import RunState
 from relay.runs.catalog import COMMAND_TOOL, GET_RUN_TOOL, Catalog
 from relay.runs.models import RunRequest
 from relay.runs.service import RunRecord
-from relay.runs.view import run_model
+from relay.runs.view import artifact_models, run_model
 
 log = logging.getLogger("relay.mcp")
 
@@ -363,16 +363,50 @@ async def _wait(
     return await service.get(principal, run.id)
 
 
+EMBED_TEXT_BYTES = 4096
+"""A text artifact up to this size is embedded in a tool result; a larger one, or any other,
+is a resource link (its download URL) the client fetches with its token."""
+
+
 async def _result(state: AppState, run: RunRecord) -> types.CallToolResult:
     found = await state.service.deliveries([run])
-    return run_result(run, found.get(run.id))
+    result = run_result(run, found.get(run.id), state.settings.public_url or "")
+    for entry in artifact_models(run.id, run.artifacts):
+        small = entry.size <= EMBED_TEXT_BYTES and _textual(entry.content_type)
+        if entry.sha256 is None or not small:
+            continue
+        data = b"".join([chunk async for chunk in state.service.artifact_chunks_of(entry.sha256)])
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        uri = (state.settings.public_url or "").rstrip("/") + (entry.url or "")
+        resource = types.TextResourceContents(uri=uri, mime_type=entry.content_type, text=text)
+        result.content.append(types.EmbeddedResource(resource=resource))
+    return result
 
 
-def run_result(run: RunRecord, deliveries: Any = None) -> types.CallToolResult:
-    """A run as a tool result: stdout as text, the whole Run as structured content; any
-    final state but ``succeeded`` is an error result."""
+def _textual(content_type: str) -> bool:
+    return content_type.startswith("text/") or content_type == "application/json"
+
+
+def run_result(
+    run: RunRecord, deliveries: Any = None, public_url: str = ""
+) -> types.CallToolResult:
+    """A run as a tool result: stdout as text, each kept artifact as a resource link (its
+    download URL, under ``RELAY_PUBLIC_URL`` when set, else relative), the whole Run as
+    structured content; any final state but ``succeeded`` is an error result."""
     answer = run_model(run, deliveries)
-    content = [types.TextContent(text=answer.stdout)]
+    content: list[types.ContentBlock] = [types.TextContent(text=answer.stdout)]
+    for entry in answer.artifacts:
+        if entry.url is not None:
+            link = types.ResourceLink(
+                name=entry.name,
+                uri=public_url.rstrip("/") + entry.url,
+                mime_type=entry.content_type,
+                size=entry.size,
+            )
+            content.append(link)
     failed = False
     if not answer.state.final:
         content.append(

@@ -179,6 +179,7 @@ def document() -> dict[str, Any]:
         "/v1/runs": {"post": _create_run(common), "get": _list_runs(common)},
         "/v1/runs/{run_id}": {"get": _get_run(common), "delete": _cancel_run(common)},
         "/v1/runs/{run_id}/events": {"get": _run_events(common)},
+        "/v1/runs/{run_id}/artifacts/{name}": {"get": _get_artifact(common)},
         **_reference_paths(common),
         **_operations_paths(),
     }
@@ -322,6 +323,43 @@ def _get_run(common: dict[str, Any]) -> dict[str, Any]:
         "security": _AUTH,
         "parameters": [_RUN_ID],
         "responses": {"200": _json("Run", "the run"), **_errors(404), **_STORE_DOWN, **common},
+    }
+
+
+def _get_artifact(common: dict[str, Any]) -> dict[str, Any]:
+    """``GET /v1/runs/{run_id}/artifacts/{name}``: one kept artifact, streamed."""
+    name = {
+        "name": "name",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string"},
+        "description": "the artifact's `name` as the run lists it (its `url` has it encoded); "
+        "may hold `/`",
+    }
+    return {
+        "summary": "One artifact of a run, streamed",
+        "description": "The bytes the run kept of a file its job declared (the run's "
+        "`artifacts[].url`), streamed from the relay's store a chunk at a time, with the run's "
+        "own auth. Always an attachment (`Content-Disposition`), never cached "
+        "(`Cache-Control: no-store`), `Content-Security-Policy: sandbox`; `ETag` is its "
+        "SHA-256. A skipped artifact, or a name the run does not have, is 404.",
+        "operationId": "getArtifact",
+        "security": _AUTH,
+        "parameters": [_RUN_ID, name],
+        "responses": {
+            "200": {
+                "description": "the artifact's bytes, with the content type its name says",
+                "headers": {
+                    "Content-Disposition": {"schema": {"type": "string"}},
+                    "Content-Length": {"schema": {"type": "integer"}},
+                    "ETag": {"schema": {"type": "string"}},
+                },
+                "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+            },
+            **_errors(404),
+            **_STORE_DOWN,
+            **common,
+        },
     }
 
 

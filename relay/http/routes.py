@@ -10,6 +10,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -223,6 +224,36 @@ async def get_run(request: Request) -> Response:
     principal = authenticate(request)
     run = await state_of(request).service.get(principal, request.path_params["run_id"])
     return await _run_json(request, run)
+
+
+async def get_artifact(request: Request) -> Response:
+    """One artifact of a run, streamed from the store a chunk at a time (the run's own auth),
+    always as an attachment: a job's file is never rendered as a page of the relay's."""
+    principal = authenticate(request)
+    service = state_of(request).service
+    entry, info = await service.artifact(
+        principal, request.path_params["run_id"], request.path_params["name"]
+    )
+    headers = {
+        "Content-Length": str(info.size),
+        "Content-Disposition": attachment(entry.name.rpartition("/")[2]),
+        "Cache-Control": "no-store",
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "sandbox",
+        "ETag": f'"{info.sha256}"',
+    }
+    return StreamingResponse(
+        service.artifact_chunks(info), media_type=entry.content_type, headers=headers
+    )
+
+
+def attachment(filename: str) -> str:
+    """A Content-Disposition naming ``filename`` (RFC 6266: an ASCII fallback, then the
+    name itself percent-encoded as UTF-8)."""
+    fallback = "".join(
+        c if c.isascii() and c.isprintable() and c not in '"\\%' else "_" for c in filename
+    )
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
 async def run_events(request: Request) -> Response:
@@ -451,6 +482,7 @@ routes = [
     Route("/v1/runs", list_runs, methods=["GET"]),
     Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
     Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),
+    Route("/v1/runs/{run_id}/artifacts/{name:path}", get_artifact, methods=["GET"]),
     Route("/v1/runs/{run_id}", cancel_run, methods=["DELETE"]),
     Route("/v1/jobs", list_jobs, methods=["GET"]),
     Route("/v1/usage", usage, methods=["GET"]),

@@ -2,7 +2,7 @@
 
 A Cloudflare sandbox can only be driven from a Worker in the operator's account (the Sandbox
 SDK runs inside workerd), so the relay ships that Worker and speaks its HTTP contract,
-``deploy/cloudflare/openapi.yaml`` (1.1.0): no SDK. Mapping (docs/providers/cloudflare.md):
+``deploy/cloudflare/openapi.yaml`` (1.2.0): no SDK. Mapping (docs/providers/cloudflare.md):
 
 * a sandbox is a two-step job: ``POST /v1/jobs`` without a command starts its container and
   answers once it is up; the command (argv, env, files, stdin, workdir) goes once, with
@@ -17,6 +17,10 @@ SDK runs inside workerd), so the relay ships that Worker and speaks its HTTP con
 * size → the smallest Cloudflare instance type that holds it (lite … standard-4), else 422;
 * egress: ``[]`` no network, ``["*"]`` the public internet, host names and IPv4 addresses an
   allow-list (HTTP and HTTPS); CIDR ranges, IPv6 and ports → 422, never widened;
+* artifacts: a two-step job's container is kept after its command, and its files are read
+  with ``GET /v1/jobs/{id}/files?path=`` (one folder, links listed as links) and
+  ``GET /v1/jobs/{id}/file?path=&limit=`` (the bytes, streamed, the Worker stopping at the
+  cap), paths relative to /workspace;
 * output: the NDJSON event stream, followed again from the last event seen (``?after=N``)
   when it is cut; text as UTF-8;
 * auth fails closed here too: no URL or key, no start; the key only in the Authorization
@@ -36,7 +40,7 @@ import logging
 import posixpath
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -48,6 +52,7 @@ from pydantic_settings import SettingsConfigDict
 from relay.errors import (
     ConfigError,
     EgressUnsupported,
+    FileUnreadable,
     ProviderAuth,
     ProviderError,
     ProviderRateLimited,
@@ -62,6 +67,8 @@ from relay.providers.contract import (
     TAG_CLUSTER,
     TAG_RUN,
     ExecResult,
+    FileEntry,
+    FileKind,
     OutputSink,
     Rate,
     Resources,
@@ -211,6 +218,28 @@ ERRORS: ErrorTable = (
 )
 
 
+_KINDS: dict[str, FileKind] = {"file": "file", "directory": "folder", "symlink": "link"}
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    """The Worker's error code in ``response`` (None when it is not the Worker's JSON)."""
+    try:
+        code = response.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, str) else None
+
+
+def _in_workspace(path: str) -> str:
+    """A sandbox path as the Worker's file routes take it: relative to /workspace."""
+    normal = posixpath.normpath(path)
+    if normal == DEFAULT_WORKDIR:
+        return ""
+    if not normal.startswith(DEFAULT_WORKDIR + "/"):
+        raise FileUnreadable("the Worker reads files under /workspace only")
+    return normal.removeprefix(DEFAULT_WORKDIR + "/")
+
+
 def _object(response: httpx.Response) -> dict[str, Any]:
     try:
         found = response.json()
@@ -251,6 +280,13 @@ class CloudflareSandbox(ProviderSandbox):
         super().__init__(provider, job_id)
         self._worker = provider
         self._files: dict[str, str] = {}
+
+    async def folder_entries(self, path: str) -> list[FileEntry]:
+        return await self._worker.list_files(self.id, _in_workspace(path))
+
+    async def file_chunks(self, path: str, limit: int, size: int | None) -> AsyncIterator[bytes]:
+        async for chunk in self._worker.read_file(self.id, _in_workspace(path), limit):
+            yield chunk
 
     async def write_files(self, files: Mapping[str, bytes]) -> None:
         for path, content in files.items():
@@ -449,6 +485,40 @@ class CloudflareProvider(SandboxProvider[CloudflareSandbox]):
                 "cloudflare job %s: event stream cut after event %d; following on", job_id, after
             )
             await asyncio.sleep(0.1 * cuts)
+
+    async def list_files(self, job_id: str, path: str) -> list[FileEntry]:
+        """A kept container's folder (``path`` relative to /workspace)."""
+        response = await self._client.get(f"/v1/jobs/{job_id}/files", params={"path": path})
+        if response.status_code == 404 and _error_code(response) == "no_such_path":
+            raise FileUnreadable("no such folder")
+        if response.status_code != 200:
+            raise WorkerAnswer.of(response)
+        try:
+            listed = response.json()["files"]
+            return [
+                FileEntry(
+                    str(entry["name"]), _KINDS.get(entry["type"], "other"), int(entry["size"])
+                )
+                for entry in listed
+            ]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise WorkerMalformed("the Worker's file listing is not its contract's") from exc
+
+    async def read_file(self, job_id: str, path: str, limit: int) -> AsyncIterator[bytes]:
+        """A kept container's file, at most ``limit`` bytes, streamed."""
+        params = {"path": path, "limit": str(limit)}
+        async with self._client.stream(
+            "GET", f"/v1/jobs/{job_id}/file", params=params, timeout=_STREAM
+        ) as response:
+            if response.status_code == 404:
+                await response.aread()
+                if _error_code(response) == "no_such_path":
+                    raise FileUnreadable("no such file")
+            if response.status_code != 200:
+                await response.aread()
+                raise WorkerAnswer.of(response)
+            async for chunk in response.aiter_bytes():
+                yield chunk
 
     async def destroy(self, sandbox_id: str) -> None:
         response = await self._client.delete(f"/v1/jobs/{sandbox_id}")

@@ -28,14 +28,18 @@ provider by ``tests/contract``:
    never at create, where a spec carries none (a warm pool's sandbox is made before the run
    that asks for it exists; a route's is made by whichever provider takes the run);
 7. a command that ends as if killed (137, -1, -9, no exit status) in a sandbox the provider
-   no longer has is :class:`relay.errors.SandboxLost`, not the job's own exit.
+   no longer has is :class:`relay.errors.SandboxLost`, not the job's own exit;
+8. a sandbox's files are read through the provider's own file API (:meth:`Sandbox.list_folder`,
+   :meth:`Sandbox.read_file`), links never followed where the API tells them apart, special
+   files never opened, a read never past what was asked where the API streams; a path it
+   will not read is :class:`relay.errors.FileUnreadable`, with the reason.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -56,6 +60,9 @@ POOL_PREFIX = "pool_"
 run, the reaper finds it by this tag in the store's pooled rows, not among the runs."""
 
 StreamName = Literal["stdout", "stderr"]
+FileKind = Literal["file", "folder", "link", "other"]
+"""What a sandbox folder's entry is: ``link`` a symbolic link (never followed), ``other`` a
+device, FIFO or socket (never opened)."""
 OutputListener = Callable[[StreamName, bytes], None]
 
 
@@ -229,6 +236,17 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class FileEntry:
+    """One entry of a folder in a sandbox, as its provider's file API lists it."""
+
+    name: str
+    """Its name in the folder, as the provider gives it (checked by whoever uses it)."""
+    kind: FileKind
+    size: int | None = None
+    """Its size in bytes where the listing says (``None``: the read stops at its cap)."""
+
+
+@dataclass(frozen=True)
 class Provenance:
     """Where a sandbox a source yielded came from: what its run records of it (its cost,
     its ``pooled`` timing), whichever source made it."""
@@ -275,6 +293,16 @@ class Sandbox(Protocol):
         The caller enforces the deadline by cancelling this call; ``timeout_s`` is passed
         on to the provider's own command timeout as a second line of defence.
         """
+
+    async def list_folder(self, path: str) -> list[FileEntry]:
+        """The entries of the folder at ``path`` (absolute, in the sandbox), links not
+        followed; :class:`relay.errors.FileUnreadable` when there is no such folder."""
+
+    def read_file(self, path: str, limit: int, size: int | None = None) -> AsyncIterator[bytes]:
+        """The regular file at ``path`` (absolute, in the sandbox) in chunks: its first
+        ``limit`` bytes at least (more may come; the caller keeps what it wants), streamed
+        where the provider streams. ``size`` is its listed size, for a provider that reads
+        whole files. :class:`relay.errors.FileUnreadable` for what it will not read."""
 
 
 class SandboxSource(Protocol):

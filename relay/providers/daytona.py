@@ -40,7 +40,7 @@ import re
 import secrets
 import shlex
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import ClassVar
 
@@ -55,6 +55,7 @@ from daytona import (
     DaytonaConfig,
     DaytonaConnectionError,
     DaytonaError,
+    DaytonaFileNotFoundError,
     DaytonaForbiddenError,
     DaytonaGoneError,
     DaytonaNotFoundError,
@@ -72,6 +73,7 @@ from relay.cancellation import shielded
 from relay.errors import (
     ConfigError,
     EgressUnsupported,
+    FileUnreadable,
     ProviderAuth,
     ProviderError,
     ProviderRateLimited,
@@ -86,6 +88,8 @@ from relay.providers.contract import (
     TAG_CLUSTER,
     TAG_RUN,
     ExecResult,
+    FileEntry,
+    FileKind,
     OutputSink,
     Rate,
     Resources,
@@ -348,11 +352,41 @@ class DaytonaProvider(SandboxProvider["DaytonaSandbox"]):
 
 
 class DaytonaSandbox(ProviderSandbox):
-    """A live Daytona sandbox, valid inside :meth:`DaytonaProvider.sandbox`."""
+    """A live Daytona sandbox, valid inside :meth:`DaytonaProvider.sandbox`.
+
+    Its files are read through the toolbox (daytona 0.226.1): ``fs.list_files`` (the
+    daemon lists with lstat: a link's ``mode`` starts with ``L``, a FIFO's with ``p``)
+    and ``fs.download_file_stream`` (a streamed bulk download, left once the cap is read).
+    """
 
     def __init__(self, provider: DaytonaProvider, box: AsyncSandbox) -> None:
         super().__init__(provider, box.id)
         self._box = box
+
+    async def folder_entries(self, path: str) -> list[FileEntry]:
+        try:
+            listed = await self._box.fs.list_files(path)
+        except DaytonaFileNotFoundError as exc:
+            raise FileUnreadable("no such folder") from exc
+        return [FileEntry(info.name, _kind(info.mode), info.size) for info in listed]
+
+    async def file_chunks(self, path: str, limit: int, size: int | None) -> AsyncIterator[bytes]:
+        if size == 0:
+            return  # the SDK's stream raises for a file that sends no bytes
+        try:
+            stream = await self._box.fs.download_file_stream(path)
+            read = 0
+            try:
+                async for chunk in stream:
+                    yield chunk
+                    read += len(chunk)
+                    if read >= limit:
+                        break
+            finally:
+                if isinstance(stream, AsyncGenerator):  # its HTTP answer closed now, not at GC
+                    await stream.aclose()
+        except DaytonaFileNotFoundError as exc:
+            raise FileUnreadable("no such file") from exc
 
     async def write_files(self, files: Mapping[str, bytes]) -> None:
         if not files:
@@ -477,6 +511,12 @@ def command_line(
     words = ["env", "--", "timeout", "-s", "KILL", str(seconds), *argv]
     steps.append(f"exec {shlex.join(words)} < {shlex.quote(source)}")
     return f"({' && '.join(steps)})"
+
+
+def _kind(mode: str) -> FileKind:
+    """What Go's ``FileMode.String()`` says an entry is (``d``, ``L`` for a link, ``-``)."""
+    kinds: dict[str, FileKind] = {"-": "file", "d": "folder", "L": "link"}
+    return kinds.get(mode[:1], "other")
 
 
 def _absolute(path: str) -> str:

@@ -24,7 +24,7 @@ import logging
 import posixpath
 import secrets
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import suppress
 from typing import Any, ClassVar, NoReturn
 
@@ -34,12 +34,14 @@ from e2b import (
     AsyncSandbox,
     AuthenticationException,
     CommandExitException,
+    FileType,
     RateLimitException,
     SandboxException,
     SandboxQuery,
     TimeoutException,
 )
 from e2b.exceptions import (
+    FileNotFoundException,
     NotFoundException,
     SandboxNotRunningException,
     SandboxUnreachableException,
@@ -52,6 +54,7 @@ from relay.cancellation import shielded
 from relay.errors import (
     ConfigError,
     EgressUnsupported,
+    FileUnreadable,
     ProviderAuth,
     ProviderError,
     ProviderRateLimited,
@@ -66,6 +69,8 @@ from relay.providers.contract import (
     TAG_CLUSTER,
     TAG_RUN,
     ExecResult,
+    FileEntry,
+    FileKind,
     OutputSink,
     Rate,
     Resources,
@@ -243,12 +248,44 @@ class E2BProvider(SandboxProvider["E2BSandbox"]):
 
 
 class E2BSandbox(ProviderSandbox):
-    """A live E2B sandbox, valid inside :meth:`E2BProvider.sandbox`."""
+    """A live E2B sandbox, valid inside :meth:`E2BProvider.sandbox`.
+
+    Its files are read through envd's file API (e2b 2.63): ``files.list(path, depth=1)``
+    (the ``ListDir`` RPC: a link is ``SYMLINK``, a special file is left out by the SDK)
+    and ``files.read(path, format="stream")`` (``GET /files``, streamed, closed once the
+    cap is read)."""
 
     def __init__(self, provider: E2BProvider, sdk: AsyncSandbox) -> None:
         super().__init__(provider, sdk.sandbox_id)
         self._sdk = sdk
         self._dirs: set[str] = set()
+
+    async def folder_entries(self, path: str) -> list[FileEntry]:
+        try:
+            listed = await self._sdk.files.list(path, depth=1, user=USER)
+        except FileNotFoundException as exc:
+            raise FileUnreadable("no such folder") from exc
+        kinds: dict[FileType | None, FileKind] = {
+            FileType.FILE: "file", FileType.DIR: "folder", FileType.SYMLINK: "link"
+        }  # fmt: skip
+        return [
+            FileEntry(entry.name, kinds.get(entry.type, "other"), entry.size) for entry in listed
+        ]
+
+    async def file_chunks(self, path: str, limit: int, size: int | None) -> AsyncIterator[bytes]:
+        try:
+            reader = await self._sdk.files.read(path, format="stream", user=USER)
+        except FileNotFoundException as exc:
+            raise FileUnreadable("no such file") from exc
+        read = 0
+        try:
+            async for chunk in reader:
+                yield chunk
+                read += len(chunk)
+                if read >= limit:
+                    break
+        finally:
+            await reader.aclose()
 
     async def write_files(self, files: Mapping[str, bytes]) -> None:
         entries: list[Any] = [

@@ -9,8 +9,10 @@ going when the answer is due goes on beside serving: relay/providers/aftercare.p
 exception mapped through the provider's :data:`ErrorTable` (the capability ``check`` is
 the planner's, run once before any sandbox exists). A provider
 module is a driver: it supplies ``create``, ``destroy`` and ``list_tagged``, a sandbox
-class with ``write_files`` and ``run``, and its :data:`ErrorTable`. A job's environment
-takes one door: ``run``'s ``env``, passed with the command (a spec carries none to create).
+class with ``write_files`` and ``run`` (and, for a run's artifacts, ``folder_entries`` and
+``file_chunks``: its file API's listing and read), and its :data:`ErrorTable`. A job's
+environment takes one door: ``run``'s ``env``, passed with the command (a spec carries none
+to create).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import ClassVar, Generic, Protocol, TypeVar
 
 from relay.cancellation import Deadline, shielded
 from relay.errors import (
+    FileUnreadable,
     ProviderAuth,
     ProviderError,
     ProviderRateLimited,
@@ -41,6 +44,7 @@ from relay.errors import (
 from relay.providers.aftercare import TERMINATE_WAIT_S, Aftercare
 from relay.providers.contract import (
     ExecResult,
+    FileEntry,
     OutputSink,
     Provenance,
     Rate,
@@ -142,6 +146,34 @@ class ProviderSandbox(ABC):
         if result.exit_code in KILLED_EXIT_CODES and await self.provider.gone(self.id):
             raise SandboxLost(f"the {self.provider.label} sandbox was killed during the run")
         return result
+
+    async def list_folder(self, path: str) -> list[FileEntry]:
+        """The entries of the folder at ``path``, links not followed (see :class:`Sandbox`)."""
+        with self.provider.mapping("listing files"):
+            return await self.folder_entries(path)
+
+    async def read_file(
+        self, path: str, limit: int, size: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """The file at ``path`` in chunks, at least ``limit`` bytes (see :class:`Sandbox`)."""
+        with self.provider.mapping("reading a file"):
+            async for chunk in self.file_chunks(path, limit, size):
+                yield chunk
+
+    @property
+    def reads_files(self) -> bool:
+        """Whether its driver reads files at all (``folder_entries`` its own)."""
+        return type(self).folder_entries is not ProviderSandbox.folder_entries
+
+    async def folder_entries(self, path: str) -> list[FileEntry]:
+        """The provider's folder listing; SDK exceptions are mapped by :meth:`list_folder`,
+        a missing folder is :class:`FileUnreadable` (the provider's not-found, caught)."""
+        raise FileUnreadable(f"the {self.provider.label} provider cannot list files")
+
+    def file_chunks(self, path: str, limit: int, size: int | None) -> AsyncIterator[bytes]:
+        """The provider's file read, stopping once ``limit`` bytes came where it streams;
+        SDK exceptions are mapped by :meth:`read_file`."""
+        raise FileUnreadable(f"the {self.provider.label} provider cannot read files")
 
     @abstractmethod
     async def write_files(self, files: Mapping[str, bytes]) -> None:

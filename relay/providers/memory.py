@@ -14,8 +14,11 @@ no process. Two halves:
 
 A sandbox runs built-in commands only, never a program of the host: ``true``, ``false``,
 ``echo``, ``cat`` (its files or stdin), ``env``, ``sleep SECONDS``, ``exit CODE`` and
-``sh -c "a; b >&2; exit 3"`` (built-ins separated by ``;``, a trailing ``>&2`` sends one to
-stderr). Anything else exits 127. A relay built from settings gets a world of its own.
+``sh -c "a; b >&2; echo x > out/a.txt; exit 3"`` (built-ins separated by ``;``, a trailing
+``>&2`` sends one to stderr, ``> PATH`` writes an ``echo`` to a file). Anything else exits
+127. A relay built from settings gets a world of its own. Its files are read back through
+the world's file API (:meth:`MemoryWorld.folder`, :meth:`MemoryWorld.read`): folders are
+implied by the paths of files, as in an object store.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from datetime import UTC, datetime
 from typing import ClassVar
 
 from relay.errors import (
+    FileUnreadable,
     ProviderAuth,
     ProviderError,
     ProviderRateLimited,
@@ -42,6 +46,7 @@ from relay.providers.contract import (
     TAG_CLUSTER,
     TAG_RUN,
     ExecResult,
+    FileEntry,
     OutputSink,
     SandboxRef,
     SandboxSpec,
@@ -63,6 +68,13 @@ class MemoryAPIError(Exception):
     def __init__(self, status: int, body: str) -> None:
         super().__init__(f"{status}: {BODY_MARKER} {body}")
         self.status = status
+
+
+class PathMissing(MemoryAPIError):
+    """The file API's 404 for a path the sandbox does not have (the sandbox itself is there)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(404, f"no such file or folder: {path}")
 
 
 class StreamCut(Exception):
@@ -244,6 +256,29 @@ class MemoryWorld:
         await self._release.wait()
         raise MemoryAPIError(503, f"{call} abandoned")
 
+    def folder(self, api_key: str, box_id: str, path: str) -> list[tuple[str, bool, int]]:
+        """The entries of a folder: ``(name, is_folder, size)``; :class:`PathMissing` when
+        no file is under it."""
+        self._answer(api_key)
+        files = self._box(box_id).files
+        prefix = path.rstrip("/") + "/"
+        entries: dict[str, tuple[str, bool, int]] = {}
+        for name, data in files.items():
+            if name.startswith(prefix):
+                first, _, rest = name[len(prefix) :].partition("/")
+                entries[first] = (first, bool(rest), 0 if rest else len(data))
+        if not entries:
+            raise PathMissing(path)
+        return list(entries.values())
+
+    def read(self, api_key: str, box_id: str, path: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes of a file from ``offset`` (a ranged read, as S3's)."""
+        self._answer(api_key)
+        data = self._box(box_id).files.get(path)
+        if data is None:
+            raise PathMissing(path)
+        return data[offset : offset + length]
+
     def list(self, api_key: str, cluster: str) -> list[Box]:
         self._answer(api_key)
         return [box for box in self.boxes.values() if box.alive and box.cluster == cluster]
@@ -405,12 +440,40 @@ class MemorySandbox(ProviderSandbox):
         finally:
             stop(command)  # cancelled by the relay's deadline: the command ends too
 
+    async def folder_entries(self, path: str) -> list[FileEntry]:
+        world, key = self.provider.world, self.provider._api_key
+        try:
+            listed = world.folder(key, self.id, path)
+        except PathMissing as exc:
+            raise FileUnreadable("no such folder") from exc
+        return [
+            FileEntry(name, "folder" if is_folder else "file", None if is_folder else size)
+            for name, is_folder, size in listed
+        ]
+
+    async def file_chunks(self, path: str, limit: int, size: int | None) -> AsyncIterator[bytes]:
+        world, key, offset = self.provider.world, self.provider._api_key, 0
+        while offset < limit:
+            try:
+                chunk = world.read(key, self.id, path, offset, min(READ_BYTES, limit - offset))
+            except PathMissing as exc:
+                raise FileUnreadable("no such file") from exc
+            if not chunk:
+                return
+            offset += len(chunk)
+            yield chunk
+            await asyncio.sleep(0)  # a call per chunk, as over a network
+
+
+READ_BYTES = 65_536
+"""Bytes a memory sandbox's read asks for at a time."""
+
 
 @dataclass
 class Shell:
     """The built-in commands of a memory sandbox, over its files."""
 
-    files: Mapping[str, bytes]
+    files: dict[str, bytes]
     workdir: str
     stdin: bytes | None
     env: Mapping[str, str]
@@ -430,6 +493,12 @@ class Shell:
             stream: StreamName = "stdout"
             if words[-1:] == [">&2"]:
                 words, stream = words[:-1], "stderr"
+            if len(words) > 2 and words[0] == "echo" and words[-2] == ">":
+                self.files[_absolute(self.workdir, words[-1])] = (
+                    " ".join(words[1:-2]).encode() + b"\n"
+                )
+                code = 0
+                continue
             if words[:1] == ["exit"]:
                 return int(words[1]) if len(words) > 1 else code
             if words[:1] == ["sleep"]:

@@ -14,8 +14,9 @@ import contextlib
 import logging
 import math
 import posixpath
+import stat
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -30,6 +31,7 @@ from pydantic_settings import SettingsConfigDict
 from relay.cancellation import shielded
 from relay.errors import (
     ConfigError,
+    FileUnreadable,
     ProviderAuth,
     ProviderError,
     ProviderRateLimited,
@@ -43,6 +45,8 @@ from relay.providers.contract import (
     TAG_CLUSTER,
     TAG_RUN,
     ExecResult,
+    FileEntry,
+    FileKind,
     OutputSink,
     Rate,
     SandboxRef,
@@ -92,12 +96,46 @@ ERRORS: ErrorTable = (
 
 
 class ModalSandbox(ProviderSandbox):
-    """One live Modal sandbox, valid inside :meth:`ModalProvider.sandbox`."""
+    """One live Modal sandbox, valid inside :meth:`ModalProvider.sandbox`.
+
+    Its files are read through the client's filesystem API (modal 1.6.4):
+    ``filesystem.list_files`` (a link is ``symlink``; a special file is a ``file`` whose
+    ``mode`` says otherwise) and ``filesystem.read_bytes`` for a file within the cap. That
+    call reads a whole file, so a larger one (or one of unknown size) is read with
+    ``exec("head", "-c", cap)`` instead, its stdout streamed and left at the cap.
+    """
 
     def __init__(self, provider: ModalProvider, handle: Any) -> None:
         super().__init__(provider, handle.object_id)
         self.handle = handle
         self._directories: set[str] = set()
+
+    async def folder_entries(self, path: str) -> list[FileEntry]:
+        try:
+            listed = await self.handle.filesystem.list_files.aio(path)
+        except _MISSING as exc:
+            raise FileUnreadable("no such folder") from exc
+        return [FileEntry(info.name, _kind(info), info.size) for info in listed]
+
+    async def file_chunks(self, path: str, limit: int, size: int | None) -> AsyncIterator[bytes]:
+        if size is not None and size <= limit:
+            try:
+                yield await self.handle.filesystem.read_bytes.aio(path)
+            except (*_MISSING, modal_errors.SandboxFilesystemFileTooLargeError) as exc:
+                raise FileUnreadable("the file could not be read") from exc
+            return
+        folder, name = posixpath.split(path)
+        process = await self.handle.exec.aio(
+            "head", "-c", str(limit), "--", name, workdir=folder, text=False
+        )
+        read = 0
+        async for chunk in process.stdout:
+            yield chunk
+            read += len(chunk)
+            if read >= limit:
+                return  # head ends by itself at the cap
+        if not read and await process.wait.aio() != 0:
+            raise FileUnreadable("the file could not be read")
 
     async def write_files(self, files: Mapping[str, bytes]) -> None:
         for path, data in files.items():
@@ -140,6 +178,25 @@ class ModalSandbox(ProviderSandbox):
         code: int = await process.wait.aio()
         # -1 is the client's "its own deadline passed"; the exit status is then unknown.
         return ExecResult(exit_code=None if code == -1 else code)
+
+
+_MISSING = (
+    modal_errors.SandboxFilesystemNotFoundError,
+    modal_errors.SandboxFilesystemNotADirectoryError,
+    modal_errors.SandboxFilesystemIsADirectoryError,
+    modal_errors.SandboxFilesystemPermissionError,
+)
+"""What the filesystem API raises for a path it will not read as asked (not an outage)."""
+
+
+def _kind(info: Any) -> FileKind:
+    """A listed entry's kind: its ``mode`` (the whole ``st_mode``) tells a FIFO or device
+    the listing calls a ``file`` from a regular file."""
+    kinds: dict[str, FileKind] = {"file": "file", "directory": "folder", "symlink": "link"}
+    kind = kinds.get(getattr(info.type, "value", ""), "other")
+    if kind == "file" and stat.S_IFMT(info.mode) and not stat.S_ISREG(info.mode):
+        return "other"
+    return kind
 
 
 def _created_at(tags: Mapping[str, str]) -> datetime | None:

@@ -45,7 +45,7 @@ import posixpath
 import re
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import BinaryIO, ClassVar, cast
 
@@ -74,6 +74,7 @@ from sprites.exceptions import APIError
 from relay.errors import (
     ConfigError,
     EgressUnsupported,
+    FileUnreadable,
     ProviderAuth,
     ProviderError,
     ProviderRateLimited,
@@ -83,11 +84,13 @@ from relay.errors import (
     SizeUnsupported,
     ValidationFailed,
 )
+from relay.providers.collection import find_entries, find_listing
 from relay.providers.contract import (
     DEFAULT_WORKDIR,
     TAG_CLUSTER,
     TAG_RUN,
     ExecResult,
+    FileEntry,
     OutputSink,
     Rate,
     SandboxRef,
@@ -245,17 +248,49 @@ class _SinkStream:
         return len(data)
 
 
+READ_TIMEOUT_S = 60
+"""The longest one listing or read of a sprite's files may take (the collection's own
+budget is shorter, and cancels it first)."""
+
+
 def _sink(output: OutputSink, stream: StreamName) -> BinaryIO:
     """The SDK types its sinks as binary files; it only ever calls ``write``."""
     return cast(BinaryIO, _SinkStream(output, stream))
 
 
 class SpritesSandbox(ProviderSandbox):
-    """One sprite, used for one run."""
+    """One sprite, used for one run.
+
+    Its files are read as sprites-py 0.7.2 allows: its file API lists names only
+    (``iterdir``), so a folder is listed by a ``find`` run in the sprite (links not
+    followed, each entry's own type and size), and a file within the cap is read with
+    ``filesystem().path(p).read_bytes()`` (``GET /fs/read``); a larger one with
+    ``head -c`` (the SDK buffers a command's output, so the cap bounds it)."""
 
     def __init__(self, provider: SpritesProvider, sprite: AsyncSprite) -> None:
         super().__init__(provider, sprite.name)
         self._sprite = sprite
+
+    async def folder_entries(self, path: str) -> list[FileEntry]:
+        try:
+            listing = await self._sprite.command(
+                *find_listing(path), timeout=READ_TIMEOUT_S
+            ).output()
+        except ExecError as exc:
+            raise FileUnreadable("no such folder") from exc
+        return find_entries(listing)
+
+    async def file_chunks(self, path: str, limit: int, size: int | None) -> AsyncIterator[bytes]:
+        try:
+            if size is not None and size <= limit:
+                yield await self._sprite.filesystem("/").path(path).read_bytes()
+                return
+            head = self._sprite.command(
+                "head", "-c", str(limit), "--", path, timeout=READ_TIMEOUT_S
+            )
+            yield await head.output()
+        except (ExecError, FilesystemError) as exc:
+            raise FileUnreadable("the file could not be read") from exc
 
     async def write_files(self, files: Mapping[str, bytes]) -> None:
         root = self._sprite.filesystem(DEFAULT_WORKDIR)

@@ -21,11 +21,11 @@ from typing import Any, Literal
 
 from relay.errors import ConfigError, InvalidParams
 from relay.providers.contract import RESERVED_ENV
-from relay.runs.models import SIZES, Size
+from relay.runs.models import MAX_ARTIFACT_PATTERNS, SIZES, Size, artifact_pattern
 
 ParamType = Literal["string", "integer", "boolean", "array"]
 OVERRIDABLE = frozenset(
-    {"image", "size", "env", "stdin", "files", "workdir", "timeout_s", "egress"}
+    {"image", "size", "env", "stdin", "files", "workdir", "timeout_s", "egress", "artifacts"}
 )
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -52,6 +52,8 @@ _JOB_KEYS = {
     "pip",
     "params",
     "warm",
+    "artifacts",
+    "artifacts_required",
 }
 _PARAM_KEYS = {
     "type",
@@ -175,6 +177,11 @@ class JobSpec:
     pip: tuple[str, ...] = ()
     warm: int = 0
     """Sandboxes kept created ahead for this job's own shape (relay/runs/pools.py)."""
+    artifacts: tuple[str, ...] = ()
+    """Paths and globs (relative to the workdir) whose files are kept with each run."""
+    artifacts_required: bool = False
+    """A run whose artifacts are not all kept whole (one missing, truncated or skipped)
+    fails, though its command succeeded."""
 
     @property
     def route_names(self) -> tuple[str, ...]:
@@ -370,6 +377,9 @@ def load_job(directory: Path) -> JobSpec:
     reserved = sorted(set(env) & RESERVED_ENV)
     if reserved:
         raise _fail(path, f"env: {reserved[0]} is set by the relay itself")
+    artifacts = _artifacts(path, data.get("artifacts", []))
+    if not isinstance(data.get("artifacts_required", False), bool):
+        raise _fail(path, "artifacts_required: must be true or false")
     files: dict[str, bytes] = {}
     for relative in data.get("files", []):
         source = (directory / relative).resolve()
@@ -398,7 +408,24 @@ def load_job(directory: Path) -> JobSpec:
         allow=frozenset(allow),
         pip=tuple(data.get("pip", [])),
         warm=warm,
+        artifacts=artifacts,
+        artifacts_required=data.get("artifacts_required", False),
     )
+
+
+def _artifacts(path: Path, declared: Any) -> tuple[str, ...]:
+    """A job's ``artifacts``, each checked and normalised as a request's are."""
+    if not isinstance(declared, list) or not all(isinstance(item, str) for item in declared):
+        raise _fail(path, "artifacts: must be a list of paths or globs")
+    if len(declared) > MAX_ARTIFACT_PATTERNS:
+        raise _fail(path, f"artifacts: at most {MAX_ARTIFACT_PATTERNS} paths or globs")
+    patterns: list[str] = []
+    for item in declared:
+        try:
+            patterns.append(artifact_pattern(item))
+        except ValueError as exc:
+            raise _fail(path, f"artifacts: {item!r} {exc}") from exc
+    return tuple(dict.fromkeys(patterns))
 
 
 class Catalog:

@@ -166,7 +166,7 @@ class FinalWrites:
 _KEPT_WHEN_CANCELED = (
     *("sandbox_id", "provider", "attempts", "started_at", "sandbox_s", "cost_usd"),
     *("ended_at", "duration_ms", "timings"),
-    # Everything printed until the cancel stays with the run.
-    *("stdout", "stderr", "stdout_truncated", "stderr_truncated"),
+    # Everything printed until the cancel stays with the run, and the files it kept.
+    *("stdout", "stderr", "stdout_truncated", "stderr_truncated", "artifacts"),
 )
 """What a run canceled through another replica keeps of what its task measured."""

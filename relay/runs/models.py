@@ -39,6 +39,8 @@ MAX_SEARCH_CHARS = 64
 """Longest ``q`` of ``GET /v1/runs``: a run id, or a job's or token's name or part of one."""
 MAX_OUTCOME_HOURS = 720
 """The longest window ``GET /v1/outcomes`` reads (30 days): its cost follows the runs in it."""
+MAX_ARTIFACT_PATTERNS = 32
+"""Most paths and globs a job (and a request, adding to it) may declare as artifacts."""
 
 JobName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
@@ -94,6 +96,19 @@ def _relative_path(value: str) -> str:
     return normal
 
 
+def artifact_pattern(value: str) -> str:
+    """An artifact path or glob, normalised (``out/./a.txt`` is ``out/a.txt``), or
+    ValueError: relative and inside the workdir, as a ``files`` path; ``*``, ``?`` and
+    ``[...]`` match within one name (a leading ``.`` only when written), ``**`` is refused
+    (name each folder level)."""
+    normal = _relative_path(value)
+    if normal == ".":
+        raise ValueError("names the workdir itself, not a file")
+    if "**" in normal:
+        raise ValueError("** is not supported: name each folder level (out/*/*.png)")
+    return normal
+
+
 def path_clash(paths: Iterable[str]) -> tuple[str, str] | None:
     """Two normalised paths that cannot both be files (the same path, or one a folder of
     the other), or None."""
@@ -139,6 +154,17 @@ class RunRequest(BaseModel):
         max_length=2048,
         description="https URL; the final run is POSTed there, signed (Relay-Signature).",
     )
+    artifacts: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_ARTIFACT_PATTERNS,
+        description="Paths or globs (relative to the workdir) whose files are kept with the "
+        "run, added to the job's own: only where the job's `allow` lists `artifacts`.",
+    )
+
+    @field_validator("artifacts")
+    @classmethod
+    def _artifact_patterns(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(artifact_pattern(pattern) for pattern in value))
 
     @field_validator("stdin")
     @classmethod
@@ -177,11 +203,14 @@ class RunRequest(BaseModel):
     def echo(self) -> dict[str, Any]:
         """What was asked, as a run keeps and shows it (:class:`RequestEcho`): env and
         files by name, stdin by size, no callback URL; their values may be secrets."""
-        shown = self.model_dump(mode="json", exclude={"env", "stdin", "files", "callback_url"})
+        shown = self.model_dump(
+            mode="json", exclude={"env", "stdin", "files", "callback_url", "artifacts"}
+        )
         return shown | {
             "env": sorted(self.env),
             "files": sorted(self.files),
             "stdin_bytes": len((self.stdin or "").encode()),
+            **({"artifacts": self.artifacts} if self.artifacts else {}),
         }
 
 
@@ -192,10 +221,39 @@ class Timings(BaseModel):
     first_output_ms: int | None = None
     exec_ms: int | None = None
     terminate_ms: int | None = None
+    artifacts_ms: int | None = Field(
+        None, description="Collecting the files its job declared, after the command ended."
+    )
     pooled: bool = Field(
         False,
         description="Whether the run's sandbox came from its job's warm pool (then "
         "`create_ms` is the time to claim it).",
+    )
+
+
+class Artifact(BaseModel):
+    """A file the run's job declared, kept with the run (or why not)."""
+
+    name: str = Field(
+        description="Its path relative to the workdir (NFC); for an entry about a whole "
+        "pattern (nothing matched, more matched than listed), the pattern."
+    )
+    size: int = Field(0, description="Bytes kept (of a truncated file, its first ones).")
+    sha256: str | None = Field(None, description="SHA-256 of the bytes kept, in hex.")
+    content_type: str = Field(
+        "application/octet-stream", description="Guessed from the name's extension."
+    )
+    truncated: bool = Field(False, description="Only its first `size` bytes were kept.")
+    truncated_by: str | None = Field(
+        None, description="The cap that cut it (`RELAY_ARTIFACTS_MAX_FILE_BYTES (…)`)."
+    )
+    skipped: str | None = Field(
+        None, description="Why nothing of it was kept: not found, a link, a cap reached…"
+    )
+    url: str | None = Field(
+        None,
+        description="Where to read it, relative to the relay (`/v1/runs/{id}/artifacts/"
+        "{name}`, the name percent-encoded); null when skipped.",
     )
 
 
@@ -262,6 +320,7 @@ class RequestEcho(BaseModel):
     timeout_s: float | None = None
     egress: list[str] | None = None
     wait: bool = True
+    artifacts: list[str] = Field(default_factory=list, description="Paths the request added.")
 
 
 class RunSummary(BaseModel):
@@ -335,6 +394,11 @@ class Run(BaseModel):
     )
     request: RequestEcho | None = Field(
         None, description="What was asked (runs made before schema 8 have none)."
+    )
+    artifacts: list[Artifact] = Field(
+        default_factory=list,
+        description="The files its job declared (`artifacts` in job.toml, or the request's), "
+        "collected before its sandbox ended.",
     )
 
 

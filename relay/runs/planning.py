@@ -68,10 +68,17 @@ class Plan:
     ``RELAY_ROUTE_CHOICE``): relay/runs/ranking.py."""
     skipped: tuple[tuple[str, str], ...] = ()
     """Providers of the route left out at the admission, and why (at their cap)."""
+    artifacts: tuple[str, ...] = ()
+    """Paths and globs (relative to the workdir) whose files are kept with the run."""
+    artifacts_required: bool = False
+    """The run fails unless every artifact is kept whole (its job's ``artifacts_required``)."""
 
 
 def request_hash(request: RunRequest) -> str:
-    body = request.model_dump(mode="json", exclude={"wait"})
+    # A request without artifacts hashes as before they existed: a retry across an
+    # upgrade is the same request.
+    unset = {"wait"} if request.artifacts else {"wait", "artifacts"}
+    body = request.model_dump(mode="json", exclude=unset)
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -127,7 +134,7 @@ def narrower_egress(job: tuple[str, ...], asked: list[str]) -> tuple[str, ...]:
 
 
 OVERRIDABLE = frozenset(
-    ("image", "size", "env", "stdin", "files", "workdir", "timeout_s", "egress")
+    ("image", "size", "env", "stdin", "files", "workdir", "timeout_s", "egress", "artifacts")
 )
 """What a request may set for a job only where the job's ``allow`` lists it."""
 
@@ -265,6 +272,7 @@ class Planner:
         )
         route = self.routed(principal, names, shape, job, asked_image=bool(request.image))
         stdin = request.stdin.encode("utf-8") if request.stdin is not None else None
+        declared = job.artifacts if job else ()
         return Plan(
             job=job.name if job else None,
             provider=route[0].provider,
@@ -278,4 +286,6 @@ class Planner:
             route=route,
             retry_safe=job is not None and job.retry == "safe",
             ranking=(job.route if job is not None else None) or self.settings.route_choice,
+            artifacts=tuple(dict.fromkeys((*declared, *request.artifacts))),
+            artifacts_required=job.artifacts_required if job else False,
         )

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -23,6 +23,7 @@ from relay.errors import ProviderError, ProviderTimeout, ProviderUnavailable, Re
 from relay.providers.contract import (
     Attempt,
     ExecResult,
+    FileEntry,
     OutputSink,
     Provenance,
     Provider,
@@ -154,6 +155,15 @@ class RouteSandbox:
                 output.clear()  # the run's output is that of the run that finishes
                 if self.files:
                     await self.upload(self.files)
+
+    async def list_folder(self, path: str) -> list[FileEntry]:
+        # After the command: its files are in the sandbox that ran it, never moved on.
+        assert self._inner is not None
+        return await self._inner.list_folder(path)
+
+    def read_file(self, path: str, limit: int, size: int | None = None) -> AsyncIterator[bytes]:
+        assert self._inner is not None
+        return self._inner.read_file(path, limit, size)
 
     # -- attempts ------------------------------------------------------------------------
 

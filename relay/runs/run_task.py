@@ -2,8 +2,9 @@
 
 open the sandbox through the run's door (leaving it always terminates the sandbox) → record
 it running (a moment later, see :data:`RUNNING_WRITE_DELAY_S`) → upload the files and run
-the command within what is left of the timeout → what it cost, and every attempt. The door
-is a sandbox source (relay/runs/sources.py, relay/runs/route.py): a provider, a provider
+the command within what is left of the timeout → keep the files its job declares
+(relay/runs/artifacts.py, bounded by its own budget) → what it cost, and every attempt. The
+door is a sandbox source (relay/runs/sources.py, relay/runs/route.py): a provider, a provider
 behind its warm pools, or a route over several; the task never knows which: the sandbox's
 provenance says where it came from and which attempts failed before it (a route's error
 that ran out of providers carries them in ``details["attempts"]``). Writing the final
@@ -18,18 +19,23 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from relay.cancellation import shielded
 from relay.errors import RelayError
 from relay.providers.contract import Attempt, OutputSink, Provenance, Sandbox, SandboxSource
 from relay.run_state import RunState, transition
+from relay.runs import artifacts
 from relay.runs.attempts import attempts_json
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.planning import Plan
 from relay.settings import Settings
+from relay.store.artifacts import Artifacts
 from relay.store.records import RunRecord, RunValues
 
 log = logging.getLogger("relay.service")
 
+CANCEL_GRACE_S = 5.0
+"""How long a canceled run's files are still collected for (its sandbox still answering)."""
 RUNNING_WRITE_DELAY_S = 0.05
 """A run's `running` state is stored this long after its sandbox exists: a run that ends
 sooner (a quick job) is written once, final, with its sandbox id. Events (metrics, live
@@ -49,6 +55,7 @@ class RunTask:
         events: EventBus,
         costs: CostModel,
         record_running: Callable[[str, RunValues], None],
+        artifact_store: Artifacts | None = None,
     ) -> None:
         self.plan = plan
         self.run = run
@@ -59,6 +66,8 @@ class RunTask:
         self.costs = costs
         self.record_running = record_running
         """Stores the `running` state (the runner, which keeps track of the write)."""
+        self.artifact_store = artifact_store
+        """Where the run's artifacts are kept (None: they are not collected)."""
         self.sink = OutputSink(
             settings.max_output_bytes,
             lambda stream, data: events.publish(
@@ -74,6 +83,8 @@ class RunTask:
         """The attempts that did not run the command (a route's; a create that failed)."""
         self.exhausted = False
         """Every attempt failed: the run's cost is theirs alone."""
+        self.collected: RunValues = {}
+        """The artifacts' listing once kept (what a canceled run's final write carries)."""
 
     async def steps(self) -> RunValues:
         """Run the job in a sandbox, always terminated; the state it ended in. A failure
@@ -89,7 +100,7 @@ class RunTask:
                 record = self._mark_running(sandbox)
                 try:
                     assert self.run.started_at is not None
-                    final = self.outcome = await self._exec(sandbox, self.run.started_at)
+                    final = self.outcome = await self._run_and_keep(sandbox, self.run.started_at)
                 finally:
                     record.cancel()
                     self._ran_on(sandbox)
@@ -132,6 +143,44 @@ class RunTask:
                 ),
             )
             self.exhausted = True
+
+    async def _run_and_keep(self, sandbox: Sandbox, started_at: float) -> RunValues:
+        """Run the job, then keep the files it declares before the sandbox ends; a canceled
+        run keeps what it wrote so far too, within :data:`CANCEL_GRACE_S` (its listing in
+        :attr:`collected`, for the runner's canceled write)."""
+        try:
+            final = self.outcome = await self._exec(sandbox, started_at)
+        except asyncio.CancelledError:
+            canceled_now: RunValues = {"state": RunState.canceled}
+            await shielded(self._collect(sandbox, canceled_now, CANCEL_GRACE_S))
+            raise
+        return await self._collect(sandbox, final)
+
+    async def _collect(
+        self, sandbox: Sandbox, final: RunValues, within_s: float | None = None
+    ) -> RunValues:
+        """Keep the files the job declares (relay/runs/artifacts.py), in ``within_s`` at
+        most (else its own budget), never past the sandbox's lifetime."""
+        if not self.plan.artifacts:
+            return final
+        started, watch = time.monotonic(), self.watch
+        assert watch.sandbox_started is not None
+        lifetime_left = self.plan.spec.lifetime_s - (started - watch.sandbox_started)
+        if within_s is not None:
+            lifetime_left = min(lifetime_left, within_s + artifacts.TERMINATE_MARGIN_S)
+        final = await artifacts.collected(
+            sandbox,
+            final,
+            plan=self.plan,
+            run=self.run,
+            store=self.artifact_store,
+            settings=self.settings,
+            lifetime_left_s=lifetime_left,
+        )
+        watch.timings["artifacts_ms"] = _ms_since(started)
+        if "artifacts" in final:
+            self.collected = {"artifacts": final["artifacts"]}
+        return final
 
     def _sandbox_created(self, provenance: Provenance) -> None:
         """The sandbox exists: billed from when its provenance says (its create call, or

@@ -27,6 +27,7 @@ from relay.runs.route import Route, Routing
 from relay.runs.run_task import RunTask, canceled
 from relay.runs.spool import Spool, Spooled
 from relay.settings import Settings
+from relay.store.artifacts import Artifacts
 from relay.store.database import Store, is_store_failure
 from relay.store.records import RunRecord, RunValues
 
@@ -90,6 +91,8 @@ class Runner:
         """What the routes of runs with several providers share (relay/runs/route.py)."""
         self.events = events
         self.costs = costs
+        self.artifacts = Artifacts(store)
+        """Where runs' artifacts are kept (relay/store/artifacts.py)."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._done: dict[str, _Done] = {}
         self._cancel_reason: dict[str, str] = {}
@@ -239,6 +242,7 @@ class Runner:
             events=self.events,
             costs=self.costs,
             record_running=self._record_running,
+            artifact_store=self.artifacts,
         )
         self._output[run.id] = task.sink
         final: RunValues = {}
@@ -248,9 +252,10 @@ class Runner:
         except asyncio.CancelledError:
             reason = self._cancel_reason.get(run.id, "shutdown")
             # Stopped by the relay's own shutdown after the job ended (during its
-            # terminate): the job's outcome stands, nobody asked to cancel it.
+            # terminate): the job's outcome stands, nobody asked to cancel it. Either way
+            # the run keeps the files it kept.
             kept = task.outcome if reason == "shutdown" else {}
-            final = kept or canceled(task.run, reason)
+            final = {**(kept or canceled(task.run, reason)), **task.collected}
             cancelled = True
         finally:
             # From here stop() leaves the task alone (the flag changes while this task

@@ -21,7 +21,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from relay import logs
 from relay.auth import Principal
@@ -43,6 +43,7 @@ from relay.runs.route import Routing
 from relay.runs.runner import Runner
 from relay.runs.sources import sources_for
 from relay.settings import Settings
+from relay.store.artifacts import BlobInfo, StoredArtifact
 from relay.store.database import Store, Usage
 from relay.store.deliveries import Deliveries
 from relay.store.latency import create_p50_ms
@@ -237,6 +238,27 @@ class RunService:
         yet included), whoever's it is; None when there is no such run."""
         run = self.runner.unwritten(run_id)  # finished here, the store not yet told
         return run if run is not None else await self.store.get_run(run_id)
+
+    async def artifact(
+        self, principal: Principal, run_id: str, name: str
+    ) -> tuple[StoredArtifact, BlobInfo]:
+        """One kept artifact of ``principal``'s run and what is stored of it (a download's
+        first step, with the run's own auth: another token's run is absent)."""
+        await self.get(principal, run_id)
+        artifacts = self.runner.artifacts
+        found = await artifacts.find(run_id, name)
+        info = None if found is None or found.sha256 is None else await artifacts.blob(found.sha256)
+        if found is None or info is None:
+            raise NotFound("no such artifact of this run")
+        return found, info
+
+    def artifact_chunks(self, info: BlobInfo) -> AsyncIterator[bytes]:
+        """A stored artifact's bytes, a chunk at a time (see relay/store/artifacts.py)."""
+        return self.artifact_chunks_of(info.sha256)
+
+    def artifact_chunks_of(self, sha256: str) -> AsyncIterator[bytes]:
+        """The bytes stored under ``sha256`` (of a run the caller already may read)."""
+        return self.runner.artifacts.chunks(sha256)
 
     async def get(self, principal: Principal, run_id: str) -> RunRecord:
         """``principal``'s run, with its output so far while it runs here."""

@@ -10,9 +10,11 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from relay.run_state import RunState
 from relay.runs.models import (
+    Artifact,
     Delivery,
     DeliveryAttempt,
     ErrorInfo,
@@ -131,8 +133,29 @@ def run_model(run: RunRecord, deliveries: Sequence[DeliveryRecord] | None = None
         stdout=run.stdout or "",
         stderr=run.stderr or "",
         request=asked,
+        artifacts=artifact_models(run.id, run.artifacts),
         **_run_fields(run, deliveries),
     )
+
+
+def artifact_url(run_id: str, name: str) -> str:
+    """Where an artifact is read, relative to the relay: built from the run's id and the
+    stored name alone, never from the request (its Host, its path)."""
+    return f"/v1/runs/{run_id}/artifacts/{quote(name, safe='/')}"
+
+
+def artifact_models(run_id: str, listing: str | None) -> list[Artifact]:
+    """A run's artifacts column (a JSON array, relay/runs/artifacts.py) as its JSON lists
+    them, each kept one with its url."""
+    if not listing:
+        return []
+    return [
+        Artifact(
+            **entry,
+            url=artifact_url(run_id, entry["name"]) if entry.get("sha256") else None,
+        )
+        for entry in json.loads(listing)
+    ]
 
 
 _ECHOES: dict[str, RequestEcho] = {}

@@ -103,7 +103,7 @@ def _byte_length_sqlite(element: OctetLength, compiler: Any, **options: Any) -> 
 MAX_LISTED_REQUEST_CHARS = 4096
 """Longest request a listing carries (the echo of a run's request: a few hundred characters
 unless its params are large); a longer one is read through the run alone."""
-_OUTPUT = ("stdout", "stderr", "stdout_bytes", "stderr_bytes", "request")
+_OUTPUT = ("stdout", "stderr", "stdout_bytes", "stderr_bytes", "request", "artifacts")
 _SUMMARY_COLUMNS = (
     *(column for column in runs.c if column.name not in _OUTPUT),
     # Measured only for a run written without its sizes (by a relay before version 7).

@@ -66,6 +66,9 @@ class RunRecord:
     attempts: str | None = None
     """A route's attempts, as a JSON list (relay/runs/view.py shows them); None when the
     first attempt ran the command."""
+    artifacts: str | None = None
+    """Its artifacts' listing, a JSON array (relay/runs/artifacts.py); None when it declared
+    none, and in a listing."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.state, RunState):  # the column's text, from an untyped caller
@@ -136,6 +139,7 @@ class RunValues(TypedDict, total=False):
     callback_url: str | None
     request: str | None
     attempts: str | None
+    artifacts: str | None
 
 
 @dataclass(frozen=True, kw_only=True)

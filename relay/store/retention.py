@@ -4,8 +4,10 @@ The running relay prunes every ``RELAY_PRUNE_INTERVAL_S`` (one replica at a time
 PostgreSQL, under an advisory lock); ``relay prune`` does the same once, from the
 command line. What is pruned, and what never is:
 
-- a run created before the cutoff whose state is final, and its delivery row; an active
-  run is never pruned, nor a run whose webhook delivery is still pending;
+- a run created before the cutoff whose state is final, its delivery row and its artifacts'
+  listing; an active run is never pruned, nor a run whose webhook delivery is still pending;
+- then the artifact contents no run names any more, last stored before the cutoff, and the
+  chunks of uploads a relay died writing (relay/store/artifacts.py), counted in bytes;
 - in batches of :data:`BATCH` runs, one short transaction each, so the writes of live runs
   never wait long behind a prune; on SQLite on a worker thread, never on the event loop;
 - ``token_days`` stays what its triggers make it (relay/store/schema.py): each deleted run is
@@ -36,6 +38,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
 
 from relay.run_state import FINAL
+from relay.store import artifacts
 from relay.store.connection import database_url
 from relay.store.database import Store
 from relay.store.schema import deliveries, pooled, runs, state_in, token_days
@@ -58,6 +61,10 @@ class Pruned:
     deliveries: int = 0
     pooled: int = 0
     """Ended warm-pool rows (not counted by a dry run)."""
+    artifacts: int = 0
+    """Artifact contents (distinct blobs) no run names any more."""
+    artifact_bytes: int = 0
+    """Their bytes: what pruning frees of artifacts."""
 
 
 class NotIndexed(sa.sql.functions.GenericFunction[str]):
@@ -96,7 +103,8 @@ def count(conn: Connection, before: float) -> Pruned:
     run_count = conn.scalar(sa.select(sa.func.count()).where(_prunable(before)))
     ids = sa.select(runs.c.id).where(_prunable(before))
     delivery_count = conn.scalar(sa.select(sa.func.count()).where(deliveries.c.run_id.in_(ids)))
-    return Pruned(int(run_count or 0), int(delivery_count or 0))
+    blobs, size = artifacts.unused_after(conn, before, ids)
+    return Pruned(int(run_count or 0), int(delivery_count or 0), 0, blobs, size)
 
 
 def delete_batch(conn: Connection, before: float, batch: int = BATCH) -> Pruned:
@@ -118,7 +126,13 @@ def delete_batch(conn: Connection, before: float, batch: int = BATCH) -> Pruned:
         return Pruned(pooled=pooled_gone)
     gone = conn.execute(deliveries.delete().where(deliveries.c.run_id.in_(ids))).rowcount
     # The condition again: a run is never deleted unless it is still prunable now.
-    deleted = conn.execute(runs.delete().where(runs.c.id.in_(ids), _prunable(before))).rowcount
+    deleted_ids = list(
+        conn.scalars(
+            runs.delete().where(runs.c.id.in_(ids), _prunable(before)).returning(runs.c.id)
+        )
+    )
+    deleted = len(deleted_ids)
+    artifacts.delete_listings(conn, deleted_ids)
     # The triggers took each run off its day; a day with no run left is kept by nothing.
     day = int(before // 86_400)
     conn.execute(token_days.delete().where(token_days.c.runs <= 0, token_days.c.day < day))
@@ -191,7 +205,16 @@ async def prune(store: Store, before: float, *, dry_run: bool = False) -> Pruned
         total.pooled += done.pooled
         if done.runs + done.deliveries + done.pooled == 0:
             break
-    if total.runs and store.sqlite_path is not None:
+    while True:  # then the contents no run names any more, a batch a transaction
+        blobs, size = await store.write_aside(
+            lambda conn: artifacts.delete_unused_blobs(conn, before, BATCH)
+        )
+        total.artifacts += blobs
+        total.artifact_bytes += size
+        if not blobs:
+            break
+    await store.write_aside(lambda conn: artifacts.delete_abandoned_uploads(conn, before))
+    if (total.runs or total.artifacts) and store.sqlite_path is not None:
         await asyncio.to_thread(give_back, store.sqlite_path)
     return total
 

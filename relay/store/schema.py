@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from relay.run_state import ACTIVE
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 metadata = sa.MetaData()
 
@@ -68,6 +68,9 @@ runs = sa.Table(
     # Each attempt of a route that did not run the command, and the one that did, as a JSON
     # list (relay/runs/run_task.py); NULL when the first attempt ran it (the run says all).
     sa.Column("attempts", sa.Text),
+    # Its artifacts as the run's JSON lists them (a JSON array, relay/runs/artifacts.py);
+    # NULL for a run that declared none. ``run_artifacts`` indexes the same entries.
+    sa.Column("artifacts", sa.Text),
     sa.UniqueConstraint("token", "idempotency_key", name="uq_runs_token_key"),
     sa.Index("ix_runs_token_created", "token", "created_at"),
     sa.Index("ix_runs_state", "state"),
@@ -166,6 +169,58 @@ token_uses = sa.Table(
 )
 """When each token value was last used to authenticate, written from memory every minute and
 at shutdown (relay/store/token_uses.py), never on a request's path: ``relay tokens list``."""
+
+
+artifact_blobs = sa.Table(
+    "artifact_blobs",
+    metadata,
+    sa.Column("sha256", sa.String(64), primary_key=True),  # of its bytes, in hex
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("chunks", sa.Integer, nullable=False),
+    sa.Column("chunk_bytes", sa.Integer, nullable=False),  # every chunk's size but the last
+    # When a run last stored it (written, or found already here): retention deletes a blob
+    # no run names only once this is older than its cutoff, never one a run is naming now.
+    sa.Column("used_at", sa.Float, nullable=False),
+    sa.Index("ix_artifact_blobs_used", "used_at"),
+)
+"""Artifacts' contents, one row per distinct content (relay/store/artifacts.py): a file two
+runs kept alike is stored once."""
+
+artifact_chunks = sa.Table(
+    "artifact_chunks",
+    metadata,
+    # Its blob's sha256; while the blob is being written, the upload's own name (up_…).
+    sa.Column("blob", sa.String(64), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+)
+"""A blob's bytes in chunks of its ``chunk_bytes`` (the last shorter): a 16 MiB artifact is
+never one row, nor one allocation to write or read."""
+
+run_artifacts = sa.Table(
+    "run_artifacts",
+    metadata,
+    sa.Column("run_id", sa.String(40), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("size", sa.BigInteger, nullable=False, default=0),
+    sa.Column("sha256", sa.String(64)),  # NULL: skipped (nothing kept)
+    sa.Column("content_type", sa.String(128), nullable=False),
+    sa.Column("truncated", sa.Boolean, nullable=False, default=False),
+    sa.Column("skipped", sa.String(500)),
+    sa.Index("ix_run_artifacts_sha256", "sha256"),
+    sa.Index("ix_run_artifacts_name", "run_id", "name"),
+)
+"""Each run's artifacts in the order collected: the listing the run's JSON shows, and what
+keeps a blob alive."""
+
+
+def _steps(*steps: Callable[[Connection], None]) -> Callable[[Connection], None]:
+    def step(conn: Connection) -> None:
+        for each in steps:
+            each(conn)
+
+    return step
 
 
 def _create_tables(*tables: sa.Table) -> Callable[[Connection], None]:
@@ -301,6 +356,10 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     9: _create_tables(pooled),
     10: _create_tables(token_uses),
     11: _add_columns_of({runs: ("attempts",), replicas: ("breakers",)}),
+    12: _steps(
+        _create_tables(artifact_blobs, artifact_chunks, run_artifacts),
+        _add_columns(runs, "artifacts"),
+    ),
 }
 """Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
 never drops or rewrites a run. A relay refuses a database newer than it knows."""

@@ -11,11 +11,12 @@ from relay.errors import ProviderError
 from relay.providers.contract import OutputSink, SandboxSpec
 from relay.providers.memory import API_KEY, MemoryProvider, MemoryWorld
 from tests.conftest import make_settings
+from tests.contract.artifact_suite import ArtifactContract
 from tests.contract.fault_suite import FaultContract
 from tests.contract.suite import ProviderContract
 
 
-class TestMemory(ProviderContract, FaultContract, rig="memory"):
+class TestMemory(ProviderContract, ArtifactContract, FaultContract, rig="memory"):
     """The contract on the in-memory provider."""
 
 

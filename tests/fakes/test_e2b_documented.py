@@ -74,3 +74,35 @@ async def test_a_commands_env_is_added_to_the_sandboxes(fake: FakeE2B) -> None:
     finally:
         await sandbox.kill()
     assert done.stdout == "a b\npath\n", done.stderr
+
+
+async def test_files_list_and_read_as_the_sdk_reads_them(fake: FakeE2B) -> None:
+    """envd's ListDir and GET /files, through the SDK's own files.list and files.read: a link
+    is SYMLINK (the newer envd's is_symlink), a FIFO is left out (FILE_TYPE_UNSPECIFIED), a
+    file streams its bytes, a missing one is FileNotFoundException."""
+    from e2b import FileType
+    from e2b.exceptions import FileNotFoundException
+
+    sandbox = await AsyncSandbox.create(
+        template="base", timeout=20, api_key="test-key", api_url=fake.url,
+        sandbox_url=fake.url, debug=False,
+    )  # fmt: skip
+    try:
+        await sandbox.commands.run(
+            "mkdir -p /workspace/d/sub && printf abc > /workspace/d/f.txt && "
+            "ln -s f.txt /workspace/d/link && mkfifo /workspace/d/pipe",
+            user="root",
+        )
+        listed = {entry.name: entry for entry in await sandbox.files.list("/workspace/d")}
+        stream = await sandbox.files.read("/workspace/d/f.txt", format="stream")
+        read = b"".join([chunk async for chunk in stream])
+        with pytest.raises(FileNotFoundException):
+            await sandbox.files.list("/workspace/nowhere")
+        with pytest.raises(FileNotFoundException):
+            await sandbox.files.read("/workspace/d/none.txt", format="bytes")
+    finally:
+        await sandbox.kill()
+    assert {name: entry.type for name, entry in listed.items()} == {
+        "sub": FileType.DIR, "f.txt": FileType.FILE, "link": FileType.SYMLINK,
+    }  # fmt: skip
+    assert listed["f.txt"].size == 3 and read == b"abc"

@@ -166,6 +166,56 @@ CASES: list[tuple[str, Any, int, str]] = [
         "callback_refused",
     ),
     ("callback not a URL", {**ECHO, "callback_url": "hook"}, 422, "callback_refused"),
+    # Artifacts (issue 40): hostile paths are a clear 422, never a 500.
+    (
+        "artifact path climbs out",
+        {"command": ["true"], "artifacts": ["../x"]},
+        422,
+        "validation_error",
+    ),
+    (
+        "artifact path absolute",
+        {"command": ["true"], "artifacts": ["/etc/passwd"]},
+        422,
+        "validation_error",
+    ),
+    (
+        "artifact path with NUL",
+        {"command": ["true"], "artifacts": ["a\x00b"]},
+        422,
+        "validation_error",
+    ),
+    (
+        "artifact name of 300 characters",
+        {"command": ["true"], "artifacts": ["a" * 300]},
+        422,
+        "validation_error",
+    ),
+    (
+        "artifact recursive glob",
+        {"command": ["true"], "artifacts": ["out/**/x"]},
+        422,
+        "validation_error",
+    ),
+    (
+        "artifact the workdir itself",
+        {"command": ["true"], "artifacts": ["."]},
+        422,
+        "validation_error",
+    ),
+    (
+        "10,000 artifact paths",
+        {"command": ["true"], "artifacts": [f"f{i}" for i in range(10_000)]},
+        422,
+        "validation_error",
+    ),
+    ("artifact not a string", {"command": ["true"], "artifacts": [1]}, 422, "validation_error"),
+    (
+        "artifacts on a job that does not allow them",
+        {**ECHO, "artifacts": ["out.txt"]},
+        403,
+        "forbidden",
+    ),
 ]
 
 

@@ -577,3 +577,39 @@ def test_output_params_names_and_errors_render_as_text(relay: RelayProcess, page
     assert page.locator("main img, main script").count() == 0
     # No alert, nothing refused by the policy: only the API's refusal of the re-run.
     assert page.problems == [_refused(422)]
+
+
+@needs_chromium
+def test_a_run_page_previews_and_downloads_its_artifacts_as_text_safe_as_the_rest(
+    relay: RelayProcess, page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    chart = relay.post(relay.tokens["nightly"], {"job": "chart"}).json()
+    assert [entry["name"] for entry in chart["artifacts"]] == ["out/chart.png", "out/report.json"]
+    _log_in(page, relay, relay.tokens["ops"], f"/console/runs/{chart['id']}")
+    rows = page.locator("#artifacts tbody tr")
+    expect(rows).to_have_count(2)
+    rows.nth(0).get_by_role("button", name="Preview").click()
+    image = page.locator("#artifact-preview img")
+    expect(image).to_have_attribute("src", re.compile(r"^blob:"))  # fetched with the token
+    page.wait_for_function(
+        "() => document.querySelector('#artifact-preview img').naturalWidth === 240"
+    )
+    with page.expect_download() as download:
+        rows.nth(1).get_by_role("button", name="Download").click()
+    assert download.value.suggested_filename == "report.json"
+    assert json.loads(Path(download.value.path()).read_text())["bars"] == [3, 7, 5, 9]
+    # A job's file names and contents are markup: shown as text, never run.
+    script = f"mkdir out && printf '%s' '{XSS}' > 'out/<img src=x onerror=alert(1)>.txt'"
+    hostile = relay.post(
+        relay.tokens["reports"], {"command": ["sh", "-c", script], "artifacts": ["out/*", "gone"]}
+    ).json()
+    page.goto(relay.url + f"/console/runs/{hostile['id']}")
+    rows = page.locator("#artifacts tbody tr")
+    expect(rows.nth(0)).to_contain_text("out/<img src=x onerror=alert(1)>.txt")
+    expect(rows.nth(1)).to_contain_text("not kept: not found")
+    rows.nth(0).get_by_role("button", name="Preview").click()
+    expect(page.locator("#artifact-preview pre")).to_have_text(XSS)
+    assert page.locator("main script, #artifacts img").count() == 0
+    assert page.problems == []

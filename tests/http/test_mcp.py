@@ -505,3 +505,23 @@ async def test_a_store_outage_mid_call_answers_the_outcome_then_store_unavailabl
     assert not result.is_error and text(result) == "kept\n"
     refusal(refused, "store_unavailable")
     assert "mcp tool failed" not in server.log()
+
+
+async def test_a_runs_artifacts_are_resource_links_and_small_text_is_embedded(
+    relay: RelayProcess,
+) -> None:
+    from mcp.types import EmbeddedResource, ResourceLink, TextResourceContents
+
+    async with connect(relay, relay.tokens["ops"]) as client:
+        result = await client.call_tool("chart", {"bars": ["1", "2"]})
+    assert not result.is_error, result
+    run = structured(result)
+    links = [block for block in result.content if isinstance(block, ResourceLink)]
+    assert [(link.name, link.mime_type) for link in links] == [
+        ("out/chart.png", "image/png"),
+        ("out/report.json", "application/json"),
+    ]
+    assert str(links[0].uri) == f"/v1/runs/{run['id']}/artifacts/out/chart.png"
+    (embedded,) = [block for block in result.content if isinstance(block, EmbeddedResource)]
+    assert isinstance(embedded.resource, TextResourceContents)
+    assert embedded.resource.text == '{"bars": [1, 2], "max": 2}\n'  # the report, not the PNG

@@ -143,6 +143,7 @@ def test_relay_prune_converts_an_old_sqlite_file_and_the_relay_prunes(tmp_path: 
     command[-3:] = ["--older-than", "35"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     assert done.stdout.startswith("deleted 5 run(s) and 0 delivery row(s)")
+    assert "deleted 0 artifact content(s) no run names: 0 bytes" in done.stdout  # issue 40
     assert sqlite3.connect(path).execute("PRAGMA auto_vacuum").fetchone()[0] == 2
     asyncio.run(old_runs())  # again, for the running relay this time
     relay.start()

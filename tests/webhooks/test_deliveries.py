@@ -4,6 +4,7 @@ written with the final state on every path that ends a run, claimed by one repli
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -185,3 +186,26 @@ async def test_a_receiver_too_slow_to_answer_is_a_timeout_retried_later(
     assert '"error": "timeout"' in delivery.attempt_log
     assert 30 <= delivery.next_attempt_at - time.time() <= 60  # backoff with jitter
     assert delivery.lease_owner is None
+
+
+async def test_a_webhook_carries_the_runs_artifacts_as_its_json_lists_them(
+    tmp_path: Path, store: Store
+) -> None:
+    settings = make_settings(
+        tmp_path, webhook_allow_http=True, webhook_allow_private=True, webhook_secret="s"
+    )
+    listing = (
+        '[{"name":"out/a.txt","size":2,"sha256":"' + "ab" * 32 + '","content_type":"text/plain",'
+        '"truncated":false,"truncated_by":null,"skipped":null}]'
+    )
+    with Receiver() as receiver:
+        run_id = await running_run(store, receiver.url)
+        await store.update_run(run_id, state="succeeded", exit_code=0, artifacts=listing)
+        dispatcher = WebhookDispatcher(settings, store, secret_for=lambda name: None)
+        assert await dispatcher.dispatch_due() == 1
+        await dispatcher.drain()
+        await dispatcher.aclose()
+        (sent,) = receiver.for_run(run_id)
+    (artifact,) = json.loads(sent.body)["artifacts"]
+    assert artifact["name"] == "out/a.txt" and artifact["sha256"] == "ab" * 32
+    assert artifact["url"] == f"/v1/runs/{run_id}/artifacts/out/a.txt"

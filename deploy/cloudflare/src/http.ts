@@ -63,3 +63,23 @@ export async function readBody(request: Request, limit: number): Promise<string>
     throw new HttpError(400, "invalid_body", "the body is not UTF-8");
   }
 }
+
+/** At most `limit` bytes of `stream`; the rest is not read. */
+export function capped(stream: ReadableStream<Uint8Array>, limit: number): ReadableStream<Uint8Array> {
+  const reader = stream.getReader();
+  let left = limit;
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      const next = left > 0 ? await reader.read() : { done: true as const, value: undefined };
+      if (next.done === true) {
+        controller.close();
+        await reader.cancel();
+        return;
+      }
+      const part = next.value.byteLength > left ? next.value.subarray(0, left) : next.value;
+      left -= part.byteLength;
+      controller.enqueue(part);
+    },
+    cancel: (reason) => reader.cancel(reason),
+  });
+}

@@ -8,6 +8,8 @@
  *   GET    /v1/jobs/{id}          the job: state, exit code, output, destroyed_at
  *   GET    /v1/jobs/{id}/events   its output as NDJSON, live
  *   DELETE /v1/jobs/{id}          end it; 200 once the container is destroyed, else 202
+ *   GET    /v1/jobs/{id}/files    a folder's entries in a kept container (?path=, under /workspace)
+ *   GET    /v1/jobs/{id}/file     a file's bytes from it (?path=, ?limit=), streamed
  *
  * Every request is authorized first (auth.ts: fails closed); a job's routes go to its own
  * Durable Object (job.ts), which alone touches its container.
@@ -19,7 +21,7 @@ import { type Env, MAX_BODY_BYTES } from "./env";
 import { answer, failure, HttpError, json, readBody } from "./http";
 import type { Job } from "./job";
 import { registryOf } from "./registry";
-import { JOB_ID, parseJob, parseRun, TAG_KEY } from "./request";
+import { JOB_ID, parseJob, parseRun, relativePath, TAG_KEY } from "./request";
 import { instanceTypeFor } from "./sizes";
 
 export { Job } from "./job";
@@ -37,6 +39,9 @@ export {
 const JOB_PATH = /^\/v1\/jobs\/([^/]+)$/;
 const EVENTS_PATH = /^\/v1\/jobs\/([^/]+)\/events$/;
 const RUN_PATH = /^\/v1\/jobs\/([^/]+)\/run$/;
+const FILES_PATH = /^\/v1\/jobs\/([^/]+)\/files$/;
+const FILE_PATH = /^\/v1\/jobs\/([^/]+)\/file$/;
+const MAX_READ_LIMIT = 2 ** 31;
 const MAX_LIST = 1000;
 
 function jobOf(env: Env, id: string): DurableObjectStub<Job> {
@@ -126,6 +131,38 @@ async function follow(id: string, url: URL, env: Env): Promise<Response> {
   });
 }
 
+const UNAVAILABLE = "the job's container is not kept now: a one-shot job, no command yet, or a destroy asked";
+
+function pathQuery(url: URL, folder: boolean): string {
+  const path = url.searchParams.get("path") ?? "";
+  if (folder && path === "") return "";
+  return relativePath("path", path);
+}
+
+async function listFiles(id: string, url: URL, env: Env): Promise<Response> {
+  const listed = await jobOf(env, id).files(pathQuery(url, true));
+  if (listed === "no_job") return failure(404, "not_found", `no job ${id}`);
+  if (listed === "unavailable") return failure(409, "files_unavailable", UNAVAILABLE);
+  if (listed === null) return failure(404, "no_such_path", "no such folder");
+  return json({ files: listed });
+}
+
+async function readFile(id: string, url: URL, env: Env): Promise<Response> {
+  const path = pathQuery(url, false);
+  const limitText = url.searchParams.get("limit");
+  const limit = limitText === null ? MAX_READ_LIMIT : Number(limitText);
+  if (limitText !== null && (!/^\d{1,10}$/.test(limitText) || limit < 1 || limit > MAX_READ_LIMIT)) {
+    throw new HttpError(400, "invalid_query", `limit takes 1 to ${MAX_READ_LIMIT}`);
+  }
+  const read = await jobOf(env, id).file(path, limit);
+  if (read === "no_job") return failure(404, "not_found", `no job ${id}`);
+  if (read === "unavailable") return failure(409, "files_unavailable", UNAVAILABLE);
+  if (read === null) return failure(404, "no_such_path", "no such file");
+  return new Response(read, {
+    headers: { "content-type": "application/octet-stream", "cache-control": "no-store" },
+  });
+}
+
 async function cancel(id: string, env: Env): Promise<Response> {
   const ended = await jobOf(env, id).cancel();
   if (ended === null) {
@@ -150,6 +187,16 @@ async function route(request: Request, env: Env): Promise<Response> {
   if (ran !== null) {
     if (method === "POST") return run(idOf(ran[1]), request, env);
     return notAllowed("POST");
+  }
+  const folder = FILES_PATH.exec(url.pathname);
+  if (folder !== null) {
+    if (method === "GET") return listFiles(idOf(folder[1]), url, env);
+    return notAllowed("GET");
+  }
+  const file = FILE_PATH.exec(url.pathname);
+  if (file !== null) {
+    if (method === "GET") return readFile(idOf(file[1]), url, env);
+    return notAllowed("GET");
   }
   const events = EVENTS_PATH.exec(url.pathname);
   if (events !== null) {

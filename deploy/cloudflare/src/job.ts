@@ -26,6 +26,8 @@
  * - A record that says starting or running with no work here means the object was
  *   restarted under it, and the job is `lost` (and destroyed).
  * - A destroyed job's record is deleted RETENTION_S later (by the same alarm).
+ * - A two-step job's container, kept after its command ended, answers for its files
+ *   (`files`, `file`) until it is destroyed: how the relay collects a run's artifacts.
  */
 
 import { DurableObject } from "cloudflare:workers";
@@ -33,7 +35,8 @@ import { DurableObject } from "cloudflare:workers";
 import { type Egress, egressOf } from "./egress";
 import { type Env, type Settings, settingsOf } from "./env";
 import { outputStream } from "./events";
-import type { Launch, Machine, Stream } from "./machine";
+import { capped } from "./http";
+import type { FileEntry, Launch, Machine, Stream } from "./machine";
 import { registryOf } from "./registry";
 import {
   byteLength,
@@ -218,6 +221,38 @@ export class Job extends DurableObject<Env> {
     if (this.record === null) return null;
     this.noticeLost();
     return outputStream(this, after);
+  }
+
+  /**
+   * A folder's entries, or a file's bytes, in the container of a two-step job that has its
+   * command (running, or ended as `exited` or `timed_out`) and is not destroyed (nor being
+   * destroyed): the files it made, for the relay to collect before its DELETE (also after
+   * the relay's own deadline, the command still running). `no_job`: no such job;
+   * `unavailable`: no container kept there now (a one-shot job, no command yet, another end,
+   * a destroy asked or done); null: no such path.
+   */
+  async files(path: string): Promise<FileEntry[] | null | "no_job" | "unavailable"> {
+    const machine = this.keptMachine();
+    return typeof machine === "string" ? machine : machine.list(path);
+  }
+
+  async file(path: string, limit: number): Promise<ReadableStream<Uint8Array> | null | "no_job" | "unavailable"> {
+    const machine = this.keptMachine();
+    if (typeof machine === "string") return machine;
+    // Capped here, beside the container: the stream to the Worker ends at the cap.
+    const read = await machine.read(path);
+    return read === null ? null : capped(read, limit);
+  }
+
+  private keptMachine(): Machine | "no_job" | "unavailable" {
+    const record = this.record;
+    if (record === null) return "no_job";
+    const up = record.state === "running" || record.state === "exited" || record.state === "timed_out";
+    if (!record.keep || !up || record.destroyed_at !== null || record.destroy_wanted !== null) {
+      return "unavailable";
+    }
+    this.machineInUse ??= this.machine(this.launchOf(record));
+    return this.machineInUse;
   }
 
   /** Ends the job now; `confirmed` once the container is gone (else the alarm finishes it). */

@@ -20,6 +20,14 @@ export interface Launch {
   sleepAfterS: number;
 }
 
+/** One entry of a folder in the container, as the Sandbox SDK's `listFiles` gives it: a
+ * link is `symlink` (never followed), a FIFO, socket or device `other`. */
+export interface FileEntry {
+  name: string;
+  type: "file" | "directory" | "symlink" | "other";
+  size: number;
+}
+
 export interface Machine {
   /** Applies the egress policy (before the container starts), then starts the container. */
   start(): Promise<void>;
@@ -29,6 +37,11 @@ export interface Machine {
    * when the container fails under it; a destroy is how a run is stopped early.
    */
   run(command: Command, output: (stream: Stream, text: string) => void): Promise<number>;
+  /** The entries of a folder under /workspace (`path` relative to it, "" for itself); null
+   * when there is no such folder. */
+  list(path: string): Promise<FileEntry[] | null>;
+  /** A file under /workspace, its bytes streamed; null when there is no such file. */
+  read(path: string): Promise<ReadableStream<Uint8Array> | null>;
   /** Destroys the container (SIGKILL); resolves only once the platform has done it. */
   destroy(): Promise<void>;
 }

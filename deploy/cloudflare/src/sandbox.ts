@@ -8,15 +8,16 @@
  * turns the internet on for that one sandbox, before its container starts; both are kept in
  * the sandbox's storage (`@cloudflare/containers` 0.3.7 persists its outbound configuration),
  * so a container the idle backstop stopped and the next call started again has them too.
- * Files and stdin are written with the command (a two-step job's come with its run). Commands run
+ * Files and stdin are written with the command (a two-step job's come with its run); a kept
+ * container's files are read back with `listFiles` and `readFileStream`. Commands run
  * sessionless, so the SDK's timeout kills the whole process group (SIGTERM, SIGKILL 5 s
  * later, exit 124); `keepAlive` stays off and `sleepAfter` is the idle backstop.
  */
 
-import { getSandbox, Sandbox } from "@cloudflare/sandbox";
+import { getSandbox, Sandbox, streamFile } from "@cloudflare/sandbox";
 
 import type { Env } from "./env";
-import type { Launch, Machine, Stream } from "./machine";
+import type { FileEntry, Launch, Machine, Stream } from "./machine";
 import type { Command } from "./request";
 
 export { ContainerProxy } from "@cloudflare/sandbox";
@@ -65,6 +66,32 @@ export function workdirOf(workdir: string | null): string {
   return workdir === null ? WORKSPACE : `${WORKSPACE}/${workdir}`;
 }
 
+/** Whether an SDK error says the path is not there (or not of the kind asked for). */
+function missing(error: unknown): boolean {
+  const code = error instanceof Error ? (error as { code?: unknown }).code : undefined;
+  return code === "FILE_NOT_FOUND" || code === "NOT_DIRECTORY" || code === "IS_DIRECTORY";
+}
+
+/** `readFileStream`'s events (text or base64) as the file's bytes, pulled as read. */
+function bytesOf(stream: ReadableStream<Uint8Array>): ReadableStream<Uint8Array> {
+  const chunks = streamFile(stream);
+  const encoder = new TextEncoder();
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      const next = await chunks.next();
+      if (next.done === true) controller.close();
+      else controller.enqueue(typeof next.value === "string" ? encoder.encode(next.value) : next.value);
+    },
+    async cancel() {
+      await stream.cancel();
+    },
+  });
+}
+
+function inWorkspace(path: string): string {
+  return path === "" ? WORKSPACE : `${WORKSPACE}/${path}`;
+}
+
 export function sandboxMachine(env: Env, launch: Launch): Machine {
   const { spec, egress, instanceType } = launch;
   const namespace = env[instanceType.binding];
@@ -98,6 +125,23 @@ export function sandboxMachine(env: Env, launch: Launch): Machine {
         onOutput: output,
       });
       return result.exitCode;
+    },
+    async list(path: string): Promise<FileEntry[] | null> {
+      try {
+        const listed = await sandbox.listFiles(inWorkspace(path), { includeHidden: true });
+        return listed.files.map((file) => ({ name: file.name, type: file.type, size: file.size }));
+      } catch (error) {
+        if (missing(error)) return null;
+        throw error;
+      }
+    },
+    async read(path: string): Promise<ReadableStream<Uint8Array> | null> {
+      try {
+        return bytesOf(await sandbox.readFileStream(inWorkspace(path)));
+      } catch (error) {
+        if (missing(error)) return null;
+        throw error;
+      }
     },
     destroy: () => sandbox.destroy(),
   };

@@ -8,13 +8,18 @@
  *   print N      prints N "x" characters, exits 0
  *   sleep        runs until its container is destroyed (then the run rejects, as the SDK's)
  *   expire       as the SDK's own timeout: after timeout_s, exits 124
+ *   write P T    writes T to the file P under /workspace (its folders implied), exits 0
+ *   link P       makes P a symbolic link, exits 0
  *   anything     exits 0
+ *
+ * A machine's files answer `list` and `read` as the SDK's `listFiles` and `readFileStream`
+ * would: a folder's entries one level deep, a missing path null.
  *
  * Faults: `destroyFailures` (the next N destroys reject), `destroyHangs`, `startFails`,
  * `startDelayMs` (a container slow to start).
  */
 
-import type { Launch, Machine, Stream } from "../src/machine";
+import type { FileEntry, Launch, Machine, Stream } from "../src/machine";
 import type { Command } from "../src/request";
 
 export interface Made {
@@ -24,6 +29,21 @@ export interface Made {
   commands: Command[];
   destroyCalls: number;
   destroyed: boolean;
+  /** Its files under /workspace, by path: their bytes, or "link". */
+  files: Map<string, Uint8Array | "link">;
+}
+
+function listed(files: Map<string, Uint8Array | "link">, folder: string): FileEntry[] | null {
+  const prefix = folder === "" ? "" : `${folder}/`;
+  const entries = new Map<string, FileEntry>();
+  for (const [path, content] of files) {
+    if (!path.startsWith(prefix)) continue;
+    const [name, ...deeper] = path.slice(prefix.length).split("/");
+    if (deeper.length > 0) entries.set(name, { name, type: "directory", size: 0 });
+    else if (content === "link") entries.set(name, { name, type: "symlink", size: 4 });
+    else entries.set(name, { name, type: "file", size: content.byteLength });
+  }
+  return entries.size === 0 && folder !== "" ? null : [...entries.values()];
 }
 
 class StandIn {
@@ -53,7 +73,7 @@ class StandIn {
   }
 
   machine(launch: Launch): Machine {
-    const made: Made = { launch, started: 0, commands: [], destroyCalls: 0, destroyed: false };
+    const made: Made = { launch, started: 0, commands: [], destroyCalls: 0, destroyed: false, files: new Map() };
     this.made.set(launch.spec.id, [...(this.made.get(launch.spec.id) ?? []), made]);
     let kill: (reason: Error) => void = () => {};
     const killed = new Promise<never>((_, reject) => (kill = reject));
@@ -66,7 +86,24 @@ class StandIn {
       },
       run: async (command: Command, output: (stream: Stream, text: string) => void): Promise<number> => {
         made.commands.push(command);
+        const [name, path, text] = command.argv;
+        if (name === "write") made.files.set(path, new TextEncoder().encode(text));
+        if (name === "link") made.files.set(path, "link");
         return Promise.race([play(command, output), killed]);
+      },
+      list: async (path: string): Promise<FileEntry[] | null> => listed(made.files, path),
+      read: async (path: string): Promise<ReadableStream<Uint8Array> | null> => {
+        const content = made.files.get(path);
+        if (content === undefined || content === "link") return null;
+        // In two chunks, as a stream does: a cap may fall inside the first.
+        const parts = [content.subarray(0, 3), content.subarray(3)];
+        return new ReadableStream<Uint8Array>({
+          pull(controller) {
+            const next = parts.shift();
+            if (next === undefined) controller.close();
+            else controller.enqueue(next);
+          },
+        });
       },
       destroy: async (): Promise<void> => {
         made.destroyCalls += 1;

@@ -10,12 +10,19 @@ import math
 import posixpath
 import secrets
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 from exedev import AsyncVM
 
-from relay.errors import ProviderError, ProviderUnavailable, SandboxLost
-from relay.providers.contract import DEFAULT_WORKDIR, ExecResult, OutputSink, StreamName
+from relay.errors import FileUnreadable, ProviderError, ProviderUnavailable, SandboxLost
+from relay.providers.collection import find_entries, find_listing
+from relay.providers.contract import (
+    DEFAULT_WORKDIR,
+    ExecResult,
+    FileEntry,
+    OutputSink,
+    StreamName,
+)
 from relay.providers.exedev.scripts import (
     ENDED_WITHOUT_STATUS,
     FOLLOW,
@@ -43,17 +50,46 @@ as arguments of the command that uses them; larger ones are written to the VM fi
 parts (a request carries at most 64 KiB)."""
 SCRIPT_TIMEOUT_S = 60.0
 """Bound on one of the relay's own scripts (writing files, starting the job)."""
+MAX_LISTING_BYTES = 4 * 1_048_576
+"""Most of a folder's listing read (about 100,000 names)."""
 MAX_BARREN_FOLLOWS = 5
 """A command's stream that breaks this many times in a row without a byte is given up."""
 
 
 class ExedevSandbox(ProviderSandbox):
-    """A VM of the relay's, used for one run: named, tagged and deleted by the provider."""
+    """A VM of the relay's, used for one run: named, tagged and deleted by the provider.
+
+    Its files are read as exedev 0.4.0 offers: it has no listing, so a folder is listed by
+    a ``find`` run in the VM (links not followed, each entry's own type and size); a file
+    within the cap is ``vm.read_file`` (whole, base64 over ssh), a larger one ``head -c``
+    with ``max_output`` at the cap."""
 
     def __init__(self, provider: SandboxOwner, vm: AsyncVM, channel: Channel) -> None:
         super().__init__(provider, vm.name)
         self._vm = vm
         self._channel = channel
+
+    async def folder_entries(self, path: str) -> list[FileEntry]:
+        listed = await self._vm.run(
+            find_listing(path), timeout=SCRIPT_TIMEOUT_S, max_output=MAX_LISTING_BYTES
+        )
+        if listed.exit_code != 0:
+            raise FileUnreadable("no such folder")
+        return find_entries(listed.stdout_bytes)
+
+    async def file_chunks(self, path: str, limit: int, size: int | None) -> AsyncIterator[bytes]:
+        if size is not None and size <= limit:
+            try:
+                yield await self._vm.read_file(path)
+            except (FileNotFoundError, IsADirectoryError) as exc:
+                raise FileUnreadable("no such file") from exc
+            return
+        head = await self._vm.run(
+            ["head", "-c", str(limit), "--", path], timeout=SCRIPT_TIMEOUT_S, max_output=limit
+        )
+        if head.exit_code != 0 and not head.stdout_bytes:
+            raise FileUnreadable("the file could not be read")
+        yield head.stdout_bytes
 
     async def write_files(self, files: Mapping[str, bytes]) -> None:
         if not files:

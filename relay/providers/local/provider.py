@@ -105,6 +105,8 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         self.shell = shutil.which("sh", path=HOST_ENV["PATH"]) or "/bin/sh"
         self.deathwatch = Deathwatch(self.shell, dict(HOST_ENV))
         """Kills what a relay killed outright leaves of a sandbox being released."""
+        self.nsenter = shutil.which("nsenter", path=HOST_ENV["PATH"]) or "nsenter"
+        """Reads a sandbox's files in its own view (relay/providers/local/files.py)."""
         self.root = sandbox_root(settings)
         check_root(self.root)
         self.max_sandboxes = min(settings.local_max_sandboxes, settings.max_concurrent)
@@ -312,6 +314,7 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
             (home / ENDING_FILE).touch()
         box = self._live.pop(sandbox_id, None)
         if box is not None:
+            box.hold_view(None)  # its mounts (and their memory) go with the namespaces
             for process in box.processes:
                 if process.returncode is None:
                     kill_group(process.pid)

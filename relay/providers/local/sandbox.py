@@ -12,22 +12,23 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from ipaddress import IPv4Network
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from relay.cancellation import shielded
-from relay.errors import ProviderError, SandboxLost
+from relay.errors import FileUnreadable, ProviderError, SandboxLost
 from relay.providers.contract import (
     DEFAULT_WORKDIR,
     SANDBOX_MARKER,
     ExecResult,
+    FileEntry,
     OutputSink,
     SandboxSpec,
 )
 from relay.providers.lifecycle import ProviderSandbox, SandboxOwner
-from relay.providers.local import cgroups, private_network
+from relay.providers.local import cgroups, files, private_network
 from relay.providers.local.deathwatch import Deathwatch
 from relay.providers.local.invocation import (
     BASE_ENV,
@@ -86,6 +87,8 @@ class ProviderView(SandboxOwner, Protocol):
     @property
     def deathwatch(self) -> Deathwatch: ...
     @property
+    def nsenter(self) -> str: ...
+    @property
     def setup_steps(self) -> Sequence[SetupStep]: ...
     def sizes(self, spec: SandboxSpec) -> tuple[int, int]: ...
     def start_command(self) -> None: ...
@@ -112,6 +115,9 @@ class LocalSandbox(ProviderSandbox):
         """The pid of the sandbox's PID 1 while the deathwatch has it (bubblewrap's child)."""
         self.uid: HeldUid | None = None
         """The host uid of a root relay's sandbox (relay/providers/local/uids.py)."""
+        self.view: files.View | None = None
+        """The namespaces of its last command, held so its files can be read after it
+        (relay/providers/local/files.py); closed when the sandbox ends."""
         self.memory_mb, self.disk_mb = provider.sizes(spec)
 
     def _host_path(self, path: str, workdir: str) -> Path:
@@ -132,6 +138,31 @@ class LocalSandbox(ProviderSandbox):
                 await asyncio.to_thread(target.write_bytes, content)
             else:
                 self.files[sandbox_path(path, DEFAULT_WORKDIR)] = content
+
+    def hold_view(self, view: files.View | None) -> None:
+        """Hold ``view`` (the newest command's), letting go of the one held before."""
+        if self.view is not None:
+            self.view.close()
+        self.view = view
+
+    def _reader(self, path: str) -> tuple[list[str], str, list[int]]:
+        """How to read ``path`` of this sandbox: the command prefix, the path as that
+        command sees it, the fds it needs."""
+        if self.provider.isolation == "none":
+            return [], str(self._host_path(path, DEFAULT_WORKDIR)), []
+        if self.view is None:
+            raise FileUnreadable("the sandbox has run no command")
+        fds = [self.view.user, self.view.mount]
+        return self.view.prefix(self.provider.nsenter), path, fds
+
+    async def folder_entries(self, path: str) -> list[FileEntry]:
+        prefix, where, fds = self._reader(path)
+        return await files.listed(prefix, where, fds)
+
+    async def file_chunks(self, path: str, limit: int, size: int | None) -> AsyncIterator[bytes]:
+        prefix, where, fds = self._reader(path)
+        async for chunk in files.read(prefix, where, limit, fds):
+            yield chunk
 
     def _bwrap_args(self, workdir: str, env: Mapping[str, str]) -> tuple[list[str], list[int]]:
         """bwrap's options (read from its --args memfd) and the file memfds they name."""
@@ -251,6 +282,7 @@ class LocalSandbox(ProviderSandbox):
             # Before the release: a relay killed from here on leaves the sandbox to it.
             self.provider.deathwatch.watch(pid, self.id)
             self.watched = pid
+            self.hold_view(files.View(pid))
             for step in self.provider.setup_steps:
                 await step(self, pid)
         except private_network.NetworkError as exc:

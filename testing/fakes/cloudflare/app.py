@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from testing.fakes.cloudflare import files
 from testing.fakes.cloudflare.contract import (
     MAX_BODY_BYTES,
     Refused,
@@ -43,6 +44,8 @@ _TAG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _JOB_PATH = re.compile(r"/v1/jobs/([^/]+)")
 _EVENTS_PATH = re.compile(r"/v1/jobs/([^/]+)/events")
 _RUN_PATH = re.compile(r"/v1/jobs/([^/]+)/run")
+_FILES_PATH = re.compile(r"/v1/jobs/([^/]+)/files")
+_FILE_PATH = re.compile(r"/v1/jobs/([^/]+)/file")
 MAX_LIST = 1000
 
 
@@ -224,6 +227,11 @@ def build_app(world: World, key: str | None, open_auth: bool = False) -> Starlet
             return list_jobs(request) if method == "GET" else not_allowed("GET, POST")
         if (ran := _RUN_PATH.fullmatch(path)) is not None:
             return await run(request, _id(ran[1])) if method == "POST" else not_allowed("POST")
+        for pattern, answer in ((_FILES_PATH, files.list_files), (_FILE_PATH, files.read_file)):
+            if (found := pattern.fullmatch(path)) is not None:
+                if method != "GET":
+                    return not_allowed("GET")
+                return answer(request, world.jobs.get(_id(found[1])))
         if (events := _EVENTS_PATH.fullmatch(path)) is not None:
             return follow(request, _id(events[1])) if method == "GET" else not_allowed("GET")
         if (job := _JOB_PATH.fullmatch(path)) is not None:

@@ -6,7 +6,8 @@ not poll), delete answers ``200`` with a DTO ``destroying`` (still listed for a 
 second delete meanwhile is ``409``), errors are
 ``{"statusCode", "message", "code", "source"}``. The toolbox lives at
 ``<url>/toolbox/<sandboxId>/...``: sessions, session commands, their log WebSocket (stdout
-and stderr framed by ``\\x01\\x01\\x01`` / ``\\x02\\x02\\x02``) and bulk upload.
+and stderr framed by ``\\x01\\x01\\x01`` / ``\\x02\\x02\\x02``), bulk upload, and the file
+reads of ``files.py`` (listing, bulk download).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from testing.fakes.daytona import files
 from testing.fakes.daytona.world import FakeCommand, FakeSandbox, World
 
 BAD_KEY = "bad-key"
@@ -279,6 +281,7 @@ def build_app(world: World, base_url: str) -> Starlette:
         # Something plain to fetch, for jobs that check the network.
         return Response("fake daytona\n", media_type="text/plain")
 
+    list_files, bulk_download = files.handlers(box_of)
     box = "/toolbox/{sandbox}"
     command_path = box + "/process/session/{session}/command/{command}"
     return Starlette(
@@ -296,5 +299,7 @@ def build_app(world: World, base_url: str) -> Starlette:
             Route(command_path, get_command, methods=["GET"]),
             WebSocketRoute(command_path + "/logs", logs),
             Route(box + "/files/bulk-upload", bulk_upload, methods=["POST"]),
+            Route(box + "/files", list_files, methods=["GET"]),
+            Route(box + "/files/bulk-download", bulk_download, methods=["POST"]),
         ]
     )

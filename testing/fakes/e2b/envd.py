@@ -14,8 +14,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import stat
 import struct
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -89,6 +92,35 @@ class Envd:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
         return {"name": target.name, "path": path, "type": "file"}
+
+    async def read_file(self, request: Request) -> Response:
+        """``GET /files?path=…``: the file's bytes, streamed (envd follows links, within
+        the sandbox); 404 ``{"code", "message"}`` when there is no such file."""
+        sandbox, denied = self._sandbox(request)
+        if sandbox is None:
+            return denied or not_found("")
+        path = request.query_params.get("path", "")
+        target = _inside(sandbox, sandbox.host_path(path))
+        if target is None or not target.is_file():
+            return JSONResponse({"code": 404, "message": f"path '{path}' does not exist"}, 404)
+        return StreamingResponse(_chunks(target), media_type="application/octet-stream")
+
+    async def list_dir(self, request: Request) -> Response:
+        """``filesystem.Filesystem/ListDir`` (unary, JSON codec): ``{"entries": [EntryInfo]}``
+        one level deep. As newer envd does, a link is ``isSymlink`` with its target's type
+        (``FILE_TYPE_UNSPECIFIED`` when dangling or special); a FIFO, socket or device is
+        ``FILE_TYPE_UNSPECIFIED`` (which the SDK leaves out)."""
+        sandbox, denied = self._sandbox(request)
+        if sandbox is None:
+            return denied or not_found("")
+        path = str((await request.json()).get("path", ""))
+        folder = _inside(sandbox, sandbox.host_path(path))
+        if folder is None or not folder.exists():
+            return JSONResponse({"code": "not_found", "message": f"{path} not found"}, 404)
+        if not folder.is_dir():
+            message = f"path {path} is not a directory"
+            return JSONResponse({"code": "invalid_argument", "message": message}, 400)
+        return JSONResponse({"entries": [_entry(path, child) for child in folder.iterdir()]})
 
     async def make_dir(self, request: Request) -> Response:
         sandbox, denied = self._sandbox(request)
@@ -169,11 +201,54 @@ class Envd:
         return [
             Route("/health", self.health, methods=["GET"]),
             Route("/files", self.write_files, methods=["POST"]),
+            Route("/files", self.read_file, methods=["GET"]),
+            Route("/filesystem.Filesystem/ListDir", self.list_dir, methods=["POST"]),
             Route("/process.Process/Start", self.start, methods=["POST"]),
             Route("/process.Process/Connect", self.connect, methods=["POST"]),
             Route("/process.Process/SendSignal", self.send_signal, methods=["POST"]),
             Route("/filesystem.Filesystem/MakeDir", self.make_dir, methods=["POST"]),
         ]
+
+
+def _inside(sandbox: FakeSandbox, target: Path) -> Path | None:
+    """``target`` with its links resolved, if that stays in the sandbox (a link out of it
+    names a path of the sandbox's own system, which the fake does not have)."""
+    resolved = target.resolve()
+    return resolved if resolved.is_relative_to(sandbox.root.resolve()) else None
+
+
+def _file_type(target: Path) -> str:
+    if target.is_dir():
+        return "FILE_TYPE_DIRECTORY"
+    if target.is_file():
+        return "FILE_TYPE_FILE"
+    return "FILE_TYPE_UNSPECIFIED"
+
+
+def _entry(folder: str, child: Path) -> dict[str, Any]:
+    """One ``EntryInfo`` in the proto3 JSON mapping (int64 as a string)."""
+    status = child.lstat()
+    link = child.is_symlink()
+    entry: dict[str, Any] = {
+        "name": child.name,
+        "type": _file_type(child),
+        "path": f"{folder.rstrip('/')}/{child.name}",
+        "size": str(status.st_size),
+        "mode": status.st_mode & 0o777,
+        "permissions": stat.filemode(status.st_mode),
+        "owner": "root",
+        "group": "root",
+        "isSymlink": link,
+    }
+    if link:
+        entry["symlinkTarget"] = os.readlink(child)
+    return entry
+
+
+async def _chunks(target: Path) -> AsyncIterator[bytes]:
+    with target.open("rb") as file:
+        while chunk := file.read(65_536):
+            yield chunk
 
 
 def _seconds(timeout_ms: str | None) -> float | None:

@@ -11,6 +11,7 @@ from grpclib.server import Stream
 from modal_proto import task_command_router_grpc
 from modal_proto import task_command_router_pb2 as sr
 
+from testing.fakes.modal import fs_tools
 from testing.fakes.modal.state import BASE_ENV, FS_TOOLS, Exec, SandboxState
 from testing.fakes.modal.unimplemented import unimplemented_mixin
 
@@ -161,7 +162,8 @@ class Router(
             return
 
     async def _run_fs_tools(self, sandbox: SandboxState, ex: Exec) -> None:
-        """The client's filesystem helper: ``{"WriteFile": …}`` / ``{"MakeDirectory": …}``."""
+        """The client's filesystem helper: ``{"WriteFile": …}`` / ``{"MakeDirectory": …}``,
+        and the reads of ``fs_tools.py`` (``{"ListFiles": …}`` / ``{"ReadFile": …}``)."""
         try:
             command = json.loads(ex.argv[1])
             if "WriteFile" in command:
@@ -174,6 +176,15 @@ class Router(
             elif "MakeDirectory" in command:
                 target = sandbox.host_path(command["MakeDirectory"]["path"])
                 target.mkdir(parents=command["MakeDirectory"].get("parents", True), exist_ok=True)
+            elif "ListFiles" in command or "ReadFile" in command:
+                failure = await fs_tools.answer(sandbox, command, ex.stdout)
+                if failure is not None:
+                    await ex.stderr.append(json.dumps(failure).encode())
+                    ex.code = 1
+                    await ex.stdout.close()
+                    await ex.stderr.close()
+                    ex.done.set()
+                    return
             else:
                 raise ValueError(f"unsupported fs-tools command {sorted(command)}")
             ex.code = 0

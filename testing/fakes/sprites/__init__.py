@@ -10,8 +10,8 @@ say, not as the adapter might wish: a list item is ``{name, org_slug, updated_at
 checks those shapes.
 
 It speaks the REST calls and the exec WebSocket that ``sprites`` 0.7.2 uses (create, get,
-list by prefix, delete, network policy, file write, exec with its binary stream frames,
-the session list and attach), runs each command as a real local process in a private
+list by prefix, delete, network policy, file write and read (``GET …/fs/read``), exec
+with its binary stream frames, the session list and attach), runs each command as a real local process in a private
 directory per sprite, keeps a ledger and injects faults::
 
     from testing.fakes.sprites import running_fake

@@ -151,6 +151,23 @@ def build_app(world: World) -> Starlette:
         os.chmod(target, int(request.query_params.get("mode") or "0644", 8))
         return JSONResponse({"path": path, "size": len(data), "mode": "0644"})
 
+    async def fs_read(request: Request) -> Response:
+        """``GET …/fs/read?path=&workingDir=``: the file's raw bytes; 404 (which the SDK
+        raises as ``FileNotFoundError_``) when there is none, ``EISDIR`` for a folder."""
+        sprite = sprite_of(request)
+        if isinstance(sprite, Response):
+            return sprite
+        path = request.query_params.get("path", "")
+        try:
+            target = sprite.host_path(path, request.query_params.get("workingDir") or "/")
+        except ValueError:
+            return JSONResponse({"error": "permission denied", "code": "EACCES"}, 403)
+        if target.is_dir():
+            return JSONResponse({"error": "is a directory", "code": "EISDIR"}, 400)
+        if not target.is_file():
+            return JSONResponse({"error": "no such file or directory", "code": "ENOENT"}, 404)
+        return Response(target.read_bytes(), media_type="application/octet-stream")
+
     async def sessions(request: Request) -> Response:
         sprite = sprite_of(request)
         if isinstance(sprite, Response):
@@ -194,6 +211,7 @@ def build_app(world: World) -> Starlette:
             Route("/v1/sprites/{name}", delete_sprite, methods=["DELETE"]),
             Route("/v1/sprites/{name}/policy/network", network_policy, methods=["GET", "POST"]),
             Route("/v1/sprites/{name}/fs/write", fs_write, methods=["PUT"]),
+            Route("/v1/sprites/{name}/fs/read", fs_read, methods=["GET"]),
             Route("/v1/sprites/{name}/exec", sessions, methods=["GET"]),
             WebSocketRoute("/v1/sprites/{name}/exec", exec_socket),
             WebSocketRoute("/v1/sprites/{name}/exec/{session}", attach_socket),

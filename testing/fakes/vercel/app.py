@@ -15,7 +15,7 @@ import json
 import os
 import tarfile
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, BinaryIO
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -33,6 +33,14 @@ NDJSON = "application/x-ndjson"
 def error(status: int, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
     message = f"{code} ({BODY_MARKER}, token=sk-should-never-leak)"
     return JSONResponse({"error": {"code": code, "message": message}}, status, headers=headers)
+
+
+async def _chunks(handle: BinaryIO) -> AsyncIterator[bytes]:
+    """A file's bytes as ``fs/read`` streams them (closed at the end, or when the client
+    leaves)."""
+    with handle:
+        while chunk := await asyncio.to_thread(handle.read, 65_536):
+            yield chunk
 
 
 def line(record: dict[str, Any]) -> bytes:
@@ -292,10 +300,10 @@ def build_app(world: World) -> Starlette:
         body = await request.json()
         try:
             target = found.host_path(body["path"], body.get("cwd") or "/vercel/sandbox")
-            data = await asyncio.to_thread(target.read_bytes)
+            handle = target.open("rb")
         except (OSError, ValueError):
             return error(404, "file_not_found")
-        return Response(data, media_type="application/octet-stream")
+        return StreamingResponse(_chunks(handle), media_type="application/octet-stream")
 
     session = "/v2/sandboxes/sessions/{sid}"
     routes = [

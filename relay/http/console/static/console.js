@@ -300,6 +300,7 @@
     $("timings").replaceChildren(timingsBar(run.timings || {}));
     drawAttempts(run.attempts || []);
     drawDeliveries(run.deliveries || []);
+    drawArtifacts(run.artifacts || []);
     if (withOutput) {
       $("stdout").textContent = run.stdout;
       $("stderr").textContent = run.stderr;
@@ -325,6 +326,64 @@
         el("td", {}, attempt.error ? attempt.error.code + ": " + attempt.error.message : "–"),
       )),
     );
+  }
+
+  const PREVIEW_IMAGES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
+  const PREVIEW_TEXT_BYTES = 65536;
+  let drawnArtifacts = "";
+
+  // A run's artifacts: each kept one downloaded or previewed through the API with the
+  // token (a plain link would carry none), as a blob; names and reasons as text only.
+  function drawArtifacts(artifacts) {
+    const key = JSON.stringify(artifacts);
+    if (key === drawnArtifacts) return; // redrawn each poll: keep an open preview
+    drawnArtifacts = key;
+    $("artifacts-none").hidden = artifacts.length > 0;
+    $("artifacts").hidden = artifacts.length === 0;
+    $("artifacts").tBodies[0].replaceChildren(...artifacts.map((entry) => el(
+      "tr",
+      {},
+      el("td", {}, el("code", {}, entry.name)),
+      el("td", { class: "number" }, entry.sha256 ? String(entry.size) : "–"),
+      el("td", {}, entry.content_type),
+      el("td", {}, ...artifactActions(entry)),
+    )));
+  }
+
+  function artifactActions(entry) {
+    if (!entry.sha256 || typeof entry.url !== "string" || !entry.url.startsWith("/v1/runs/")) {
+      return ["not kept: " + (entry.skipped || "skipped")];
+    }
+    const actions = [button("Download", () => downloadArtifact(entry))];
+    const text = entry.content_type.startsWith("text/") || entry.content_type === "application/json";
+    if (PREVIEW_IMAGES.has(entry.content_type) || (text && entry.size <= PREVIEW_TEXT_BYTES)) {
+      actions.push(" ", button("Preview", () => previewArtifact(entry, text)));
+    }
+    if (entry.truncated) actions.push(" (truncated: " + (entry.truncated_by || "a cap") + ")");
+    return actions;
+  }
+
+  function button(label, action) {
+    const node = el("button", { type: "button" }, label);
+    node.addEventListener("click", () => action().catch((error) => {
+      $("artifact-preview").replaceChildren(el("p", { role: "alert" }, "Could not fetch it: " + error.message));
+    }));
+    return node;
+  }
+
+  async function downloadArtifact(entry) {
+    const blob = await (await api(entry.url)).blob();
+    const link = el("a", { href: URL.createObjectURL(blob), download: entry.name.split("/").pop() });
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(link.href), 60000);
+  }
+
+  async function previewArtifact(entry, text) {
+    const answer = await api(entry.url);
+    const shown = text
+      ? el("pre", { class: "output" }, await answer.text())
+      : el("img", { src: URL.createObjectURL(await answer.blob()), alt: entry.name });
+    $("artifact-preview").replaceChildren(el("h3", {}, entry.name), shown);
   }
 
   function drawDeliveries(deliveries) {

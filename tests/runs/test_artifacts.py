@@ -1,0 +1,122 @@
+"""A run's artifacts through the real service, store (SQLite) and the memory provider:
+collected before the sandbox ends, kept content-addressed, listed on the run's JSON, held
+to their caps, and required where the job says so."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from relay.auth import Principal
+from relay.providers.memory import MemoryProvider, MemoryWorld
+from relay.runs.catalog import Catalog
+from relay.runs.models import RunRequest
+from relay.runs.service import RunService
+from relay.runs.view import run_model
+from relay.store.artifacts import Artifacts
+from relay.store.database import Store
+from tests.conftest import make_settings
+
+PRINCIPAL = Principal(name="maker", command=True)
+WRITES = "echo report > out/report.json; echo one > out/a.png; echo two > out/b.png; exit 3"
+
+
+async def _run(tmp_path: Path, artifacts: list[str], **settings: Any) -> tuple[Any, Store]:
+    config = make_settings(tmp_path, providers=["memory"], **settings)
+    world = MemoryWorld()
+    store = await Store.open(config.database_url)
+    service = RunService(
+        config, store, Catalog.load(config.jobs_dir), {"memory": MemoryProvider(config, world)}
+    )
+    try:
+        request = RunRequest(command=["sh", "-c", WRITES], artifacts=artifacts)
+        row, _ = await service.submit(PRINCIPAL, request, None)
+        await service.wait(row.id, 10)
+        run = await service.get(PRINCIPAL, row.id)
+    finally:
+        await service.shutdown()
+    assert world.alive() == set()
+    return run_model(run), store
+
+
+async def _content(store: Store, sha256: str) -> bytes:
+    return b"".join([chunk async for chunk in Artifacts(store).chunks(sha256)])
+
+
+async def test_a_failed_runs_file_and_glob_come_back_listed_with_their_hashes(
+    tmp_path: Path,
+) -> None:
+    run, store = await _run(tmp_path, ["out/report.json", "out/*.png", "out/missing.txt"])
+    try:
+        assert run.state == "failed" and run.exit_code == 3
+        listed = {entry.name: entry for entry in run.artifacts}
+        assert list(listed) == ["out/report.json", "out/a.png", "out/b.png", "out/missing.txt"]
+        for name, text in (("out/report.json", b"report\n"), ("out/a.png", b"one\n")):
+            entry = listed[name]
+            assert entry.sha256 == hashlib.sha256(text).hexdigest() and entry.size == len(text)
+            assert await _content(store, entry.sha256) == text
+            assert entry.url == f"/v1/runs/{run.id}/{'artifacts'}/{name}"
+        assert listed["out/report.json"].content_type == "application/json"
+        assert listed["out/a.png"].content_type == "image/png"
+        assert listed["out/missing.txt"].skipped == "not found"
+        assert listed["out/missing.txt"].url is None
+        assert run.timings.artifacts_ms is not None
+    finally:
+        await store.close()
+
+
+async def test_files_past_the_run_cap_are_truncated_then_skipped(tmp_path: Path) -> None:
+    # 7 bytes of report, then 4 of a.png cut to 3 at the run's 10 bytes, then b.png skipped.
+    run, store = await _run(tmp_path, ["out/report.json", "out/*.png"], artifacts_max_run_bytes=10)
+    try:
+        report, first, second = run.artifacts
+        assert (report.size, report.truncated) == (7, False)
+        assert (first.size, first.truncated) == (3, True)
+        assert first.truncated_by == "RELAY_ARTIFACTS_MAX_RUN_BYTES (10)"
+        assert await _content(store, first.sha256 or "") == b"one"
+        assert second.sha256 is None and second.url is None
+        assert "RELAY_ARTIFACTS_MAX_RUN_BYTES" in (second.skipped or "")
+    finally:
+        await store.close()
+
+
+async def test_files_past_the_file_count_are_listed_as_skipped(tmp_path: Path) -> None:
+    run, store = await _run(tmp_path, ["out/*"], artifacts_max_files=2)
+    try:
+        assert [entry.name for entry in run.artifacts] == [
+            "out/a.png",
+            "out/b.png",
+            "out/report.json",
+        ]
+        assert [entry.sha256 is not None for entry in run.artifacts] == [True, True, False]
+        assert "RELAY_ARTIFACTS_MAX_FILES" in (run.artifacts[2].skipped or "")
+    finally:
+        await store.close()
+
+
+async def test_a_canceled_run_keeps_what_it_wrote_before_the_cancel(tmp_path: Path) -> None:
+    config = make_settings(tmp_path, providers=["memory"])
+    world = MemoryWorld()
+    store = await Store.open(config.database_url)
+    service = RunService(
+        config, store, Catalog.load(config.jobs_dir), {"memory": MemoryProvider(config, world)}
+    )
+    try:
+        script = "echo early > early.txt; sleep 30"
+        request = RunRequest(command=["sh", "-c", script], artifacts=["early.txt"], wait=False)
+        row, _ = await service.submit(PRINCIPAL, request, None)
+        for _ in range(100):  # until the script has written its file
+            if any(box.files for box in world.boxes.values()):
+                break
+            await asyncio.sleep(0.02)
+        await service.cancel(PRINCIPAL, row.id)
+        run = run_model(await service.get(PRINCIPAL, row.id))
+        assert run.state == "canceled"
+        (kept,) = run.artifacts
+        assert kept.name == "early.txt" and await _content(store, kept.sha256 or "") == b"early\n"
+    finally:
+        await service.shutdown()
+        await store.close()
+    assert world.alive() == set()
