@@ -40,6 +40,11 @@ class Aftercare:
     def going(self) -> int:
         return len(self._tasks)
 
+    @property
+    def tasks(self) -> frozenset[asyncio.Task[Any]]:
+        """The cleanup going on now (a test waits for what it started)."""
+        return frozenset(self._tasks)
+
     def start(self, work: Coroutine[Any, Any, Any], what: str) -> asyncio.Task[Any] | None:
         """Run ``work`` beside serving; None (``work`` closed unrun) past
         :data:`MOST_AT_ONCE`, the reaper then doing it."""
