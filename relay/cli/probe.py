@@ -48,7 +48,12 @@ async def _probe(name: str, settings: Settings) -> ProbeResult:
     finally:
         if missing is not None:
             _remove_empty_folders(missing)
-    pools = await read_summary(settings.database_url, name, day_start(time.time()))
+    # Side by side: each read waits QUIET_READ_TIMEOUT_S at most for a store that does not
+    # answer (a name no server resolves), and one after the other held the probe twice that.
+    pools, breakers = await asyncio.gather(
+        read_summary(settings.database_url, name, day_start(time.time())),
+        read_breakers(settings.database_url, name),
+    )
     if pools is not None:
         result.pool = {
             "pool_ready": str(pools.ready),
@@ -56,7 +61,6 @@ async def _probe(name: str, settings: Settings) -> ProbeResult:
             "pool_idle_s": str(round(pools.idle_s)),
             "pool_idle_usd": f"{pools.idle_usd:.6f}",
         }
-    breakers = await read_breakers(settings.database_url, name)
     if breakers is not None:
         states = breakers.states
         shown = (
