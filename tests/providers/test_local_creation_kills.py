@@ -3,7 +3,9 @@
 A relay killed outright mid-creation left sandboxes running until their hard lifetime when
 no relay came back: its child could be reparented before it tied itself to the relay, and
 bubblewrap read the relay's death as its release, left the process group ``timeout``
-kills, and only then tied its child to itself. ``testing/creation_kills.py`` kills relays
+kills, and only then tied its child to itself; and bubblewrap, writing its child's pid to
+the dead relay, died of SIGPIPE before the relay's death reached ``timeout``, leaving its
+child waiting for it forever. ``testing/creation_kills.py`` kills relays
 at seeded random moments of their creations; nothing restarts them.
 """
 
@@ -28,8 +30,9 @@ from testing.settings import REPO, make_settings
 
 KILLS = 30
 UIDS = (730_000_000, 730_000_999)
-SETTLE_S = 5.0
-"""What is tied to a killed relay is gone in milliseconds; bounded all the same."""
+SETTLE_S = 20.0
+"""What is tied to a killed relay is gone in milliseconds; waited for until it is gone, at
+most this long (a busy machine schedules the deathwatch late)."""
 
 
 def _left(prefix: str) -> list[str]:
@@ -66,9 +69,9 @@ def test_relays_killed_mid_creation_leave_no_sandbox_process(tmp_path: Path) -> 
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.count("killed relay") == KILLS
         deadline = time.monotonic() + SETTLE_S
-        while _left(prefix) and time.monotonic() < deadline:
+        while (left := _left(prefix)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _left(prefix) == [], f"sandbox processes outlived {KILLS} killed relays"
+        assert left == [], f"sandbox processes outlived {KILLS} killed relays"
     finally:
         for process in _left(prefix):
             with contextlib.suppress(ProcessLookupError):

@@ -3,18 +3,21 @@ relay killed outright leaves half-made.
 
 Each sandbox's host-side processes are tied to the relay (relay/providers/local/invocation.py:
 ``setpriv --pdeathsig``, checked, then ``timeout``, which kills its process group when the
-relay dies). One gap is left that no option of bubblewrap's closes: once released, its
-child (the sandbox's PID 1) leaves that process group (``--new-session``) and only then
-ties itself to bubblewrap (``--die-with-parent``). A relay killed in between leaves the
-sandbox running, untied, until its hard lifetime.
+relay dies). Gaps are left that no option of bubblewrap's closes: once released, its child
+(the sandbox's PID 1) leaves that process group (``--new-session``) and only then ties
+itself to bubblewrap (``--die-with-parent``); and bubblewrap writes its child's pid on the
+info pipe before it lets that child go on, so a relay killed then makes bubblewrap die of
+SIGPIPE, and ``timeout`` follow it, before the relay's death reaches ``timeout``: nothing
+kills the group, and the child waits for bubblewrap forever. A relay killed in either
+window left the sandbox running, untied.
 
-So the relay tells a watcher the pid of each sandbox's PID 1 before releasing it (a line
-``+ PID SANDBOX`` on a pipe), and that it ended (``- PID``). The watcher is a POSIX shell
-reading the pipe, in a session of its own, tied to nothing: when the pipe reads end of
-file, the relay is gone (or closing, with nothing left to watch), and it kills every
-sandbox still listed whose process still carries that sandbox's marker in its environment
-(so a pid the kernel gave to another process meanwhile is left alone). Killing PID 1 ends
-the sandbox's whole PID namespace.
+So the relay tells a watcher of each command before it starts it (a line ``+ KEY
+SANDBOX`` on a pipe), and that it ended (``- KEY``). The watcher is a POSIX shell reading
+the pipe, in a session of its own, tied to nothing: when the pipe reads end of file, the
+relay is gone (or closing, with nothing left to watch), and it kills every process that
+carries a listed sandbox's marker in its environment (every host-side process of a
+sandbox, and its PID 1, does: killing PID 1 ends the sandbox's whole PID namespace), again
+until none is left (a process caught forking leaves a child the first look missed).
 
 A relay that forks (a test's harness) starts a watcher of its own in the child: the
 parent's pipe would never read end of file while the parent lives.
@@ -23,6 +26,7 @@ parent's pipe would never read end of file while the parent lives.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import subprocess
@@ -32,21 +36,29 @@ from relay.providers.contract import SANDBOX_MARKER
 
 log = logging.getLogger("relay.providers.local")
 
+_ROUNDS = 100
+"""Looks for what is left at most (5 s): a killed process is gone in milliseconds."""
+
 _WATCH = f"""
 live=
-while read -r op pid sandbox; do
+while read -r op key sandbox; do
   case $op in
-    +) live="$live $pid:$sandbox" ;;
+    +) live="$live $key:$sandbox" ;;
     -) kept=
-       for entry in $live; do [ "${{entry%%:*}}" = "$pid" ] || kept="$kept $entry"; done
+       for entry in $live; do [ "${{entry%%:*}}" = "$key" ] || kept="$kept $entry"; done
        live=$kept ;;
   esac
 done
-for entry in $live; do
-  pid=${{entry%%:*}}
-  if tr '\\0' '\\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "{SANDBOX_MARKER}=${{entry#*:}}"
-  then kill -KILL "$pid" 2>/dev/null
-  fi
+markers=
+for entry in $live; do markers="$markers -e {SANDBOX_MARKER}=${{entry#*:}}"; done
+[ -n "$markers" ] || exit 0
+round=0
+while [ "$round" -lt {_ROUNDS} ]; do
+  pids=$(grep -lzxF $markers /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)
+  [ -n "$pids" ] || exit 0
+  kill -KILL $pids 2>/dev/null
+  round=$((round + 1))
+  sleep 0.05
 done
 """
 _CLOSE_TIMEOUT_S = 5.0
@@ -63,6 +75,7 @@ class Deathwatch:
         self._owner: int | None = None  # the pid that started it: a forked child starts anew
         self._broken = False
         self._finalizer: weakref.finalize[..., Deathwatch] | None = None
+        self._keys = itertools.count(1)
 
     def _started(self) -> int | None:
         """The pipe to this process's watcher, started now if need be."""
@@ -94,12 +107,15 @@ class Deathwatch:
         self._finalizer = weakref.finalize(self, _end, write, self._process)
         return write
 
-    def watch(self, pid: int, sandbox_id: str) -> None:
-        """Kill ``pid`` (a sandbox's PID 1) if this relay dies before :meth:`forget`."""
-        self._send(f"+ {pid} {sandbox_id}\n")
+    def watch(self, sandbox_id: str) -> int:
+        """Kill every process of ``sandbox_id`` if this relay dies before :meth:`forget`
+        of the key answered (one per command: a sandbox may run several at once)."""
+        key = next(self._keys)
+        self._send(f"+ {key} {sandbox_id}\n")
+        return key
 
-    def forget(self, pid: int) -> None:
-        self._send(f"- {pid}\n")
+    def forget(self, key: int) -> None:
+        self._send(f"- {key}\n")
 
     def _send(self, line: str) -> None:
         pipe = self._started()

@@ -111,8 +111,6 @@ class LocalSandbox(ProviderSandbox):
         self.group: cgroups.SandboxGroup | None = None
         self.lock: int | None = None
         self.network: private_network.Attachment | None = None
-        self.watched: int | None = None
-        """The pid of the sandbox's PID 1 while the deathwatch has it (bubblewrap's child)."""
         self.uid: HeldUid | None = None
         """The host uid of a root relay's sandbox (relay/providers/local/uids.py)."""
         self.view: files.View | None = None
@@ -279,9 +277,6 @@ class LocalSandbox(ProviderSandbox):
             return
         try:
             pid = int(str(info["child-pid"]))
-            # Before the release: a relay killed from here on leaves the sandbox to it.
-            self.provider.deathwatch.watch(pid, self.id)
-            self.watched = pid
             self.hold_view(files.View(pid))
             for step in self.provider.setup_steps:
                 await step(self, pid)
@@ -343,6 +338,9 @@ class LocalSandbox(ProviderSandbox):
     ) -> int:
         """Spawn the command and run it to its end (its exit code)."""
         invocation = self.launch(argv, workdir, cpu_s, env, lifetime_s=lifetime_s)
+        # Before the spawn: whenever a relay is killed from here on, the deathwatch ends
+        # what the command left (relay/providers/local/deathwatch.py).
+        watched = self.provider.deathwatch.watch(self.id) if invocation.info else None
         try:
             try:
                 process = await spawn(
@@ -359,6 +357,8 @@ class LocalSandbox(ProviderSandbox):
             return await self._run(process, invocation, stdin, output)
         finally:
             invocation.close()
+            if watched is not None:  # ended, or killed and left to its ties
+                self.provider.deathwatch.forget(watched)
 
     async def _run(
         self, process: Child, invocation: Invocation, stdin: bytes | None, output: OutputSink
@@ -391,9 +391,6 @@ class LocalSandbox(ProviderSandbox):
         """Wait for the cancelled pumps, release the pipes, detach the private network."""
         await asyncio.gather(*pumps, return_exceptions=True)
         close_child(process)
-        if self.watched is not None:  # its PID 1 has exited (bubblewrap waits for it)
-            self.provider.deathwatch.forget(self.watched)
-            self.watched = None
         if self.network is not None:
             network, self.network = self.network, None
             await network.close()
