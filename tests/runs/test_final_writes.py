@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -21,6 +23,7 @@ from starlette.testclient import TestClient
 
 from relay.auth import Principal, new_token
 from relay.http.app import create_app
+from relay.providers.contract import SANDBOX_MARKER
 from relay.providers.local.provider import LocalProvider
 from relay.runs.catalog import Catalog
 from relay.runs.models import RunRequest
@@ -28,6 +31,7 @@ from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.store.database import WRITE_CHECK_EVERY_S, Store
 from relay.store.records import RunRecord
+from relay.store.sqlite.wal_checkpointer import Checkpointer
 from tests.conftest import REPO, make_settings
 
 PRINCIPAL = Principal(name="writer", command=True)
@@ -55,6 +59,48 @@ def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def refuse_writes(database: Path) -> None:
+    """Write up what space the WAL's file holds past its last frame (left from before it
+    last started over), so that the disk, full, refuses the store's next write."""
+    scratch = sqlite3.connect(database, timeout=5)
+    try:
+        scratch.execute("PRAGMA wal_autocheckpoint=0")
+        for number in range(1, 100_000):  # a frame each: a 1 MiB disk holds ~250
+            scratch.execute(f"PRAGMA user_version = {number}")
+    except sqlite3.OperationalError as exc:
+        if "full" not in str(exc):
+            raise
+    else:
+        raise AssertionError("the full disk never refused a write")
+    finally:
+        scratch.close()
+
+
+def release(run_id: str) -> None:
+    """Send the job of ``run_id`` (:data:`WAITING_JOB`) the signal that ends it; it is found
+    on the host by its sandbox's marker (30 s at most: a busy machine starts it late)."""
+    marker = f"{SANDBOX_MARKER}=lcl-{run_id.removeprefix('run_')}-".encode()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv[:3] == [b"sh", b"-c", WAITING_JOB.encode()] and any(
+                value.startswith(marker) for value in environ
+            ):
+                os.kill(int(entry.name), signal.SIGUSR1)
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"the job of {run_id} was not found running")
+
+
+WAITING_JOB = "trap 'echo kept; echo also >&2; exit 3' USR1; while :; do sleep 0.05; done"
+"""A job that ends (output, exit 3) when the test says: after the store refuses writes."""
 
 
 @dataclass
@@ -94,12 +140,27 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
         assert store.commits is not None
         driver = store.commits._driver
         filler = folder / "filler"
+        held: list[Checkpointer] = []
 
         def fill() -> None:
+            # The store's checkpoints held: one that copies the whole WAL back lets the next
+            # write start the WAL over, in space its file already holds, and land on a full
+            # disk (as SQLite does); held, the WAL only grows, which a full disk refuses.
+            assert store.checkpointer is not None
+            held.append(store.checkpointer)
+            store.checkpointer.stop()
             with open(filler, "wb") as out, contextlib.suppress(OSError):
                 while True:
                     out.write(b"\0" * 65536)
                     out.flush()
+            refuse_writes(folder / "relay.db")
+
+        def unfill() -> None:
+            filler.unlink(missing_ok=True)
+            if held:
+                held.clear()
+                store.checkpointer = Checkpointer(str(folder / "relay.db"))
+                store.checkpointer.start()
 
         if request.param == "read_only":
             refusal = Refusal(
@@ -107,7 +168,7 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
                 lambda: driver.execute("PRAGMA query_only = 0"),
             )
         else:
-            refusal = Refusal(fill, lambda: filler.unlink(missing_ok=True))
+            refusal = Refusal(fill, unfill)
         try:
             yield Rig(service, reaper, store, refusal)
         finally:
@@ -134,14 +195,13 @@ async def until(read: Callable[[], Awaitable[str | None]], wanted: str) -> None:
 
 
 async def test_a_final_write_the_store_refuses_lands_once_it_recovers(rig: Rig) -> None:
-    request = RunRequest(
-        command=["sh", "-c", "sleep 0.6; echo kept; echo also >&2; exit 3"], wait=False
-    )
+    request = RunRequest(command=["sh", "-c", WAITING_JOB], wait=False)
     row, _ = await rig.service.submit(PRINCIPAL, request, None)
     run_id = row.id
     # Running, its `running` state stored (waited for: a busy machine may take a while).
     await until(lambda: stored_state(rig, run_id), "running")
     rig.refusal.start()
+    await asyncio.to_thread(release, run_id)  # the job ends only now
     # The job has ended; its final write was refused.
     await until(lambda: outcome(rig, run_id), "failed")
     stored = await rig.store.get_run(run_id)
