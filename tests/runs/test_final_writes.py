@@ -78,9 +78,11 @@ def refuse_writes(database: Path) -> None:
         scratch.close()
 
 
-def release(run_id: str) -> None:
-    """Send the job of ``run_id`` (:data:`WAITING_JOB`) the signal that ends it; it is found
-    on the host by its sandbox's marker (30 s at most: a busy machine starts it late)."""
+def release(run_id: str, job: str | None = None) -> None:
+    """Send the job of ``run_id`` (``job``, else :data:`WAITING_JOB`) the signal that ends
+    it; it is found on the host by its sandbox's marker (30 s at most: a busy machine
+    starts it late)."""
+    job = job or WAITING_JOB
     marker = f"{SANDBOX_MARKER}=lcl-{run_id.removeprefix('run_')}-".encode()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -90,7 +92,7 @@ def release(run_id: str) -> None:
                 environ = (entry / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if argv[:3] == [b"sh", b"-c", WAITING_JOB.encode()] and any(
+            if argv[:3] == [b"sh", b"-c", job.encode()] and any(
                 value.startswith(marker) for value in environ
             ):
                 os.kill(int(entry.name), signal.SIGUSR1)
