@@ -8,9 +8,10 @@ provider:
 
 - a link is never followed, at any level (a folder reached through a link is not entered,
   a matched link is listed as skipped), and a device, FIFO or socket is never opened;
-- a name is checked before it becomes part of a path the relay keeps: no ``/``, NUL or
-  control characters, valid UTF-8, at most 255 bytes (the whole path 1024), and normalised
-  to Unicode NFC (two files whose names normalise alike are one artifact, the first);
+- a name is checked before it becomes part of a path the relay keeps: not ``.`` nor
+  ``..`` (which a hostile file API may list), no ``/``, NUL or control characters, valid
+  UTF-8, at most 255 bytes (the whole path 1024), and normalised to Unicode NFC (two files
+  whose names normalise alike are one artifact, the first);
 - ``*``, ``?`` and ``[...]`` match within one name and match a leading ``.`` only when the
   pattern has one (the shell's rule); the walk is sorted, so the same files give the same
   list, and each folder is listed once;
@@ -117,8 +118,8 @@ def name_problem(name: str) -> str | None:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError:
         return "its name is not UTF-8 text"
-    if "/" in name or "\x00" in name:
-        return "its name is not a file name (a / or NUL in it)"
+    if "/" in name or "\x00" in name or name in (".", ".."):
+        return "its name is not a file name (a / or NUL in it, or . or ..)"
     if any(_control(char) for char in name):
         return "its name has control characters"
     if size > MAX_NAME_BYTES:

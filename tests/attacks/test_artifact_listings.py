@@ -1,0 +1,55 @@
+"""A sandbox's file API answers what the job in it made of it: on a cloud provider the job
+is root in the VM that serves that API, so a listing can name anything. The walk
+(relay/providers/collection.py) must never turn a listed name into an artifact that names a
+folder above it (``..``) or the folder itself (``.``): its download URL would resolve
+elsewhere in any client (``/v1/runs/ID/artifacts/out/..`` is ``/v1/runs/ID/artifacts/``),
+and a path made from it would climb out of the folder read.
+
+The hostile file API cannot run here, so its answers are given by a sandbox object that
+lists exactly them (the one stub in these attacks)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from relay.providers.collection import found_files
+from relay.providers.contract import FileEntry
+
+
+class _Listing:
+    """A sandbox whose file API lists ``entries`` in every folder it is asked for."""
+
+    def __init__(self, entries: list[FileEntry]) -> None:
+        self.entries = entries
+        self.listed: list[str] = []
+
+    async def list_folder(self, path: str) -> list[FileEntry]:
+        self.listed.append(path)
+        return self.entries
+
+    async def read_file(
+        self, path: str, limit: int, size: int | None = None
+    ) -> AsyncIterator[bytes]:
+        raise AssertionError(f"nothing is read while listing: {path}")
+        yield b""
+
+
+async def test_a_listing_that_names_dot_or_dot_dot_never_gives_an_artifact_above_its_folder() -> (
+    None
+):
+    sandbox = _Listing(
+        [FileEntry("..", "file", 3), FileEntry(".", "file", 1), FileEntry("..", "folder")]
+    )
+    found = [
+        entry
+        async for entry in found_files(
+            sandbox,  # type: ignore[arg-type]
+            [".*", "out/.*", "*/x"],
+            workdir=None,
+            max_files=10,
+        )
+    ]
+    to_read = [entry for entry in found if entry.skipped is None]
+    assert to_read == [], to_read
+    assert all(".." not in entry.name.split("/") for entry in found if entry.path), found
+    assert "/workspace/.." not in sandbox.listed and "/workspace/." not in sandbox.listed
