@@ -9,9 +9,10 @@ provider:
 - a link is never followed, at any level (a folder reached through a link is not entered,
   a matched link is listed as skipped), and a device, FIFO or socket is never opened;
 - a name is checked before it becomes part of a path the relay keeps: not ``.`` nor
-  ``..`` (which a hostile file API may list), no ``/``, NUL or control characters, valid
-  UTF-8, at most 255 bytes (the whole path 1024), and normalised to Unicode NFC (two files
-  whose names normalise alike are one artifact, the first);
+  ``..`` (which a hostile file API may list), no ``/``, NUL, control characters or
+  characters that reorder text (a name shown as another), valid UTF-8, at most 255 bytes
+  (the whole path 1024), and normalised to Unicode NFC (two files whose names normalise
+  alike are one artifact, the first);
 - ``*``, ``?`` and ``[...]`` match within one name and match a leading ``.`` only when the
   pattern has one (the shell's rule); the walk is sorted, so the same files give the same
   list, and each folder is listed once;
@@ -37,6 +38,11 @@ GLOB_CHARACTERS = frozenset("*?[")
 """What makes a name in a declared path a pattern (``fnmatch``'s), not a literal name."""
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 1024
+BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+"""Characters that reorder the text around them: in a name they make ``invoice\u202egnp.exe``
+show as ``invoiceexe.png`` wherever it is drawn (the console, a download's file name)."""
 LINK = "a symbolic link (links are not followed)"
 SPECIAL = "not a regular file (a device, FIFO or socket is never opened)"
 
@@ -108,7 +114,7 @@ def shown(name: str) -> str:
     """``name`` as text safe to store and show: control characters and undecodable bytes
     replaced, cut to 255 characters."""
     text = name.encode("utf-8", "replace").decode("utf-8")
-    return "".join("\ufffd" if _control(char) else char for char in text)[:MAX_NAME_BYTES]
+    return "".join("\ufffd" if _unshowable(char) else char for char in text)[:MAX_NAME_BYTES]
 
 
 def name_problem(name: str) -> str | None:
@@ -122,6 +128,8 @@ def name_problem(name: str) -> str | None:
         return "its name is not a file name (a / or NUL in it, or . or ..)"
     if any(_control(char) for char in name):
         return "its name has control characters"
+    if not BIDI_CONTROLS.isdisjoint(name):
+        return "its name has characters that reorder text"
     if size > MAX_NAME_BYTES:
         return f"its name is over {MAX_NAME_BYTES} bytes"
     return None
@@ -129,6 +137,10 @@ def name_problem(name: str) -> str | None:
 
 def _control(char: str) -> bool:
     return unicodedata.category(char) in ("Cc", "Cs")
+
+
+def _unshowable(char: str) -> bool:
+    return _control(char) or char in BIDI_CONTROLS
 
 
 class _Walk:

@@ -6,14 +6,17 @@ elsewhere in any client (``/v1/runs/ID/artifacts/out/..`` is ``/v1/runs/ID/artif
 and a path made from it would climb out of the folder read.
 
 The hostile file API cannot run here, so its answers are given by a sandbox object that
-lists exactly them (the one stub in these attacks)."""
+lists exactly them (the one stub in these attacks). Names a job makes itself go through
+the local provider with real bubblewrap."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from relay.providers.collection import found_files
 from relay.providers.contract import FileEntry
+from tests.providers.test_local_artifacts import _run
 
 
 class _Listing:
@@ -53,3 +56,14 @@ async def test_a_listing_that_names_dot_or_dot_dot_never_gives_an_artifact_above
     assert to_read == [], to_read
     assert all(".." not in entry.name.split("/") for entry in found if entry.path), found
     assert "/workspace/.." not in sandbox.listed and "/workspace/." not in sandbox.listed
+
+
+async def test_a_name_that_reorders_its_own_text_is_never_an_artifact(tmp_path: Path) -> None:
+    # "invoice\u202egnp.exe" shows as "invoiceexe.png" wherever it is drawn (the console's
+    # table, a download's file name): a program dressed as a picture.
+    script = "mkdir -p out && printf 'MZ' > \"out/$(printf 'invoice\\342\\200\\256gnp.exe')\""
+    run, kept = await _run(tmp_path, script, ["out/*"])
+    [entry] = run.artifacts
+    assert entry.sha256 is None and kept == b""
+    assert entry.skipped == "its name has characters that reorder text"
+    assert "\u202e" not in entry.name
