@@ -18,7 +18,9 @@ provider:
   list, and each folder is listed once;
 - at most ``max_files`` files are yielded for reading and at most ``max_files`` more
   entries as skipped; past those, one entry per pattern counts what else matched, so
-  10,000 matches cost a listing, not 10,000 entries.
+  10,000 matches cost a listing, not 10,000 entries;
+- at most :data:`MAX_WALK_NAMES` names are listed in all (past them, an entry per pattern
+  says the walk stopped).
 
 Reading a file, and the byte caps, are the caller's (relay/runs/artifacts.py).
 """
@@ -43,6 +45,11 @@ BIDI_CONTROLS = frozenset(
 )
 """Characters that reorder the text around them: in a name they make ``invoice\u202egnp.exe``
 show as ``invoiceexe.png`` wherever it is drawn (the console, a download's file name)."""
+MAX_WALK_NAMES = 100_000
+"""Most names one collection lists, over all its folders: the listings are held until it
+ends, so a job's million files (hard links cost its tmpfs nothing) cost the relay tens of
+megabytes, not hundreds. Past it no further folder is listed, and the patterns left say so."""
+SPENT = f"the run's folders hold more than {MAX_WALK_NAMES} names: not all were looked at"
 LINK = "a symbolic link (links are not followed)"
 SPECIAL = "not a regular file (a device, FIFO or socket is never opened)"
 
@@ -150,16 +157,27 @@ class _Walk:
         self.sandbox = sandbox
         self.root = root
         self.listings: dict[str, list[FileEntry] | None] = {}
+        self.names = 0
+        """Names listed so far, in every folder (held until the walk ends)."""
+        self.missed = False
+        """A listing was cut, or a folder not listed, at :data:`MAX_WALK_NAMES`."""
 
     async def entries(self, folder: str) -> list[FileEntry] | None:
-        """The folder's entries sorted by name; ``None`` where there is no folder."""
+        """The folder's entries sorted by name; ``None`` where there is no folder (or the
+        walk is spent)."""
         if folder not in self.listings:
+            if self.names >= MAX_WALK_NAMES:
+                self.missed = True
+                return None
             try:
                 listed = await self.sandbox.list_folder(folder)
             except FileUnreadable:
                 self.listings[folder] = None
             else:
-                self.listings[folder] = sorted(listed, key=lambda entry: entry.name)
+                kept = listed[: MAX_WALK_NAMES - self.names]
+                self.names += len(kept)
+                self.missed = self.missed or len(kept) < len(listed)
+                self.listings[folder] = sorted(kept, key=lambda entry: entry.name)
         return self.listings[folder]
 
     async def matches(self, pattern: str) -> AsyncIterator[Found]:
@@ -250,13 +268,18 @@ async def found_files(
             else:
                 beyond += 1
         if not matched:
-            if is_glob(pattern):
+            if walk.missed:
+                yield Found(pattern, skipped=SPENT)
+            elif is_glob(pattern):
                 yield Found(pattern, skipped="no file matched")
             else:
                 yield Found(pattern, skipped="not found")
-        elif beyond:
-            yield Found(
-                pattern,
-                skipped=f"{beyond} more matches, neither kept nor listed (past twice "
-                f"RELAY_ARTIFACTS_MAX_FILES, {max_files})",
-            )
+        else:
+            if beyond:
+                yield Found(
+                    pattern,
+                    skipped=f"{beyond} more matches, neither kept nor listed (past twice "
+                    f"RELAY_ARTIFACTS_MAX_FILES, {max_files})",
+                )
+            if walk.missed:
+                yield Found(pattern, skipped=SPENT)

@@ -6,15 +6,15 @@ elsewhere in any client (``/v1/runs/ID/artifacts/out/..`` is ``/v1/runs/ID/artif
 and a path made from it would climb out of the folder read.
 
 The hostile file API cannot run here, so its answers are given by a sandbox object that
-lists exactly them (the one stub in these attacks). Names a job makes itself go through
-the local provider with real bubblewrap."""
+lists exactly them (the one stub in these attacks). Names and folders a job makes itself
+go through the local provider with real bubblewrap."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from relay.providers.collection import found_files
+from relay.providers.collection import SPENT, found_files
 from relay.providers.contract import FileEntry
 from tests.providers.test_local_artifacts import _run
 
@@ -67,3 +67,37 @@ async def test_a_name_that_reorders_its_own_text_is_never_an_artifact(tmp_path: 
     assert entry.sha256 is None and kept == b""
     assert entry.skipped == "its name has characters that reorder text"
     assert "\u202e" not in entry.name
+
+
+async def test_a_declared_file_in_a_folder_of_many_files_is_found(tmp_path: Path) -> None:
+    # tmpfs lists a folder newest first: the report comes after 5,000 names (~100 KiB).
+    script = (
+        'echo kept > report.json && seq -f "%06g-padding-to-make-the-name-long" 5000 | xargs touch'
+    )
+    run, kept = await _run(tmp_path, script, ["report.json"])
+    [entry] = run.artifacts
+    assert entry.skipped is None and kept == b"kept\n", entry
+
+
+async def test_a_walk_over_a_million_names_stops_listing_at_its_bound() -> None:
+    """A job's folders can hold millions of names (hard links cost its tmpfs nothing), and
+    the walk holds every listing until it ends: each folder here lists 60,000 folders."""
+    wide = [FileEntry(f"{number:06}", "folder") for number in range(60_000)]
+
+    class _Wide(_Listing):
+        async def list_folder(self, path: str) -> list[FileEntry]:
+            assert len(self.listed) < 5, "the walk went on listing past its bound"
+            return await super().list_folder(path)
+
+    sandbox = _Wide(wide)
+    found = [
+        entry
+        async for entry in found_files(
+            sandbox,  # type: ignore[arg-type]
+            ["*/*/report.json"],
+            workdir=None,
+            max_files=10,
+        )
+    ]
+    assert len(sandbox.listed) == 2  # the root, then one folder cut at the bound
+    assert [entry.skipped for entry in found] == [SPENT]
