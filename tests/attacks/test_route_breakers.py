@@ -15,6 +15,7 @@ import pytest
 
 from relay.run_state import RunState
 from relay.runs.models import RunRequest
+from relay.runs.reaper import Reaper
 from relay.runs.view import run_model
 from relay.store.records import RunRecord
 from tests.runs.test_route import PRINCIPAL, Routed, routed
@@ -73,3 +74,31 @@ async def test_a_run_canceled_during_the_failover_keeps_its_failed_attempts_on_r
     async with routed(tmp_path) as routing:
         run = await _canceled_during_failover(routing)
         assert [attempt.provider for attempt in run_model(run).attempts][:1] == ["e2b"]
+
+
+async def test_a_sandbox_a_failed_create_made_is_ended_though_its_terminates_fail(
+    tmp_path: Path,
+) -> None:
+    """Memory's create makes a sandbox then answers 503, and refuses its terminate and its
+    next; the run goes on on E2B, and the reaper's sweeps end memory's sandbox."""
+    async with routed(tmp_path, order=("memory", "e2b")) as routing:
+        routing.world.faults.create_allocates_then_fails = True
+        routing.world.faults.terminate_failures = 2
+        run = await routing.run()
+        assert run.state is RunState.succeeded, run.error_message
+        assert run.provider == "e2b" and not routing.world.started
+        assert routing.world.alive(), "the terminates failed: it is still there"
+        service = routing.service
+        reaper = Reaper(
+            service.store,
+            service.providers,
+            service.settings,
+            holds=service.holds,
+            instance_id=service.instance_id,
+            events=service.events,
+            grace_s=5,
+            single_replica=True,
+        )
+        for _ in range(3):  # each sweep tries once; the world refuses two terminates in all
+            report = await reaper.sweep()
+        assert not routing.world.alive(), report
