@@ -26,8 +26,9 @@ holds one. What it does:
 
 A provider is tried at most once per run. Every attempt that did not run the command is an
 :class:`~relay.providers.contract.Attempt` on the provenance of the sandbox yielded (or, when
-the route runs out, in the error's ``details["attempts"]``), and an ``attempt`` event on the
-bus ("e2b: create timed out after 10 s; trying daytona").
+the route runs out, in the error's ``details["attempts"]``; when the run is canceled before a
+sandbox came, on :attr:`Route.attempts`), and an ``attempt`` event on the bus ("e2b: create
+timed out after 10 s; trying daytona").
 """
 
 from __future__ import annotations
