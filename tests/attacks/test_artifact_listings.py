@@ -14,8 +14,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from relay.providers.collection import SPENT, found_files
 from relay.providers.contract import FileEntry
+from relay.runs.models import RunRequest
 from tests.providers.test_local_artifacts import _run
 
 
@@ -101,3 +105,12 @@ async def test_a_walk_over_a_million_names_stops_listing_at_its_bound() -> None:
     ]
     assert len(sandbox.listed) == 2  # the root, then one folder cut at the bound
     assert [entry.skipped for entry in found] == [SPENT]
+
+
+@pytest.mark.parametrize(
+    "pattern", ["out/invoice\u202egnp.exe", "out/a\nb.txt", "out/\x1b[31mred", "out/x\u200ey"]
+)
+def test_a_declared_path_with_a_name_no_listing_may_give_is_refused(pattern: str) -> None:
+    # Matching nothing, a pattern is an entry's name: shown as a listed one would be.
+    with pytest.raises(ValidationError, match="cannot be an artifact's"):
+        RunRequest(command=["true"], artifacts=[pattern])
