@@ -36,6 +36,7 @@ a provider's response body, headers or keys are never copied into one.
     ├── StoreUnavailable (503 store_unavailable)
     ├── FileUnreadable (422 file_unreadable) -- why an artifact was skipped, never an answer
     ├── ProviderError (502 provider_error)
+    │   ├── ImageNotFound (502 provider_error) -- the run's own image: no breaker counts it
     │   ├── ProviderAuth (502 provider_auth)
     │   ├── SandboxLost (502 sandbox_lost)
     │   ├── ProviderRateLimited (503 provider_rate_limited)
@@ -214,6 +215,14 @@ class ProviderError(RelayError):
     """A fault at or on the way to the sandbox provider (never carries its body)."""
 
     status, code, default_message = 502, "provider_error", "the provider failed"
+
+
+class ImageNotFound(ProviderError):
+    """The provider has no image (template, snapshot) of the name the run asked for: the
+    run's own fault, which a request can repeat at will, so it never counts against the
+    provider's breaker (relay/runs/breakers.py); a route still tries the next provider."""
+
+    default_message = "the provider has no such image"
 
 
 class ProviderAuth(ProviderError):

@@ -8,15 +8,19 @@ provider:
 
 - a link is never followed, at any level (a folder reached through a link is not entered,
   a matched link is listed as skipped), and a device, FIFO or socket is never opened;
-- a name is checked before it becomes part of a path the relay keeps: no ``/``, NUL or
-  control characters, valid UTF-8, at most 255 bytes (the whole path 1024), and normalised
-  to Unicode NFC (two files whose names normalise alike are one artifact, the first);
+- a name is checked before it becomes part of a path the relay keeps: not ``.`` nor
+  ``..`` (which a hostile file API may list), no ``/``, NUL, control characters or
+  characters that reorder text (a name shown as another), valid UTF-8, at most 255 bytes
+  (the whole path 1024), and normalised to Unicode NFC (two files whose names normalise
+  alike are one artifact, the first);
 - ``*``, ``?`` and ``[...]`` match within one name and match a leading ``.`` only when the
   pattern has one (the shell's rule); the walk is sorted, so the same files give the same
   list, and each folder is listed once;
 - at most ``max_files`` files are yielded for reading and at most ``max_files`` more
   entries as skipped; past those, one entry per pattern counts what else matched, so
-  10,000 matches cost a listing, not 10,000 entries.
+  10,000 matches cost a listing, not 10,000 entries;
+- at most :data:`MAX_WALK_NAMES` names are listed in all (past them, an entry per pattern
+  says the walk stopped).
 
 Reading a file, and the byte caps, are the caller's (relay/runs/artifacts.py).
 """
@@ -36,6 +40,16 @@ GLOB_CHARACTERS = frozenset("*?[")
 """What makes a name in a declared path a pattern (``fnmatch``'s), not a literal name."""
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 1024
+BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+"""Characters that reorder the text around them: in a name they make ``invoice\u202egnp.exe``
+show as ``invoiceexe.png`` wherever it is drawn (the console, a download's file name)."""
+MAX_WALK_NAMES = 100_000
+"""Most names one collection lists, over all its folders: the listings are held until it
+ends, so a job's million files (hard links cost its tmpfs nothing) cost the relay tens of
+megabytes, not hundreds. Past it no further folder is listed, and the patterns left say so."""
+SPENT = f"the run's folders hold more than {MAX_WALK_NAMES} names: not all were looked at"
 LINK = "a symbolic link (links are not followed)"
 SPECIAL = "not a regular file (a device, FIFO or socket is never opened)"
 
@@ -107,7 +121,7 @@ def shown(name: str) -> str:
     """``name`` as text safe to store and show: control characters and undecodable bytes
     replaced, cut to 255 characters."""
     text = name.encode("utf-8", "replace").decode("utf-8")
-    return "".join("\ufffd" if _control(char) else char for char in text)[:MAX_NAME_BYTES]
+    return "".join("\ufffd" if _unshowable(char) else char for char in text)[:MAX_NAME_BYTES]
 
 
 def name_problem(name: str) -> str | None:
@@ -117,10 +131,12 @@ def name_problem(name: str) -> str | None:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError:
         return "its name is not UTF-8 text"
-    if "/" in name or "\x00" in name:
-        return "its name is not a file name (a / or NUL in it)"
+    if "/" in name or "\x00" in name or name in (".", ".."):
+        return "its name is not a file name (a / or NUL in it, or . or ..)"
     if any(_control(char) for char in name):
         return "its name has control characters"
+    if not BIDI_CONTROLS.isdisjoint(name):
+        return "its name has characters that reorder text"
     if size > MAX_NAME_BYTES:
         return f"its name is over {MAX_NAME_BYTES} bytes"
     return None
@@ -130,6 +146,10 @@ def _control(char: str) -> bool:
     return unicodedata.category(char) in ("Cc", "Cs")
 
 
+def _unshowable(char: str) -> bool:
+    return _control(char) or char in BIDI_CONTROLS
+
+
 class _Walk:
     """One collection's walk: each folder listed at most once, names seen once."""
 
@@ -137,16 +157,27 @@ class _Walk:
         self.sandbox = sandbox
         self.root = root
         self.listings: dict[str, list[FileEntry] | None] = {}
+        self.names = 0
+        """Names listed so far, in every folder (held until the walk ends)."""
+        self.missed = False
+        """A listing was cut, or a folder not listed, at :data:`MAX_WALK_NAMES`."""
 
     async def entries(self, folder: str) -> list[FileEntry] | None:
-        """The folder's entries sorted by name; ``None`` where there is no folder."""
+        """The folder's entries sorted by name; ``None`` where there is no folder (or the
+        walk is spent)."""
         if folder not in self.listings:
+            if self.names >= MAX_WALK_NAMES:
+                self.missed = True
+                return None
             try:
                 listed = await self.sandbox.list_folder(folder)
             except FileUnreadable:
                 self.listings[folder] = None
             else:
-                self.listings[folder] = sorted(listed, key=lambda entry: entry.name)
+                kept = listed[: MAX_WALK_NAMES - self.names]
+                self.names += len(kept)
+                self.missed = self.missed or len(kept) < len(listed)
+                self.listings[folder] = sorted(kept, key=lambda entry: entry.name)
         return self.listings[folder]
 
     async def matches(self, pattern: str) -> AsyncIterator[Found]:
@@ -237,13 +268,18 @@ async def found_files(
             else:
                 beyond += 1
         if not matched:
-            if is_glob(pattern):
+            if walk.missed:
+                yield Found(pattern, skipped=SPENT)
+            elif is_glob(pattern):
                 yield Found(pattern, skipped="no file matched")
             else:
                 yield Found(pattern, skipped="not found")
-        elif beyond:
-            yield Found(
-                pattern,
-                skipped=f"{beyond} more matches, neither kept nor listed (past twice "
-                f"RELAY_ARTIFACTS_MAX_FILES, {max_files})",
-            )
+        else:
+            if beyond:
+                yield Found(
+                    pattern,
+                    skipped=f"{beyond} more matches, neither kept nor listed (past twice "
+                    f"RELAY_ARTIFACTS_MAX_FILES, {max_files})",
+                )
+            if walk.missed:
+                yield Found(pattern, skipped=SPENT)

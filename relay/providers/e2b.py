@@ -55,6 +55,7 @@ from relay.errors import (
     ConfigError,
     EgressUnsupported,
     FileUnreadable,
+    ImageNotFound,
     ProviderAuth,
     ProviderError,
     ProviderRateLimited,
@@ -214,7 +215,7 @@ class E2BProvider(SandboxProvider["E2BSandbox"]):
             )
         except Exception as exc:
             if getattr(exc, "status_code", None) == 404:
-                raise ProviderError(f"E2B has no template named {template!r}") from exc
+                raise ImageNotFound(f"E2B has no template named {template!r}") from exc
             raise
         return E2BSandbox(self, sdk)
 

@@ -20,6 +20,7 @@ from pydantic import (
     field_validator,
 )
 
+from relay.providers.collection import name_problem
 from relay.run_state import RunState
 
 MAX_ARGV_ITEMS = 32
@@ -104,6 +105,11 @@ def artifact_pattern(value: str) -> str:
     normal = _relative_path(value)
     if normal == ".":
         raise ValueError("names the workdir itself, not a file")
+    for part in normal.split("/"):
+        # What a listed name may not be, a declared one may not either: it is an entry's
+        # name when nothing matches it, shown in the console like any other.
+        if (problem := name_problem(part)) is not None:
+            raise ValueError(f"a name in it cannot be an artifact's: {problem}")
     if "**" in normal:
         raise ValueError("** is not supported: name each folder level (out/*/*.png)")
     return normal

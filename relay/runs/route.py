@@ -26,8 +26,9 @@ holds one. What it does:
 
 A provider is tried at most once per run. Every attempt that did not run the command is an
 :class:`~relay.providers.contract.Attempt` on the provenance of the sandbox yielded (or, when
-the route runs out, in the error's ``details["attempts"]``), and an ``attempt`` event on the
-bus ("e2b: create timed out after 10 s; trying daytona").
+the route runs out, in the error's ``details["attempts"]``; when the run is canceled before a
+sandbox came, on :attr:`Route.attempts`), and an ``attempt`` event on the bus ("e2b: create
+timed out after 10 s; trying daytona").
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from relay.providers.contract import Sandbox, SandboxSpec
+from relay.providers.contract import Attempt, Sandbox, SandboxSpec
 from relay.runs.planning import Plan
 from relay.runs.route_sandbox import ATTEMPTS, RouteSandbox, Routing
 
@@ -50,12 +51,20 @@ class Route:
         self.retry_safe = plan.retry_safe
         self.skipped = dict(plan.skipped)
         self.routing = routing
+        self.box: RouteSandbox | None = None
+        """The run's route sandbox once asked for: its attempts outlive a cancel that came
+        before it yielded a sandbox (then nothing else carries them)."""
+
+    @property
+    def attempts(self) -> tuple[Attempt, ...]:
+        """The attempts the route has made so far (none before it is asked)."""
+        return tuple(self.box.attempts) if self.box is not None else ()
 
     @asynccontextmanager
     async def sandbox(self, spec: SandboxSpec) -> AsyncIterator[Sandbox]:
         """The first sandbox a candidate gives (``spec`` names the run; each candidate has
         its own spec); leaving ends whichever sandbox the run holds then."""
-        box = RouteSandbox(
+        box = self.box = RouteSandbox(
             self.candidates, self.retry_safe, self.routing, spec.run_id, self.skipped
         )
         await box.open_next(None)

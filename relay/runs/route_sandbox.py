@@ -19,7 +19,13 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from relay.cancellation import Deadline
-from relay.errors import ProviderError, ProviderTimeout, ProviderUnavailable, RelayError
+from relay.errors import (
+    ImageNotFound,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    RelayError,
+)
 from relay.providers.contract import (
     Attempt,
     ExecResult,
@@ -252,6 +258,9 @@ class RouteSandbox:
         try:
             with Deadline(max(0.0, self._budget_left())):
                 inner = await stack.enter_async_context(provider.sandbox(spec))
+        except ImageNotFound as exc:  # the run's own image: says nothing of the provider
+            breakers.released(name, exc.code)
+            return self._failed(name, None, exc, began)
         except ProviderError as exc:
             breakers.failed(name, exc.code)
             return self._failed(name, None, exc, began)

@@ -28,6 +28,7 @@ from relay.runs.attempts import attempts_json
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
 from relay.runs.planning import Plan
+from relay.runs.route import Route
 from relay.settings import Settings
 from relay.store.artifacts import Artifacts
 from relay.store.records import RunRecord, RunValues
@@ -106,6 +107,9 @@ class RunTask:
                     self._ran_on(sandbox)
                 terminate_started = time.monotonic()
             self.watch.timings["terminate_ms"] = _ms_since(terminate_started)
+        except asyncio.CancelledError:
+            self._canceled_on_the_way()
+            raise
         except Exception as exc:
             final = failure(self.run, self.plan, final, exc)
             self._failed_by(exc, final)
@@ -122,6 +126,12 @@ class RunTask:
         self.exhausted = any(tried.sandbox_id == sandbox.id for tried in provenance.attempts)
         if sandbox.id != self.run.sandbox_id or provenance.provider != self.run.provider:
             self.run = self.run.changed(sandbox_id=sandbox.id, provider=provenance.provider)
+
+    def _canceled_on_the_way(self) -> None:
+        """Canceled while a route was still getting a sandbox: the attempts it made (each
+        billed for as long as it took) are the run's record and its whole cost."""
+        if self.provenance is None and isinstance(self.door, Route) and self.door.attempts:
+            self.failed, self.exhausted = self.door.attempts, True
 
     def _failed_by(self, exc: Exception, final: RunValues) -> None:
         """The attempts of a run that ended by ``exc``: a route's that ran out (in its

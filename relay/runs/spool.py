@@ -25,7 +25,8 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
+import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,9 @@ class Spool:
 
     def load(self, skip: Iterable[str] = ()) -> list[Spooled]:
         """The outcomes in the spool (but those of ``skip``); an unreadable file is named
-        in a log line and left for the operator."""
+        in a log line and left for the operator: one that is not a regular file (a link, a
+        FIFO: never opened so that a start could block), not a spooled outcome's JSON, or
+        naming another run than its file name does (replayed, it would finish that run)."""
         skipped = set(skip)
         found = []
         for path in self._files():
@@ -174,7 +177,10 @@ class Spool:
             if run_id in skipped:
                 continue
             try:
-                found.append(_decoded(json.loads(path.read_bytes())))
+                spooled = _decoded(json.loads(_read_regular(path)))
+                if spooled.run.id != run_id:
+                    raise ValueError("the file names another run than its own name does")
+                found.append(spooled)
             except (OSError, ValueError, TypeError, KeyError) as exc:
                 log.error(
                     "a spool file could not be read; left in place",
@@ -210,6 +216,16 @@ class Spool:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of the regular file at ``path``: a link is not followed, and a FIFO or a
+    device is refused without blocking (none is what a relay spools)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        return file.read()
 
 
 def _say(entry: Spooled, what: str, level: int, exc: OSError | None = None) -> None:
@@ -302,7 +318,11 @@ def _encoded(entry: Spooled) -> dict[str, Any]:
     return {"format": _FORMAT, "run": run, "values": values}
 
 
-def _decoded(document: Mapping[str, Any]) -> Spooled:
+def _decoded(document: Any) -> Spooled:
+    if not isinstance(document, dict) or not all(
+        isinstance(document.get(part), dict) for part in ("run", "values")
+    ):
+        raise TypeError("not a spooled outcome")
     if document.get("format") != _FORMAT:
         raise ValueError(f"spool format {document.get('format')!r}")
     fields = {name: value for name, value in document["run"].items() if name in _RUN_FIELDS}

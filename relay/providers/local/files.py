@@ -81,7 +81,7 @@ async def listed(prefix: Sequence[str], path: str, fds: Sequence[int]) -> list[F
     assert process.stdout is not None
     try:
         async with asyncio.timeout(LIST_TIMEOUT_S):
-            listing = await process.stdout.read(MAX_LISTING_BYTES)
+            listing = await _read_up_to(process.stdout, MAX_LISTING_BYTES)
             more = await process.stdout.read(1)
             code = None if more else await process.wait()
     except TimeoutError as exc:
@@ -91,6 +91,17 @@ async def listed(prefix: Sequence[str], path: str, fds: Sequence[int]) -> list[F
     if code not in (0, None):
         raise FileUnreadable("no such folder")
     return find_entries(listing)
+
+
+async def _read_up_to(stream: asyncio.StreamReader, limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``stream``, fewer only at its end (one ``read(limit)``
+    returns what the pipe holds at the moment: about 64 KiB of a long listing)."""
+    chunks: list[bytes] = []
+    left = limit
+    while left > 0 and (chunk := await stream.read(min(left, READ_CHUNK))):
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 async def read(
