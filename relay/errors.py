@@ -217,10 +217,18 @@ class ProviderError(RelayError):
     status, code, default_message = 502, "provider_error", "the provider failed"
 
 
-class ImageNotFound(ProviderError):
-    """The provider has no image (template, snapshot) of the name the run asked for: the
-    run's own fault, which a request can repeat at will, so it never counts against the
-    provider's breaker (relay/runs/breakers.py); a route still tries the next provider."""
+class ProviderRefused(ProviderError):
+    """The provider refused what the run asked for with an answer in the 4xx range the
+    adapter has no name for (not a refused key, not a rate limit, not a lost sandbox): as
+    far as the relay can tell, the run's own fault, which a request can repeat at will, so
+    it never counts against the provider's breaker (relay/runs/breakers.py); a route still
+    tries the next provider."""
+
+    default_message = "the provider refused the request"
+
+
+class ImageNotFound(ProviderRefused):
+    """The provider has no image (template, snapshot) of the name the run asked for."""
 
     default_message = "the provider has no such image"
 

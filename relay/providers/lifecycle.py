@@ -35,6 +35,7 @@ from relay.errors import (
     ProviderAuth,
     ProviderError,
     ProviderRateLimited,
+    ProviderRefused,
     ProviderTimeout,
     ProviderUnavailable,
     RelayError,
@@ -69,6 +70,15 @@ SWEEP_ASIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("sweep_aside"
 a failed create may run beside what comes next instead of before it: the next attempt is
 on another provider, so the sweep cannot touch its sandbox, and what the sweep leaves, the
 reaper ends once the run is final (its sandboxes are tagged with the run)."""
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status an SDK's exception carries, under the names SDKs give it."""
+    for name in ("status_code", "status"):
+        status = getattr(exc, name, None)
+        if isinstance(status, int) and not isinstance(status, bool):
+            return status
+    return None
 
 
 def variables_file(env: Mapping[str, str]) -> bytes:
@@ -456,6 +466,11 @@ class SandboxProvider(ABC, Generic[S]):
         if found is None:
             if isinstance(exc, TimeoutError):
                 found = ProviderTimeout
+            elif (status := _status_of(exc)) is not None and 400 <= status < 500:
+                # An answer about what was asked (a name, a size, a field), no outage.
+                return ProviderRefused(
+                    f"{self.label} refused the request while {action} (HTTP {status})"
+                )
             else:
                 return ProviderError(f"{self.label} failed while {action} ({type(exc).__name__})")
         if isinstance(found, type) and found is SandboxLost and not in_sandbox:

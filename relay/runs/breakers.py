@@ -14,9 +14,10 @@ blind routing). A breaker is:
 
 What counts: a provider's fault at a create (unavailable, timeout, refused credentials,
 rate limit or quota) or a sandbox lost before its command started; never a request's own
-fault (its size, its egress, an image the provider does not have:
-:class:`~relay.errors.ImageNotFound`) nor the job's exit. A run whose route holds one provider does
-not go through a route, so it neither asks the breaker nor counts (it has nowhere else to go).
+fault (its size, its egress, an image the provider does not have, any other 4xx answer the
+adapter has no name for: :class:`~relay.errors.ProviderRefused`) nor the job's exit. A run
+whose route holds one provider does not go through a route, so it neither asks the breaker
+nor counts (it has nowhere else to go).
 
 :class:`~relay.runs.capacity.Capacity` sits beside the breaker: whether a provider can
 take one more run (``RELAY_<NAME>_MAX_CONCURRENT``).

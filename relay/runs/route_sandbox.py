@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from relay.cancellation import Deadline
 from relay.errors import (
-    ImageNotFound,
     ProviderError,
+    ProviderRefused,
     ProviderTimeout,
     ProviderUnavailable,
     RelayError,
@@ -258,7 +258,7 @@ class RouteSandbox:
         try:
             with Deadline(max(0.0, self._budget_left())):
                 inner = await stack.enter_async_context(provider.sandbox(spec))
-        except ImageNotFound as exc:  # the run's own image: says nothing of the provider
+        except ProviderRefused as exc:  # the run's own ask: says nothing of the provider
             breakers.released(name, exc.code)
             return self._failed(name, None, exc, began)
         except ProviderError as exc:

@@ -96,3 +96,21 @@ async def test_a_sandbox_a_failed_create_made_is_ended_though_its_terminates_fai
         for _ in range(3):  # each sweep tries once; the world refuses two terminates in all
             report = await reaper.sweep()
         assert not routing.world.alive(), report
+
+
+async def test_a_4xx_a_provider_answers_a_runs_create_never_opens_its_breaker(
+    tmp_path: Path,
+) -> None:
+    """Any answer in the 4xx range the adapter has no name for (here memory's 400 to every
+    create) is about what was asked: each run still tries memory first, then runs on E2B."""
+    async with routed(tmp_path, order=("memory", "e2b"), breaker_failures=2) as routing:
+        routing.world.faults.create_status = 400
+        service = routing.service
+        for _ in range(3):
+            run = await routing.run()
+            tried = [
+                (a.provider, a.error.code if a.error else None) for a in run_model(run).attempts
+            ]
+            assert tried[0] == ("memory", "provider_error"), tried
+            assert run.provider == "e2b", run.error_message
+        assert service.breakers.state("memory") == "closed"
