@@ -259,6 +259,7 @@ ERROR_CLASSES: tuple[type[RelayError], ...] = (
     TokenExpired,
     Forbidden,
     NotFound,
+    ArtifactGone,
     MethodNotAllowed,
     IdempotencyConflict,
     RunNotCancelable,

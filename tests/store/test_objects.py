@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
+import boto3  # type: ignore[import-untyped]
 import pytest
 import sqlalchemy as sa
 from moto.server import ThreadedMotoServer
