@@ -93,7 +93,11 @@ class Objects:
                 store = from_url(url, config=options or None, client_options=client)  # type: ignore[arg-type]
             async for _ in obstore.list(store, prefix=UPLOADS, chunk_size=1):
                 break  # one answer is all the check needs
-        except Exception as exc:  # obstore's errors name the service, never the secrets
+        except BaseException as exc:  # obstore's errors name the service, never the secrets
+            # A bad option is a Rust panic in obstore (pyo3's PanicException, a
+            # BaseException): a start error like any other, not a crash.
+            if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+                raise
             raise ConfigError(
                 f"RELAY_ARTIFACTS_URL {shown!r} is not usable: {type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}"

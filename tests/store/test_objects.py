@@ -20,6 +20,7 @@ from moto.server import ThreadedMotoServer
 from starlette.testclient import TestClient
 
 from relay.auth import new_token
+from relay.cli.prune import _prune as prune_command
 from relay.errors import ConfigError
 from relay.http.app import create_app
 from relay.providers.memory import MemoryProvider, MemoryWorld
@@ -27,7 +28,7 @@ from relay.store import retention
 from relay.store.artifacts import Artifacts, BlobMissing, StoredArtifact
 from relay.store.database import Store
 from relay.store.objects import Objects
-from relay.store.schema import artifact_chunks
+from relay.store.schema import artifact_blobs, artifact_chunks
 from testing.rows import run_row
 from tests.conftest import make_settings
 
@@ -97,10 +98,9 @@ async def _read(artifacts: Artifacts, digest: str, start: int = 0, end: int | No
 
 
 async def test_contents_go_to_the_bucket_by_hash_once_and_a_second_replica_reads_them(
-    tmp_path: Path, s3: str, bucket: str
+    database_url: str, s3: str, bucket: str
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'relay.db'}"
-    first, second = await Store.open(url), await Store.open(url)
+    first, second = await Store.open(database_url), await Store.open(database_url)
     try:
         objects = await Objects.open(f"s3://{bucket}/relay/artifacts", _config(s3), s3)
         data = hashlib.sha256(b"seed").digest() * 400_000  # 12.8 MB: a multipart upload
@@ -179,6 +179,8 @@ async def test_a_url_that_cannot_be_used_stops_the_start_naming_the_setting(s3: 
     with pytest.raises(ConfigError, match="RELAY_ARTIFACTS_URL 's3://no-such-bucket/x'") as got:
         await Objects.open("s3://no-such-bucket/x", _config(s3), s3)
     assert "testing" not in str(got.value)  # the keys are never printed
+    with pytest.raises(ConfigError, match="RELAY_ARTIFACTS_URL"):  # obstore panics on it
+        await Objects.open("s3://bucket/x", {"aws_allow_http": "true"})
 
 
 BIG = "z" * 400
@@ -213,3 +215,25 @@ def test_a_runs_artifacts_download_from_the_bucket_and_a_deleted_object_is_410(
         _client(s3).delete_object(Bucket=bucket, Key=f"runs/{listed['out/hi.txt']['sha256']}")
         gone = client.get(listed["out/hi.txt"]["url"], headers=headers)
         assert gone.status_code == 410 and gone.json()["error"]["code"] == "artifact_gone"
+
+
+async def test_relay_prune_deletes_the_objects_and_counts_their_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "bucket"
+    settings = make_settings(tmp_path, artifacts_url=folder.as_uri())
+    store = await Store.open(settings.database_url)
+    try:
+        artifacts = Artifacts(store, await Objects.open(folder.as_uri()))
+        digest = await _keep(artifacts, b"old report" * 100)
+        await store.admit_run(run_row("run_old", state="succeeded", created_at=OLD))
+        await artifacts.record("run_old", [StoredArtifact("r.txt", 1000, digest)])
+        await store.write(  # last used long ago, as the run that named it
+            lambda conn: conn.execute(artifact_blobs.update().values(used_at=OLD))
+        )
+    finally:
+        await store.close()
+    assert (folder / digest).exists()
+    assert await prune_command(settings, 30, dry_run=False) == 0
+    assert not (folder / digest).exists()
+    assert "1 artifact content(s) no run names: 1000 bytes" in capsys.readouterr().out
