@@ -32,6 +32,7 @@ abandoned before the cutoff.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import secrets
 import time
@@ -43,8 +44,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from relay.store.database import Store
-from relay.store.objects import ObjectMissing, Objects, upload_name
+from relay.store.database import Store, is_store_failure
+from relay.store.objects import ObjectMissing, Objects, StorageFailed, upload_name
 from relay.store.schema import artifact_blobs, artifact_chunks, run_artifacts
 
 CHUNK_BYTES = 256 * 1024
@@ -169,28 +170,40 @@ class ObjectWriter:
         self.size = 0
         self._hash = hashlib.sha256()
         self._file: Any = None  # obstore's writer, opened with the first bytes
+        self._opened = False
 
     async def write(self, data: bytes) -> None:
         """Add ``data`` (obstore sends each full part as it fills)."""
-        if self._file is None:
-            self._file = self.objects.upload(self.upload)
         self._hash.update(data)
         self.size += len(data)
-        await self._file.write(data)
+        try:
+            if self._file is None:
+                self._opened, self._file = True, self.objects.upload(self.upload)
+            await self._file.write(data)
+        except Exception as exc:  # obstore's errors: the bucket did not take it
+            raise StorageFailed(f"{type(exc).__name__}: {_first_line(exc)}") from exc
 
     async def finish(self) -> tuple[str, int]:
         """Complete the upload and name it by its hash: ``(sha256, size)``. Content stored
         before is kept once (the upload is dropped); the blob's row is written only once
         its object is there."""
         digest, size = self._hash.hexdigest(), self.size
-        if self._file is None:  # empty: the object is written all the same (0 bytes)
-            self._file = self.objects.upload(self.upload)
-        await self._file.close()
-        self._file = None
-        if await self.store.write(lambda conn: _touch(conn, digest)):
-            await self.objects.drop(self.upload)
+        try:
+            if self._file is None:  # empty: the object is written all the same (0 bytes)
+                self._opened, self._file = True, self.objects.upload(self.upload)
+            await self._file.close()
+            self._file = None
+            stored = await self.store.write(lambda conn: _touch(conn, digest))
+            if stored:
+                await self.objects.drop(self.upload)
+            else:
+                await self.objects.keep(self.upload, digest)
+        except Exception as exc:
+            if is_store_failure(exc):
+                raise
+            raise StorageFailed(f"{type(exc).__name__}: {_first_line(exc)}") from exc
+        if stored:
             return digest, size
-        await self.objects.keep(self.upload, digest)
         blob = {"sha256": digest, "size": size, "chunks": 0, "chunk_bytes": 0}
 
         def work(conn: Connection) -> None:
@@ -201,13 +214,21 @@ class ObjectWriter:
         return digest, size
 
     async def discard(self) -> None:
-        """Drop what this upload wrote (a read that failed halfway)."""
+        """Drop what this upload wrote (a read that failed halfway); a bucket that does
+        not answer leaves it to pruning (its name ages it)."""
         file, self._file = self._file, None
-        if file is not None:
-            try:
+        if not self._opened:
+            return
+        with contextlib.suppress(Exception):
+            if file is not None:
                 await file.close()  # a multipart upload left open would linger unlisted
-            finally:
-                await self.objects.drop(self.upload)
+        with contextlib.suppress(Exception):
+            await self.objects.drop(self.upload)
+
+
+def _first_line(exc: BaseException) -> str:
+    """An obstore error's first line (its service and what failed; never credentials)."""
+    return str(exc).splitlines()[0] if str(exc) else ""
 
 
 _FIELDS = ("name", "size", "sha256", "content_type", "truncated", "skipped")

@@ -40,6 +40,11 @@ SCHEMES = ("s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "adl", "file", "me
 """The URL schemes obstore's ``from_url`` opens; anything else is refused at start."""
 
 
+class StorageFailed(Exception):
+    """The bucket did not take an upload (unreachable, refused, gone): the file is listed
+    as skipped, the run's result kept (relay/runs/artifacts.py)."""
+
+
 class ObjectMissing(LookupError):
     """The object is not in the bucket (deleted behind the relay's back, or never written)."""
 

@@ -187,10 +187,8 @@ BIG = "z" * 400
 WRITES = f"echo {BIG} > out/zeros.bin; echo hi > out/hi.txt"
 
 
-def test_a_runs_artifacts_download_from_the_bucket_and_a_deleted_object_is_410(
-    tmp_path: Path, s3: str, bucket: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The relay reads its bucket's credentials and endpoint as obstore does, from AWS_*.
+def _relay(tmp_path: Path, s3: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> TestClient:
+    # The relay reads its bucket's credentials as obstore does, from AWS_*.
     for name, value in {**KEYS, "AWS_REGION": "us-east-1"}.items():
         monkeypatch.setenv(name, value)
     settings = make_settings(
@@ -198,10 +196,17 @@ def test_a_runs_artifacts_download_from_the_bucket_and_a_deleted_object_is_410(
     )
     token = new_token(settings.tokens_file, "ops", command=True)
     provider = MemoryProvider(settings, MemoryWorld())
-    with TestClient(create_app(settings, providers={"memory": provider})) as client:
-        headers = {"Authorization": f"Bearer {token}"}
+    client = TestClient(create_app(settings, providers={"memory": provider}))
+    client.headers["Authorization"] = f"Bearer {token}"
+    return client
+
+
+def test_a_runs_artifacts_download_from_the_bucket_and_a_deleted_object_is_410(
+    tmp_path: Path, s3: str, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _relay(tmp_path, s3, bucket, monkeypatch) as client:
         body = {"command": ["sh", "-c", WRITES], "artifacts": ["out/*"]}
-        answer = client.post("/v1/runs?wait=10", json=body, headers=headers)
+        answer = client.post("/v1/runs?wait=10", json=body)
         assert answer.status_code == 200, answer.text
         run = answer.json()
         listed = {entry["name"]: entry for entry in run["artifacts"]}
@@ -209,11 +214,11 @@ def test_a_runs_artifacts_download_from_the_bucket_and_a_deleted_object_is_410(
         expected = (BIG + "\n").encode()
         assert zeros["sha256"] == hashlib.sha256(expected).hexdigest()
         assert f"runs/{zeros['sha256']}" in _keys(s3, bucket)
-        got = client.get(zeros["url"], headers=headers)
+        got = client.get(zeros["url"])
         assert got.status_code == 200 and got.content == expected
         assert hashlib.sha256(got.content).hexdigest() == got.headers["etag"].strip('"')
         _client(s3).delete_object(Bucket=bucket, Key=f"runs/{listed['out/hi.txt']['sha256']}")
-        gone = client.get(listed["out/hi.txt"]["url"], headers=headers)
+        gone = client.get(listed["out/hi.txt"]["url"])
         assert gone.status_code == 410 and gone.json()["error"]["code"] == "artifact_gone"
 
 
@@ -237,3 +242,18 @@ async def test_relay_prune_deletes_the_objects_and_counts_their_bytes(
     assert await prune_command(settings, 30, dry_run=False) == 0
     assert not (folder / digest).exists()
     assert "1 artifact content(s) no run names: 1000 bytes" in capsys.readouterr().out
+
+
+def test_a_bucket_that_fails_mid_run_lists_the_files_skipped_and_keeps_the_result(
+    tmp_path: Path, s3: str, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _relay(tmp_path, s3, bucket, monkeypatch) as client:
+        _client(s3).delete_bucket(Bucket=bucket)  # gone after the start's check
+        body = {"command": ["sh", "-c", WRITES + "; exit 3"], "artifacts": ["out/hi.txt"]}
+        answer = client.post("/v1/runs?wait=10", json=body)
+        assert answer.status_code == 200, answer.text
+        run = answer.json()
+        assert run["state"] == "failed" and run["exit_code"] == 3  # the command's own result
+        (entry,) = run["artifacts"]
+        assert entry["skipped"] == "the artifact storage did not take it"
+        assert entry["sha256"] is None and entry["url"] is None
