@@ -105,6 +105,14 @@ class NotFound(RelayError):
     status, code, default_message = 404, "not_found", "no such resource"
 
 
+class ArtifactGone(RelayError):
+    """The run lists the artifact but its contents are no longer where they were kept (an
+    object deleted from the bucket behind the relay's back, or a bucket not configured)."""
+
+    status, code = 410, "artifact_gone"
+    default_message = "this artifact's contents are no longer stored"
+
+
 class MethodNotAllowed(RelayError):
     status, code, default_message = 405, "method_not_allowed", "method not allowed"
 
@@ -268,6 +276,7 @@ ERROR_CLASSES: tuple[type[RelayError], ...] = (
     TokenExpired,
     Forbidden,
     NotFound,
+    ArtifactGone,
     MethodNotAllowed,
     IdempotencyConflict,
     RunNotCancelable,

@@ -49,6 +49,7 @@ from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.settings import Settings
 from relay.store.database import Store
+from relay.store.objects import Objects, open_objects
 from relay.store.retention import Pruner
 from relay.store.token_uses import TokenUseWriter
 from relay.webhooks.dispatcher import WebhookDispatcher
@@ -125,8 +126,9 @@ class Relay:
         store = await Store.open(settings.database_url)
         built: dict[str, Provider] = {}
         try:
+            objects = await open_objects(settings)
             built = dict(providers) if providers is not None else load_providers(settings)
-            relay = cls._assemble(settings, tokens, catalog, store, built, instance_id)
+            relay = cls._assemble(settings, tokens, catalog, store, built, instance_id, objects)
         except BaseException:
             await _close_providers(built if providers is None else dict(providers))
             await store.close()
@@ -145,10 +147,17 @@ class Relay:
         store: Store,
         providers: dict[str, Provider],
         instance_id: str | None,
+        objects: Objects | None = None,
     ) -> Relay:
         events = EventBus()
         service = RunService(
-            settings, store, catalog, providers, instance_id=instance_id, events=events
+            settings,
+            store,
+            catalog,
+            providers,
+            instance_id=instance_id,
+            events=events,
+            objects=objects,
         )
         reaper = Reaper(
             store,
@@ -167,7 +176,10 @@ class Relay:
             settings, store, secret_for=tokens.webhook_secret, events=events
         )
         pruner = Pruner(
-            store, retention_days=settings.retention_days, interval_s=settings.prune_interval_s
+            store,
+            retention_days=settings.retention_days,
+            interval_s=settings.prune_interval_s,
+            objects=objects,
         )
         token_uses = TokenUseWriter(store, tokens.take_uses)
         jobs = JobsFolder(settings, catalog)

@@ -185,6 +185,14 @@ class Settings(BaseSettings):
     artifacts_collect_s: float = Field(20.0, gt=0)
     """How long collecting a run's files may take after its command ended (never past the
     sandbox's hard lifetime); what is not read by then is listed as skipped."""
+    artifacts_url: str | None = None
+    """Where artifacts' contents go instead of the store: ``s3://bucket/prefix``,
+    ``gs://…``, ``az://…`` or ``file:///folder`` (relay/store/objects.py; the ``objects``
+    extra). Credentials and endpoint come from the provider's own variables (AWS_*, …);
+    unset: the store keeps them."""
+    artifacts_endpoint: str | None = None
+    """An S3-compatible service's URL for RELAY_ARTIFACTS_URL's ``s3://`` bucket (MinIO,
+    R2, …); plain ``http://`` is allowed only when named here."""
 
     # Lifecycle
     drain_s: float = Field(20.0, ge=0)

@@ -13,11 +13,13 @@ from relay.settings import Settings
 
 async def _prune(settings: Settings, older_than_days: float, dry_run: bool) -> int:
     from relay.store import retention
+    from relay.store.objects import open_objects
 
     store = await open_store(settings.database_url)
     try:
+        objects = await open_objects(settings)
         before = retention.cutoff(older_than_days)
-        pruned = await retention.prune(store, before, dry_run=dry_run)
+        pruned = await retention.prune(store, before, dry_run=dry_run, objects=objects)
         size = await store.read(retention.size_bytes)
     finally:
         await store.close()

@@ -342,7 +342,9 @@ def _get_artifact(common: dict[str, Any]) -> dict[str, Any]:
         "`artifacts[].url`), streamed from the relay's store a chunk at a time, with the run's "
         "own auth. Always an attachment (`Content-Disposition`), never cached "
         "(`Cache-Control: no-store`), `Content-Security-Policy: sandbox`; `ETag` is its "
-        "SHA-256. A skipped artifact, or a name the run does not have, is 404.",
+        "SHA-256. A skipped artifact, or a name the run does not have, is 404; contents "
+        "kept in object storage (RELAY_ARTIFACTS_URL) whose object is gone from the bucket "
+        "are 410 `artifact_gone`.",
         "operationId": "getArtifact",
         "security": _AUTH,
         "parameters": [_RUN_ID, name],
@@ -356,7 +358,7 @@ def _get_artifact(common: dict[str, Any]) -> dict[str, Any]:
                 },
                 "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
             },
-            **_errors(404),
+            **_errors(404, 410),
             **_STORE_DOWN,
             **common,
         },

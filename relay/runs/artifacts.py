@@ -39,7 +39,8 @@ from relay.providers.contract import Sandbox
 from relay.run_state import RunState, transition
 from relay.runs.planning import Plan
 from relay.settings import Settings
-from relay.store.artifacts import Artifacts, StoredArtifact
+from relay.store.artifacts import Artifacts, BlobWriter, ObjectWriter, StoredArtifact
+from relay.store.objects import StorageFailed
 from relay.store.records import RunRecord, RunValues
 
 log = logging.getLogger("relay.artifacts")
@@ -195,6 +196,15 @@ class _Collection:
             log.warning("artifacts: provider error", extra={"error_code": exc.code})
             self._stopped(patterns, ANSWERLESS)
 
+    async def _not_stored(
+        self, name: str, kind: str, writer: BlobWriter | ObjectWriter, exc: StorageFailed
+    ) -> Entry:
+        """The object storage did not take the file: listed as skipped (no listing names an
+        object never stored), the run's result kept."""
+        log.warning("artifacts: object storage failed", extra={"error": str(exc)[:200]})
+        await writer.discard()
+        return Entry(name, content_type=kind, skipped="the artifact storage did not take it")
+
     def _stopped(self, patterns: Sequence[str], why: str) -> None:
         """Name where the collection stopped: the file it was reading (or, between files,
         the first pattern); nothing after it was looked at."""
@@ -230,10 +240,15 @@ class _Collection:
         except FileUnreadable as exc:
             await writer.discard()
             return Entry(found.name, content_type=kind, skipped=exc.message)
+        except StorageFailed as exc:
+            return await self._not_stored(found.name, kind, writer, exc)
         except BaseException:
             await asyncio.shield(writer.discard())
             raise
-        digest, size = await writer.finish()
+        try:
+            digest, size = await writer.finish()
+        except StorageFailed as exc:
+            return await self._not_stored(found.name, kind, writer, exc)
         self.total += size
         truncated = more or (found.size is not None and found.size > size)
         return Entry(

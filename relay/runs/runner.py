@@ -29,6 +29,7 @@ from relay.runs.spool import Spool, Spooled
 from relay.settings import Settings
 from relay.store.artifacts import Artifacts
 from relay.store.database import Store, is_store_failure
+from relay.store.objects import Objects
 from relay.store.records import RunRecord, RunValues
 
 log = logging.getLogger("relay.service")
@@ -81,6 +82,7 @@ class Runner:
         events: EventBus,
         costs: CostModel,
         routing: Routing | None = None,
+        objects: Objects | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -91,8 +93,9 @@ class Runner:
         """What the routes of runs with several providers share (relay/runs/route.py)."""
         self.events = events
         self.costs = costs
-        self.artifacts = Artifacts(store)
-        """Where runs' artifacts are kept (relay/store/artifacts.py)."""
+        self.artifacts = Artifacts(store, objects)
+        """Where runs' artifacts are kept (relay/store/artifacts.py; their contents in
+        object storage with RELAY_ARTIFACTS_URL, relay/store/objects.py)."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._done: dict[str, _Done] = {}
         self._cancel_reason: dict[str, str] = {}

@@ -25,7 +25,14 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from relay import logs
 from relay.auth import Principal
-from relay.errors import Forbidden, IdempotencyConflict, NotFound, RunNotCancelable, ShuttingDown
+from relay.errors import (
+    ArtifactGone,
+    Forbidden,
+    IdempotencyConflict,
+    NotFound,
+    RunNotCancelable,
+    ShuttingDown,
+)
 from relay.providers.contract import Provider
 from relay.run_state import RunState, transition
 from relay.runs.breakers import Breakers
@@ -48,6 +55,7 @@ from relay.store.database import Store, Usage
 from relay.store.deliveries import Deliveries
 from relay.store.latency import create_p50_ms
 from relay.store.limits import DuplicateKey, LimitReached, day_start, month_start
+from relay.store.objects import Objects
 from relay.store.outcomes import Grouping, GroupOutcome, GroupOutcomes, Outcomes
 from relay.store.records import DeliveryRecord, RunRecord, RunValues
 from relay.store.reports import Backlog, Reports, SpendRow
@@ -75,6 +83,7 @@ class RunService:
         instance_id: str | None = None,
         events: EventBus | None = None,
         clock: Callable[[], float] = time.time,
+        objects: Objects | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -114,7 +123,9 @@ class RunService:
             self.events,
             settings.create_budget_s,
         )
-        self.runner = Runner(settings, store, self.sources, self.events, self.costs, routing)
+        self.runner = Runner(
+            settings, store, self.sources, self.events, self.costs, routing, objects
+        )
         self._deliveries = Deliveries(store)
         self._reports = Reports(store)
         self._outcomes = Outcomes(store)
@@ -250,6 +261,8 @@ class RunService:
         info = None if found is None or found.sha256 is None else await artifacts.blob(found.sha256)
         if found is None or info is None:
             raise NotFound("no such artifact of this run")
+        if not await artifacts.present(info):
+            raise ArtifactGone()
         return found, info
 
     def artifact_chunks(self, info: BlobInfo) -> AsyncIterator[bytes]:

@@ -20,6 +20,10 @@ The API, for the run that collects (relay/runs/artifacts.py) and for whoever ser
   a download holds one chunk in memory, whatever the size. A blob pruned meanwhile raises
   :class:`BlobMissing`.
 
+With RELAY_ARTIFACTS_URL set the contents go to object storage instead
+(relay/store/objects.py): :class:`ObjectWriter` in place of the chunk rows, the blob's row
+with ``chunks = chunk_bytes = 0``, and :meth:`Artifacts.chunks` reading the object by range.
+
 Retention (relay/store/retention.py) deletes a pruned run's listing with it, then the blobs
 no listing names whose ``used_at`` is older than its cutoff (a blob is touched whenever a
 run stores it anew, so one a run is naming right now is never deleted), then uploads
@@ -28,17 +32,20 @@ abandoned before the cutoff.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from relay.store.database import Store
+from relay.store.database import Store, is_store_failure
+from relay.store.objects import ObjectMissing, Objects, StorageFailed, upload_name
 from relay.store.schema import artifact_blobs, artifact_chunks, run_artifacts
 
 CHUNK_BYTES = 256 * 1024
@@ -50,7 +57,8 @@ time>_<hex>``, so what a relay died writing is found, and aged, by its name alon
 
 
 class BlobMissing(LookupError):
-    """The blob is not (or no longer) stored: pruned, or never finished."""
+    """The blob is not (or no longer) stored: pruned, never finished, or its object gone
+    from the bucket."""
 
 
 @dataclass(frozen=True)
@@ -113,22 +121,15 @@ class BlobWriter:
         blob = {"sha256": digest, "size": size, "chunks": count, "chunk_bytes": self.chunk_bytes}
 
         def work(conn: Connection) -> None:
-            now = time.time()
-            known = artifact_blobs.update().where(artifact_blobs.c.sha256 == digest)
-            if conn.execute(known.values(used_at=now)).rowcount:
+            if _touch(conn, digest):
                 conn.execute(artifact_chunks.delete().where(artifact_chunks.c.blob == upload))
                 return
-            conn.execute(artifact_blobs.insert().values(**blob, used_at=now))
+            conn.execute(artifact_blobs.insert().values(**blob, used_at=time.time()))
             conn.execute(
                 artifact_chunks.update().where(artifact_chunks.c.blob == upload).values(blob=digest)
             )
 
-        try:
-            await self.store.write(work)
-        except IntegrityError:
-            # Another replica stored the same content at the same moment: it is kept
-            # once, theirs; this time the update finds it.
-            await self.store.write(work)
+        await _write_once(self.store, work)
         return digest, size
 
     async def discard(self) -> None:
@@ -143,17 +144,108 @@ class BlobWriter:
         self._pending.clear()
 
 
+def _touch(conn: Connection, digest: str) -> bool:
+    """Mark a stored blob used now (pruning spares it); whether it was stored."""
+    known = artifact_blobs.update().where(artifact_blobs.c.sha256 == digest)
+    return bool(conn.execute(known.values(used_at=time.time())).rowcount)
+
+
+async def _write_once(store: Store, work: Callable[[Connection], None]) -> None:
+    try:
+        await store.write(work)
+    except IntegrityError:
+        # Another replica stored the same content at the same moment: it is kept once,
+        # theirs; this time the update finds it.
+        await store.write(work)
+
+
+class ObjectWriter:
+    """One blob being written to object storage: the same API as :class:`BlobWriter`;
+    bytes go to an upload object in parts, named by their hash at the end."""
+
+    def __init__(self, store: Store, objects: Objects) -> None:
+        self.store = store
+        self.objects = objects
+        self.upload = upload_name()
+        self.size = 0
+        self._hash = hashlib.sha256()
+        self._file: Any = None  # obstore's writer, opened with the first bytes
+        self._opened = False
+
+    async def write(self, data: bytes) -> None:
+        """Add ``data`` (obstore sends each full part as it fills)."""
+        self._hash.update(data)
+        self.size += len(data)
+        try:
+            if self._file is None:
+                self._opened, self._file = True, self.objects.upload(self.upload)
+            await self._file.write(data)
+        except Exception as exc:  # obstore's errors: the bucket did not take it
+            raise StorageFailed(f"{type(exc).__name__}: {_first_line(exc)}") from exc
+
+    async def finish(self) -> tuple[str, int]:
+        """Complete the upload and name it by its hash: ``(sha256, size)``. Content stored
+        before is kept once (the upload is dropped); the blob's row is written only once
+        its object is there."""
+        digest, size = self._hash.hexdigest(), self.size
+        try:
+            if self._file is None:  # empty: the object is written all the same (0 bytes)
+                self._opened, self._file = True, self.objects.upload(self.upload)
+            await self._file.close()
+            self._file = None
+            stored = await self.store.write(lambda conn: _touch(conn, digest))
+            if stored:
+                await self.objects.drop(self.upload)
+            else:
+                await self.objects.keep(self.upload, digest)
+        except Exception as exc:
+            if is_store_failure(exc):
+                raise
+            raise StorageFailed(f"{type(exc).__name__}: {_first_line(exc)}") from exc
+        if stored:
+            return digest, size
+        blob = {"sha256": digest, "size": size, "chunks": 0, "chunk_bytes": 0}
+
+        def work(conn: Connection) -> None:
+            if not _touch(conn, digest):
+                conn.execute(artifact_blobs.insert().values(**blob, used_at=time.time()))
+
+        await _write_once(self.store, work)
+        return digest, size
+
+    async def discard(self) -> None:
+        """Drop what this upload wrote (a read that failed halfway); a bucket that does
+        not answer leaves it to pruning (its name ages it)."""
+        file, self._file = self._file, None
+        if not self._opened:
+            return
+        with contextlib.suppress(Exception):
+            if file is not None:
+                await file.close()  # a multipart upload left open would linger unlisted
+        with contextlib.suppress(Exception):
+            await self.objects.drop(self.upload)
+
+
+def _first_line(exc: BaseException) -> str:
+    """An obstore error's first line (its service and what failed; never credentials)."""
+    return str(exc).splitlines()[0] if str(exc) else ""
+
+
 _FIELDS = ("name", "size", "sha256", "content_type", "truncated", "skipped")
 
 
 class Artifacts:
     """Queries on the artifact tables, through the relay's one store."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, objects: Objects | None = None) -> None:
         self.store = store
+        self.objects = objects
+        """Where new contents go when RELAY_ARTIFACTS_URL is set (else the store's tables)."""
 
-    def writer(self) -> BlobWriter:
+    def writer(self) -> BlobWriter | ObjectWriter:
         """A new blob's writer (see :class:`BlobWriter`)."""
+        if self.objects is not None:
+            return ObjectWriter(self.store, self.objects)
         return BlobWriter(self.store)
 
     async def record(self, run_id: str, entries: Sequence[StoredArtifact]) -> None:
@@ -210,6 +302,14 @@ class Artifacts:
             return None
         return BlobInfo(row.sha256, int(row.size), int(row.chunks), int(row.chunk_bytes))
 
+    async def present(self, info: BlobInfo) -> bool:
+        """Whether the blob's contents are there to read: a blob in object storage may
+        have been deleted from the bucket behind the relay's back (asked before a download
+        answers, so that is a clear error, not a stream broken halfway)."""
+        if info.chunk_bytes or not info.size:
+            return True
+        return self.objects is not None and await self.objects.exists(info.sha256)
+
     async def chunks(
         self, sha256: str, start: int = 0, end: int | None = None
     ) -> AsyncIterator[bytes]:
@@ -221,6 +321,15 @@ class Artifacts:
             raise BlobMissing(sha256)
         end = info.size if end is None else min(end, info.size)
         if start >= end:
+            return
+        if info.chunk_bytes == 0:  # in object storage (relay/store/objects.py)
+            if self.objects is None:
+                raise BlobMissing(sha256)  # stored in a bucket this relay is not given
+            try:
+                async for part in self.objects.read(sha256, start, end):
+                    yield part
+            except ObjectMissing as exc:
+                raise BlobMissing(sha256) from exc
             return
         chunk = info.chunk_bytes
         query = sa.select(artifact_chunks.c.data).where(
@@ -256,28 +365,30 @@ def _unused(before: float) -> sa.ColumnElement[bool]:
     return sa.and_(artifact_blobs.c.used_at < before, ~named.exists())
 
 
-def delete_unused_blobs(conn: Connection, before: float, batch: int) -> tuple[int, int]:
+def delete_unused_blobs(conn: Connection, before: float, batch: int) -> tuple[int, int, list[str]]:
     """Delete up to ``batch`` blobs no run names, last used before ``before``, with their
-    chunks: ``(blobs, bytes)`` deleted."""
+    chunks: ``(blobs, bytes, objects)`` deleted, ``objects`` the hashes of those kept in
+    object storage (whose objects the caller deletes once this has committed)."""
     found = conn.execute(
         sa.select(artifact_blobs.c.sha256, artifact_blobs.c.size)
         .where(_unused(before))
         .limit(batch)
     ).all()
     if not found:
-        return 0, 0
+        return 0, 0, []
     digests = [row.sha256 for row in found]
     # The condition again, in the deleting statement: a run may have named one meanwhile.
     gone = conn.execute(
         artifact_blobs.delete()
         .where(artifact_blobs.c.sha256.in_(digests), _unused(before))
-        .returning(artifact_blobs.c.sha256, artifact_blobs.c.size)
+        .returning(artifact_blobs.c.sha256, artifact_blobs.c.size, artifact_blobs.c.chunk_bytes)
     ).all()
     if not gone:
-        return 0, 0
+        return 0, 0, []
     deleted = [row.sha256 for row in gone]
     conn.execute(artifact_chunks.delete().where(artifact_chunks.c.blob.in_(deleted)))
-    return len(gone), sum(int(row.size) for row in gone)
+    objects = [row.sha256 for row in gone if int(row.chunk_bytes) == 0]
+    return len(gone), sum(int(row.size) for row in gone), objects
 
 
 def delete_abandoned_uploads(conn: Connection, before: float) -> int:

@@ -41,6 +41,7 @@ from relay.run_state import FINAL
 from relay.store import artifacts
 from relay.store.connection import database_url
 from relay.store.database import Store
+from relay.store.objects import Objects
 from relay.store.schema import deliveries, pooled, runs, state_in, token_days
 from relay.store.sqlite.group_commit import BUSY_WAIT_S
 
@@ -192,9 +193,13 @@ def cutoff(retention_days: float, now: float | None = None) -> float:
     return (time.time() if now is None else now) - retention_days * 86_400
 
 
-async def prune(store: Store, before: float, *, dry_run: bool = False) -> Pruned:
+async def prune(
+    store: Store, before: float, *, dry_run: bool = False, objects: Objects | None = None
+) -> Pruned:
     """Delete every prunable run created before ``before``, in batches, then give SQLite's
-    freed pages back; on a dry run only count them."""
+    freed pages back; on a dry run only count them. With ``objects`` (RELAY_ARTIFACTS_URL)
+    the objects of the blobs deleted go too, each batch's once its rows are gone (a row is
+    never left naming a deleted object), and uploads abandoned there."""
     if dry_run:
         return await store.read_aside(lambda conn: count(conn, before))
     total = Pruned()
@@ -206,14 +211,18 @@ async def prune(store: Store, before: float, *, dry_run: bool = False) -> Pruned
         if done.runs + done.deliveries + done.pooled == 0:
             break
     while True:  # then the contents no run names any more, a batch a transaction
-        blobs, size = await store.write_aside(
+        blobs, size, in_objects = await store.write_aside(
             lambda conn: artifacts.delete_unused_blobs(conn, before, BATCH)
         )
+        if in_objects and objects is not None:
+            await objects.delete(in_objects)
         total.artifacts += blobs
         total.artifact_bytes += size
         if not blobs:
             break
     await store.write_aside(lambda conn: artifacts.delete_abandoned_uploads(conn, before))
+    if objects is not None:
+        await objects.delete_uploads(before)
     if (total.runs or total.artifacts) and store.sqlite_path is not None:
         await asyncio.to_thread(give_back, store.sqlite_path)
     return total
@@ -223,8 +232,16 @@ class Pruner:
     """The running relay's retention: prunes every ``interval_s`` and keeps the figures
     /metrics shows (rows pruned, the store's size)."""
 
-    def __init__(self, store: Store, *, retention_days: float, interval_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        retention_days: float,
+        interval_s: float,
+        objects: Objects | None = None,
+    ) -> None:
         self.store = store
+        self.objects = objects
         self.retention_days = retention_days
         self.interval_s = interval_s
         self.pruned_runs = 0
@@ -236,7 +253,7 @@ class Pruner:
         done = Pruned()
         async with self.store.advisory_lock(_LOCK_PRUNE) as got:
             if got:
-                done = await prune(self.store, cutoff(self.retention_days))
+                done = await prune(self.store, cutoff(self.retention_days), objects=self.objects)
         self.pruned_runs += done.runs
         self.pruned_deliveries += done.deliveries
         self.store_bytes = await self.store.read(size_bytes)
