@@ -75,7 +75,9 @@ def _settings(root: Path, provider: str, warm: int) -> Settings:
     )
 
 
-async def _first_output(service: RunService, job: str) -> tuple[float, bool]:
+async def first_output(
+    service: RunService, job: str, principal: Principal = PRINCIPAL
+) -> tuple[float, bool]:
     """Milliseconds from submit to the run's first output event; whether it was pooled."""
     seen = asyncio.Event()
     run_ids: set[str] = set()
@@ -87,7 +89,7 @@ async def _first_output(service: RunService, job: str) -> tuple[float, bool]:
     unsubscribe = service.events.subscribe(on_event)
     started = time.perf_counter()
     try:
-        run, _ = await service.submit(PRINCIPAL, RunRequest(job=job), None)
+        run, _ = await service.submit(principal, RunRequest(job=job), None)
         run_ids.add(run.id)
         await asyncio.wait_for(seen.wait(), 30)
         elapsed = (time.perf_counter() - started) * 1000
@@ -111,14 +113,14 @@ async def _measure(
             rows = {case: Row(provider_name, case, [], 0) for case in ("pooled", "cold")}
             for _ in range(rounds):
                 for case in ("pooled", "cold"):
-                    elapsed, pooled = await _first_output(service, case)
+                    elapsed, pooled = await first_output(service, case)
                     rows[case].times_ms.append(elapsed)
                     rows[case].pooled += pooled
                     await asyncio.sleep(gap_s)  # arrivals below the refill rate
             while service.pools.ready < warm:
                 await asyncio.sleep(0.05)
             burst = await asyncio.gather(
-                *(_first_output(service, "pooled") for _ in range(3 * warm))
+                *(first_output(service, "pooled") for _ in range(3 * warm))
             )
             for kind, wanted in (("pooled", True), ("cold", False)):
                 rows[f"burst {kind}"] = Row(

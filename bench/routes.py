@@ -25,11 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.pools import first_output
 from bench.pools import write as write_section
 from relay.auth import Principal, new_token
 from relay.providers.contract import Provider
 from relay.providers.memory import MemoryFaults, MemoryProvider, MemoryWorld
-from relay.runs.event_bus import RunEvent
 from relay.runs.models import RunRequest
 from relay.runs.service import RunService
 from relay.runtime import Relay
@@ -66,23 +66,7 @@ def _settings(root: Path, **values: object) -> Settings:
 
 async def _first_output(service: RunService, job: str) -> float:
     """Milliseconds from submit to the run's first output event."""
-    seen = asyncio.Event()
-    run_ids: set[str] = set()
-
-    def on_event(event: RunEvent) -> None:
-        if event.kind == "output" and event.run_id in run_ids:
-            seen.set()
-
-    unsubscribe = service.events.subscribe(on_event)
-    started = time.perf_counter()
-    try:
-        run, _ = await service.submit(PRINCIPAL, RunRequest(job=job), None)
-        run_ids.add(run.id)
-        await asyncio.wait_for(seen.wait(), 30)
-        elapsed = (time.perf_counter() - started) * 1000
-    finally:
-        unsubscribe()
-    await service.wait(run.id, 30)
+    elapsed, _ = await first_output(service, job, PRINCIPAL)
     return elapsed
 
 
