@@ -112,6 +112,8 @@ async def test_a_sandbox_terminated_by_another_relay_mid_run_is_sandbox_lost(
                 )
                 await reaping
         assert time.monotonic() - started < 10
+        await reaping  # the other relay's terminate has ended,
+        await provider.aftercare.finish(30)  # and this relay's own, where it went on aside
         assert await provider.list_owned() == []
     finally:
         await other.aclose()

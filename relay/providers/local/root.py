@@ -13,6 +13,7 @@ import signal
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from relay.errors import ConfigError
 from relay.providers.contract import SANDBOX_MARKER
@@ -101,20 +102,29 @@ def lock_held(home: Path) -> bool:
 
 def remove_home(home: Path) -> None:
     """Remove a sandbox's folder, its ``tags.json`` last, so a folder that could not be
-    removed stays listed for the reaper. Unreadable folders (``chmod 000``) are opened up."""
+    removed stays listed for the reaper. Unreadable folders (``chmod 000``) are opened up.
+    What another remover (a replica's reaper ending the same sandbox) took first is gone
+    already: not a failure, so neither leaves the other's half-removed folder behind."""
 
-    def opened_up(function: Callable[..., object], path: str, _exc: object) -> None:
+    def opened_up(function: Callable[..., object], path: str, exc: Any) -> None:
+        if isinstance(exc[1], FileNotFoundError):
+            return
         os.chmod(os.path.dirname(path) or ".", 0o700)
         with contextlib.suppress(OSError):
             os.chmod(path, 0o700)
         function(path)
 
-    for entry in list(home.iterdir()):
+    try:
+        entries = list(home.iterdir())
+    except FileNotFoundError:
+        return
+    for entry in entries:
         if entry.name == TAGS_FILE:
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, onerror=opened_up)
         else:
-            entry.unlink()
+            entry.unlink(missing_ok=True)
     (home / TAGS_FILE).unlink(missing_ok=True)
-    home.rmdir()
+    with contextlib.suppress(FileNotFoundError):
+        home.rmdir()
