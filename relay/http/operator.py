@@ -39,6 +39,7 @@ from relay.runs.models import (
     PoolHealth,
     ProviderHealth,
     ReaperHealth,
+    SkippedPool,
     SpendDay,
     SpendReport,
     TokenSpend,
@@ -246,6 +247,10 @@ def _pool_health(pools: Pools) -> PoolHealth:
         failed=stats.failed,
         idle_seconds=round(stats.idle_s, 3),
         idle_usd=round(stats.idle_usd, 6),
+        skipped=[
+            SkippedPool(job=skip.job, provider=skip.provider, reason=skip.reason)
+            for skip in pools.skipped.values()
+        ],
     )
 
 

@@ -240,6 +240,13 @@ class SandboxProvider(ABC, Generic[S]):
     extends_lifetime: ClassVar[bool] = False
     """Whether :meth:`extend_lifetime` can move a live sandbox's hard deadline (a warm
     pool's sandbox then gets its run's lifetime when claimed, not when created)."""
+    skips_warm_pools: ClassVar[str | None] = None
+    """Why a warm pool would not make this provider's runs faster, where it would not (its
+    create costs less than a pool's claim, the conditional UPDATE of the pool row committed
+    with its turn of the loop, and the refill a claim starts competes with the claiming
+    run): a job with ``warm = N`` on it loads, keeps no sandbox, is shown as skipped with
+    this reason, and its runs take the cold path (relay/runs/pools.py). None: pools help,
+    the create is the wait."""
 
     # -- what a provider supplies -----------------------------------------------------------
 

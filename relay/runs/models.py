@@ -612,6 +612,14 @@ class WebhookHealth(BaseModel):
     oldest_pending_at: str | None
 
 
+class SkippedPool(BaseModel):
+    """A job's ``warm = N`` kept no pool: on its provider a create costs less than a claim."""
+
+    job: str
+    provider: str
+    reason: str = Field(description="Why a pool would make its runs slower, not faster.")
+
+
 class PoolHealth(BaseModel):
     """This replica's warm pools since it started (``relay_pool_*`` on ``/metrics``)."""
 
@@ -623,6 +631,11 @@ class PoolHealth(BaseModel):
     failed: int = Field(description="Creates that failed.")
     idle_seconds: float = Field(description="What pooled sandboxes waited, billed.")
     idle_usd: float
+    skipped: list[SkippedPool] = Field(
+        default_factory=list,
+        description="Jobs whose warm = N keeps no sandbox here: their runs take the cold "
+        "path, which on their provider is the faster one (local).",
+    )
 
 
 class OperatorHealth(BaseModel):

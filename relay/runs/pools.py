@@ -25,6 +25,12 @@ per job, of the job's own shape: its provider, image, size, egress and packages.
 - A jobs reload (relay/runs/jobs_folder.py) changes the pools with it (:meth:`Pools.follow`):
   a job whose shape and timeout stay keeps its pool and sandboxes at its new size; a pool
   whose job changed shape or went away is retired, its sandboxes terminated; a new one fills.
+- A provider whose create costs less than a claim (local: a folder and a cgroup) declares
+  it (:attr:`~relay.providers.lifecycle.SandboxProvider.skips_warm_pools`, with the
+  reason): a job with ``warm = N`` on it loads all the same (a jobs folder may be shared
+  with hosts whose provider differs), is logged once with the reason, shown as skipped in
+  ``/v1/health`` and the console, holds no sandbox, and its runs take the cold path, since
+  a pool would make them slower, not faster (bench/README.md, (5)).
 - Its idle time (created → claimed or terminated) is billed by the provider: each row
   records it and its cost at the shape's rate (``RELAY_COST_RATES`` applies), shown in
   ``/v1/usage`` and ``/metrics``. A pooled run's own cost starts at its claim.
@@ -129,6 +135,16 @@ class Pool:
         )
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A job's ``warm = N`` this replica keeps no pool for: its provider's create costs
+    less than a claim (:attr:`SandboxProvider.skips_warm_pools` says why)."""
+
+    job: str
+    provider: str
+    reason: str
+
+
 @dataclass
 class PoolStats:
     """This replica's pool numbers since it started (``/metrics``)."""
@@ -190,6 +206,9 @@ class Pools:
         self.stats = PoolStats()
         self.providers = providers
         self.costs = costs
+        self.skipped: dict[str, Skipped] = {}
+        """The jobs whose ``warm`` is skipped, by name: their provider's create is cheaper
+        than a claim. Replaced whole, like :attr:`pools`."""
         self.pools: dict[tuple[str, str], Pool] = self._pools_of(catalog)
         """Replaced whole, never changed in place: a loop over it may await."""
         self._wake = asyncio.Event()
@@ -202,14 +221,25 @@ class Pools:
         """False once the relay drains: no new create starts (expiry goes on)."""
 
     def _pools_of(self, catalog: Catalog) -> dict[tuple[str, str], Pool]:
-        pools = {}
+        """The catalog's pools; :attr:`skipped` becomes its skipped ones (each logged
+        when it first is: at the start, or by the reload that makes it one)."""
+        pools, skipped = {}, {}
         for job in catalog.jobs.values():
             pool = self._pool_for(job)
-            if pool is not None:
+            if isinstance(pool, Skipped):
+                skipped[job.name] = pool
+                if self.skipped.get(job.name) != pool:
+                    log.warning(
+                        "no warm pool: %s",
+                        pool.reason,
+                        extra={"job": job.name, "provider": pool.provider},
+                    )
+            elif pool is not None:
                 pools[(pool.shape.job, pool.shape.provider)] = pool
+        self.skipped = skipped
         return pools
 
-    def _pool_for(self, job: JobSpec) -> Pool | None:
+    def _pool_for(self, job: JobSpec) -> Pool | Skipped | None:
         target = self.settings.pool_warm.get(job.name, job.warm)
         # On the first provider of the job's route (a route claims a warm sandbox on any of
         # its providers before a cold create anywhere: relay/runs/route.py).
@@ -220,6 +250,8 @@ class Pools:
         if not isinstance(provider, SandboxProvider):
             log.warning("no warm pool: provider not enabled", extra={"job": job.name})
             return None
+        if provider.skips_warm_pools is not None:
+            return Skipped(job.name, name, provider.skips_warm_pools)
         cpu, memory_mb, disk_mb = SIZES[job.size]
         timeout_s = min(job.timeout_s, self.settings.max_timeout_s)
         pool = Pool(

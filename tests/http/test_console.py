@@ -44,14 +44,22 @@ FAILURES = "failed,timed_out,error,lost"
 def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
     server = RelayProcess(
         tmp_path_factory.mktemp("console"),
+        providers="local,memory",
+        route="local",  # a job without a provider of its own runs on local alone
         cost_rates=json.dumps({"local": {"vcpu_s": RATE, "gib_s": 0}}),
-        pool_warm=json.dumps({"echo": 1}),  # a warm pool the health page shows
+        pool_warm=json.dumps({"echo": 1}),
         # Callbacks to a receiver on this machine, tried soon and retried much later.
         webhook_secret="console-test-webhook-secret",
         webhook_allow_http="true",
         webhook_allow_private="true",
         webhook_poll_s=0.2,
         webhook_backoff_s=600,
+    )
+    # A warm pool the health page shows, on a provider whose create is the wait; and echo's
+    # warm on local, which a pool would slow down: shown as skipped, with why.
+    (server.jobs_dir / "warmed").mkdir()
+    (server.jobs_dir / "warmed" / "job.toml").write_text(
+        'command = ["echo", "warm"]\nprovider = "memory"\nwarm = 1\n'
     )
     server.add_token("ops", admin=True)
     server.add_token("nightly", limits={"runs_per_day": 50, "usd_per_day": 5})
@@ -100,9 +108,12 @@ def test_admin_scope_reads_every_token_and_the_rest_stays_per_token(relay: Relay
     assert seen.status_code == 200
     assert "secret-env-value" not in seen.text and "secret-stdin-value" not in seen.text
     health = relay.get(admin, "/v1/health").json()
-    assert [p["name"] for p in health["providers"]] == ["local"]
+    assert [p["name"] for p in health["providers"]] == ["local", "memory"]
     assert health["webhooks"] == {"pending": 0, "oldest_pending_at": None}
     assert health["pools"]["size"] == 1 and health["pools"]["failed"] == 0
+    (skipped,) = health["pools"]["skipped"]
+    assert (skipped["job"], skipped["provider"]) == ("echo", "local")
+    assert "costs less than a pool's claim" in skipped["reason"]
     spend = relay.get(admin, "/v1/spend", days="30").json()
     assert {row["token"] for row in spend["rows"]} >= {"nightly", "reports"}
     nightly_limits = next(t for t in spend["tokens"] if t["token"] == "nightly")["limits"]
@@ -168,7 +179,7 @@ def test_outcomes_per_job_and_provider_are_for_admin_tokens(relay: RelayProcess)
         assert relay.get(admin, "/v1/outcomes", hours=hours).status_code == 400, hours
     assert relay.get(admin, "/v1/outcomes", days="1").status_code == 400
     health = relay.get(admin, "/v1/health").json()
-    (provider,) = health["providers"]
+    provider = next(p for p in health["providers"] if p["name"] == "local")
     assert provider["failed"] >= python["failed"] > 0  # every failure, not just error/lost
 
 
@@ -329,6 +340,8 @@ def test_spend_chart_adds_up(relay: RelayProcess, page: Any) -> None:
     expect(page.locator("#providers tbody tr").first.locator("td").nth(4)).to_have_text("none")
     expect(page.locator("#reaper")).to_contain_text("last sweep")
     expect(page.locator("#pools")).to_contain_text("ready / wanted")
+    expect(page.locator("#pools")).to_contain_text("skipped: echo on local")
+    expect(page.locator("#pools")).to_contain_text("costs less than a pool's claim")
     page.set_viewport_size({"width": 360, "height": 740})  # a phone: nothing wider than it
     for path in ("/console", "/console/spend"):
         page.goto(relay.url + path)

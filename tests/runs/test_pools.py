@@ -1,9 +1,10 @@
 """Warm pools: a run of a pooled job gets a sandbox created ahead, used once, then ended.
 
-On the memory provider (fast) and the local one (bubblewrap): claims, single use, refill,
+On the memory provider (a provider whose create is the wait): claims, single use, refill,
 the cold path for another shape or a burst, idle expiry and its cost, the lifetime
 (extended at claim, or capped), drain at shutdown, the reaper after a kill -9, and
-exclusive claims in the store (SQLite and PostgreSQL).
+exclusive claims in the store (SQLite and PostgreSQL). On local, whose create costs less
+than a claim, a job's ``warm`` is skipped: its runs take the cold path.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -27,6 +29,7 @@ from relay.providers.memory import MemoryProvider, MemoryWorld
 from relay.runs.catalog import Catalog
 from relay.runs.event_bus import EventBus
 from relay.runs.models import RunRequest, Size
+from relay.runs.pools import PoolStats
 from relay.runs.reaper import Reaper
 from relay.runs.service import RunService
 from relay.settings import Settings
@@ -76,7 +79,7 @@ def pool_row(name: str, *, created_at: float, **values: Any) -> PoolRecord:
 
 
 class FixedLifetimeMemory(MemoryProvider):
-    """A memory provider that cannot extend a sandbox's lifetime (like Modal or local)."""
+    """A memory provider that cannot extend a sandbox's lifetime (like Modal)."""
 
     extends_lifetime: ClassVar[bool] = False
 
@@ -325,42 +328,52 @@ async def test_the_reaper_ends_the_pool_of_a_relay_killed_outright(tmp_path: Pat
         assert (await reaper.sweep()).terminated == []
 
 
-async def test_a_local_pooled_sandbox_is_fresh_for_each_run(tmp_path: Path) -> None:
+async def test_a_warm_local_job_holds_no_sandbox_and_its_runs_take_the_cold_path(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Local's create (a folder and a cgroup) costs less than a pool's claim: its job's
+    ``warm = N`` loads, is logged once with the reason and shown as skipped, keeps no
+    sandbox, and its runs are cold, with no claim and no pooled row."""
     job = """
-command = ["sh", "-c", "cat note.txt 2>/dev/null; echo written > note.txt"]
+command = ["sh", "-c", "echo ran"]
 timeout_s = 5
 provider = "local"
 warm = {warm}
 """
     settings = make_settings(
         tmp_path,
-        jobs_dir=write_job(tmp_path / "jobs", 1, job),
+        jobs_dir=write_job(tmp_path / "jobs", 2, job),
         providers=["local"],
         local_isolation="bwrap",
         grace_s=5,
-        pool_idle_s=20,
     )
     store = await Store.open(settings.database_url)
     local = LocalProvider(settings)
+    caplog.set_level(logging.WARNING, "relay.pools")
     service = RunService(settings, store, Catalog.load(settings.jobs_dir), {"local": local})
     service.start()
     try:
-        await until(lambda: service.pools.ready == 1, 20)
-        (ref,) = await local.list_owned()
-        assert (ref.run_id or "").startswith(POOL_PREFIX)
-        tags = json.loads((settings.local_root / ref.sandbox_id / "tags.json").read_text())  # type: ignore[operator]
-        assert tags["lifetime_s"] == 20 + 5 + 5  # capped idle + the job's timeout + grace
-        first = await run(service)
-        assert first.state == "succeeded" and first.stdout == ""
-        assert timings(first)["pooled"] is True and first.sandbox_id == ref.sandbox_id
-        await until(lambda: service.pools.ready == 1, 20)
-        second = await run(service)
-        assert timings(second)["pooled"] is True and second.stdout == ""  # not run one's file
+        assert service.pools.pools == {} and service.pools.size == 0
+        assert service.runner.sources["local"] is local  # its own door, no pool in front
+        (skipped,) = service.pools.skipped.values()
+        assert (skipped.job, skipped.provider) == ("warm", "local")
+        assert skipped.reason == LocalProvider.skips_warm_pools
+        await service.pools.tend()  # a refill's turn finds nothing to fill
+        assert await local.list_owned() == []
+        ran = await run(service)
+        assert ran.state == "succeeded" and ran.stdout == "ran\n"
+        assert timings(ran)["pooled"] is False
+        assert service.pools.stats == PoolStats()  # nothing created, nothing claimed
+        assert await PoolRows(store).waiting() == 0
+        await service.pools.follow(Catalog.load(settings.jobs_dir))  # a reload: still skipped
+        assert list(service.pools.skipped) == ["warm"] and service.pools.pools == {}
     finally:
         await service.shutdown()
         assert await local.list_owned() == []
         await local.aclose()
         await store.close()
+    logged = [record.getMessage() for record in caplog.records if record.name == "relay.pools"]
+    assert logged == [f"no warm pool: {LocalProvider.skips_warm_pools}"]  # once, with why
 
 
 async def test_usage_shows_a_token_the_idle_time_of_the_sandboxes_its_runs_claimed(

@@ -72,6 +72,12 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
     terminate_timeout_s: ClassVar[float] = 60.0
     """Killing a process tree, waiting for it and removing its cgroup and tmpfs-backed
     folder can be slow on a loaded host; one cut short is left to the reaper."""
+    skips_warm_pools: ClassVar[str | None] = (
+        "local's create (a folder and a cgroup, ~1.2 ms) costs less than a pool's claim "
+        "(~1.6 ms), and the job's process starts with its command, so a pool saves nothing"
+    )
+    """Measured by ``python -m bench.pools`` (bench/README.md, (5)): a pooled run was no
+    faster, and up to 1.45x slower on a loaded machine."""
 
     def __init__(self, settings: Settings) -> None:
         self.cluster = settings.cluster

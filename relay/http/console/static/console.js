@@ -686,6 +686,9 @@
       ["oldest pending", when(health.webhooks.oldest_pending_at) || "none"],
     ]);
     const pools = health.pools;
+    // A job's warm on a provider whose create is cheaper than a claim (local) keeps no pool.
+    const skipped = (pools.skipped || []).map((skip) =>
+      ["skipped: " + skip.job + " on " + skip.provider, skip.reason]);
     facts($("pools"), pools.size || pools.created ? [
       ["ready / wanted", pools.ready + " / " + pools.size],
       ["created", String(pools.created)],
@@ -693,7 +696,8 @@
       ["expired idle", String(pools.expired)],
       ["failed creates", String(pools.failed)],
       ["idle time", pools.idle_seconds.toFixed(1) + " s ($" + pools.idle_usd.toFixed(4) + ")"],
-    ] : [["pools", "none (no job sets warm)"]]);
+      ...skipped,
+    ] : skipped.length ? skipped : [["pools", "none (no job sets warm)"]]);
   }
 
   // -- start -------------------------------------------------------------------------
