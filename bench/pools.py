@@ -6,7 +6,8 @@ cost is benchmark (1)'s): a submit is timed to the first ``output`` event of its
 
 - **memory**: the memory provider with a fixed 500 ms create (``create_delay_s``), one job
   with ``warm = 4`` and a twin with no pool, runs arriving one at a time below the refill
-  rate, interleaved pooled / cold; then a burst of 3x the pool at once.
+  rate, interleaved pooled / cold (each first in every other round); then a burst of 3x the
+  pool at once.
 - **local**: the same on bubblewrap (``warm = 2``), where a create is the real one. Local's
   create costs less than a pool's claim, so the relay skips its pools (issue 42): its
   "pooled" job's runs take the cold path, and its rows read pooled = cold.
@@ -114,8 +115,12 @@ async def _measure(
             service = relay.service
             await _filled(service)
             rows = {case: Row(provider_name, case, [], 0) for case in ("pooled", "cold")}
-            for _ in range(rounds):
-                for case in ("pooled", "cold"):
+            for round_number in range(rounds):
+                # Each goes first in every other round: the run after the gap and the one
+                # right behind another are not alike (a loaded machine's scheduler, a
+                # terminate still going on beside serving).
+                order = ("pooled", "cold") if round_number % 2 == 0 else ("cold", "pooled")
+                for case in order:
                     elapsed, pooled = await first_output(service, case)
                     rows[case].times_ms.append(elapsed)
                     rows[case].pooled += pooled
@@ -159,7 +164,8 @@ def render(rows: list[Row], seconds: float) -> str:
         "In process (`python -m bench.pools`, "
         f"{seconds:.0f} s): milliseconds from `RunService.submit` to the run's first output "
         "event. memory: a fixed 500 ms create, `warm = 4`; local: bubblewrap, `warm = 2`. "
-        "Pooled and cold runs interleaved, arriving below the refill rate; then a burst of 3x "
+        "Pooled and cold runs interleaved (each first in every other round), arriving below "
+        "the refill rate; then a burst of 3x "
         "the pool at once (the runs past the pool take the cold path). A local sandbox's "
         "create is a folder and a cgroup (its process starts with the command), cheaper than "
         "a pool's claim, so the relay skips local's pools (issue 42): its `warm = 2` job "
@@ -184,7 +190,7 @@ def render(rows: list[Row], seconds: float) -> str:
         "run slower (local: no pool, issue 42). " + "; ".join(ratios) + ".",
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"  # a blank line before the next section
 
 
 def write(section: str, path: Path = RESULTS, heading: str = HEADING) -> None:
