@@ -28,6 +28,7 @@ def committed_budget() -> float:
 
 
 # A unit of its own (tests/parallel.py): its rounds share a worker with no other test.
+@pytest.mark.slow  # seconds of CPU-bound rounds (the bench's budget)
 @pytest.mark.xdist_group("budget")
 def test_the_relays_cpu_per_run_stays_within_its_budget_against_the_floor() -> None:
     allowed = committed_budget()

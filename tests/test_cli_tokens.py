@@ -18,6 +18,8 @@ from relay.webhooks.dispatcher import signature_headers
 from testing.relay_server import RelayProcess
 from tests.test_cli import relay_cli
 
+pytestmark = pytest.mark.slow  # needs a relay process: seconds
+
 ECHO = {"job": "echo", "params": {"message": "x"}}
 
 

@@ -104,6 +104,7 @@ def answer(handler: BaseHTTPRequestHandler, status: int, body: bytes, **headers:
     handler.wfile.write(body)
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_runs_a_job_with_nothing_but_the_standard_library(
     relay: RelayProcess, client_file: Path
 ) -> None:
@@ -114,6 +115,7 @@ def test_runs_a_job_with_nothing_but_the_standard_library(
     assert (done.returncode, done.stdout, done.stderr) == (0, "from a routine\n", "")
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_exit_codes_follow_the_run(relay: RelayProcess, client_file: Path) -> None:
     token = relay.tokens["routine"]
     failed = run_client(client_file, "fail", url=relay.url, token=token)
@@ -134,6 +136,7 @@ def test_exit_codes_follow_the_run(relay: RelayProcess, client_file: Path) -> No
     assert down.returncode == 6 and down.stderr.startswith("error: cannot reach the relay")
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_waits_past_the_relays_hold_and_polls(relay: RelayProcess, client_file: Path) -> None:
     token = relay.tokens["routine"]
     # RELAY_MAX_WAIT_S is 1: the POST answers 202 and the client polls to the end.
@@ -163,6 +166,7 @@ def forward(relay: RelayProcess, handler: BaseHTTPRequestHandler, body: bytes) -
         return error.code, error.read()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_failed_poll_is_polled_again(relay: RelayProcess, client_file: Path) -> None:
     failed_polls: list[str] = []
 
@@ -182,6 +186,7 @@ def test_a_failed_poll_is_polled_again(relay: RelayProcess, client_file: Path) -
     assert len(failed_polls) == 1
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_lost_answer_is_retried_with_the_same_key_and_runs_once(
     relay: RelayProcess, client_file: Path
 ) -> None:
@@ -244,6 +249,7 @@ def test_header_choices(client_file: Path) -> None:
     assert sent[2]["authorization"] == "Bearer t3"
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_custom_auth_header_works_against_a_relay(tmp_path: Path, client_file: Path) -> None:
     server = RelayProcess(tmp_path / "x-api-key", local_isolation="bwrap", auth_header="X-Api-Key")
     token = server.add_token("routine")
@@ -273,6 +279,7 @@ def relay_run(relay: RelayProcess, *args: str, stderr: int) -> subprocess.Popen[
     )
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_relay_run_spins_on_a_terminal_and_is_quiet_when_piped(relay: RelayProcess) -> None:
     """The spinner runs until the first output, which is then printed as it comes."""
     (relay.root / "late.py").write_text("import time\ntime.sleep(1)\nprint('sleeping')\n")

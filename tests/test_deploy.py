@@ -786,6 +786,7 @@ def test_entrypoint_names_the_fix_for_a_tokens_file_the_image_user_cannot_read(
         shutil.rmtree(folder)
 
 
+@pytest.mark.slow  # starts the relay in a subprocess: seconds
 def test_local_isolation_bwrap_refuses_to_start_in_one_line_without_bubblewrap(
     tmp_path: Path,
 ) -> None:

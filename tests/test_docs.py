@@ -185,6 +185,7 @@ def test_every_readme_command_runs_as_written(relay: RelayProcess, tmp_path: Pat
     assert ran >= 15
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_the_sample_answer_is_todays(relay: RelayProcess) -> None:
     readme = (REPO / "README.md").read_text()
     sample = readme.split("which answers with the finished run:\n\n```json\n")[1].split("```")[0]

@@ -26,6 +26,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from testing.relay_server import RelayProcess
 
+pytestmark = pytest.mark.slow  # needs a relay process: seconds
+
 GREET = """
 description = "{description}"
 command = [{command}, "{{who}}"]

@@ -55,6 +55,7 @@ def wait_for(relay: RelayProcess, test: Callable[[dict[str, Any]], bool]) -> lis
         time.sleep(0.02)
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_run_logs_its_ids_on_every_line(relay: RelayProcess) -> None:
     token = relay.tokens["logger"]
     answer = relay.post(
@@ -80,6 +81,7 @@ def test_a_run_logs_its_ids_on_every_line(relay: RelayProcess) -> None:
     assert "job" not in poll  # ids bound for one request never leak into the next
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_request_ids_stay_with_their_own_requests(relay: RelayProcess) -> None:
     token = relay.tokens["logger"]
 
@@ -102,6 +104,7 @@ def test_request_ids_stay_with_their_own_requests(relay: RelayProcess) -> None:
     assert by_run == {run_id: {request_id} for request_id, run_id in pairs.items()}
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_generated_request_id_is_returned_and_logged(relay: RelayProcess) -> None:
     too_long = "x" * 300
     answer = httpx.get(relay.url + "/v1/jobs", headers={"X-Request-Id": too_long}, timeout=5)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from testing.relay_server import RelayProcess
+
+pytestmark = pytest.mark.slow  # needs a relay process: seconds
 
 
 def test_a_restart_does_not_need_the_port_it_had(tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ import pytest
 
 from testing.relay_server import RelayProcess
 
+pytestmark = pytest.mark.slow  # needs a relay process: seconds
+
 TIMEOUT_S = 1.5
 DRIP_S = 0.2
 HOLD_S = 15.0

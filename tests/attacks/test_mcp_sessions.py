@@ -46,6 +46,7 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
     server.stop()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_one_token_cannot_hold_every_mcp_session(relay: RelayProcess) -> None:
     with httpx.Client(base_url=relay.url, timeout=10) as client:
 
@@ -71,6 +72,7 @@ def test_one_token_cannot_hold_every_mcp_session(relay: RelayProcess) -> None:
         assert open_session(greedy).status_code == 200
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_rotated_token_does_not_inherit_the_old_values_sessions(relay: RelayProcess) -> None:
     """Rotating a leaked token cuts off what its old value opened: the new value, same name,
     is not the session's owner."""
@@ -118,6 +120,7 @@ def wait_for_states(relay: RelayProcess, admin: str, token: str, states: list[st
     assert run_states(relay, admin, token) == states
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_rotated_tokens_new_value_has_room_at_once(relay: RelayProcess) -> None:
     """The old value (leaked, say) holds every session it may; after `relay tokens rotate`,
     the new value opens one at once: sessions count by value, and the old value's are closed
@@ -135,6 +138,7 @@ def test_a_rotated_tokens_new_value_has_room_at_once(relay: RelayProcess) -> Non
         assert open_session(client, relay, new).status_code == 429
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 @pytest.mark.parametrize("change", ["rotate", "revoke"])
 def test_a_rotated_or_revoked_values_sessions_are_closed_with_their_calls(
     relay: RelayProcess, change: str
@@ -185,6 +189,7 @@ def test_a_rotated_or_revoked_values_sessions_are_closed_with_their_calls(
 INITIALIZE_FROM_A_PAGE = {"Host": "evil.example:8080", "Origin": "http://evil.example:8080"}
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_page_elsewhere_gets_no_session(relay: RelayProcess) -> None:
     """DNS rebinding: a page of evil.example, its name now pointing at the relay, posts from
     the user's browser; the Origin is not the relay's, so no session (whatever the token)."""
@@ -245,6 +250,7 @@ def test_the_relays_own_origin_is_its_public_url_else_its_loopback_port() -> Non
         Settings(public_url="relay.example.com")
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_an_old_values_sessions_live_through_the_overlap_and_close_at_its_end_unasked(
     relay: RelayProcess,
 ) -> None:

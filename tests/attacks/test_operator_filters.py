@@ -13,12 +13,16 @@ import pytest
 from testing.relay_server import RelayProcess
 from tests.conftest import new_database
 
+pytestmark = pytest.mark.slow  # needs a relay process: seconds
+
 ODD = ["²", "\u0661\u0660", "-1", "1e3", " 7", "7\u00a0", "0x10", "9" * 400, "\x00", "%", "", "nan"]
 """Digits only Python calls digits, numbers in other notations, control bytes, nothing."""
 MOMENTS = ["0001-01-01", "9999-12-31T23:59:59-23:59", "2026-13-01", "²⁰²⁶-01-01", "T", "\x00"]
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 def relay(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RelayProcess]:

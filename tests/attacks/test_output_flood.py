@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import tracemalloc
 
+import pytest
+
 from relay.http.run_stream import FOLDED_PIECES, FollowerLines, LiveRuns
 from relay.runs.event_bus import EventBus, RunEvent
 
@@ -20,6 +22,7 @@ def _drain(queue: FollowerLines | None) -> list[tuple[str, str]]:
     return [(line["stream"], line["text"]) for line in lines[1:]]
 
 
+@pytest.mark.slow  # a byte at a time for seconds
 def test_output_a_byte_at_a_time_is_kept_at_about_its_size() -> None:
     """Each piece was kept as its own line (a dict and a str, ~200 bytes), in the replay and
     in the queue of each caller who had stopped reading: 100 KB printed a byte at a time

@@ -98,6 +98,7 @@ def refused(relay: RelayProcess, body: Any, status: int, code: str, who: str = "
 # --- item 6: the job's files and variables always win --------------------------------
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 @pytest.mark.parametrize(
     "path", ["run.py", "./run.py", "a/../run.py", "run.py/x", "params.json", "./params.json"]
 )
@@ -107,6 +108,7 @@ def test_a_request_file_cannot_replace_the_jobs_own(relay: RelayProcess, path: s
     assert "run.py" in message or "params.json" in message
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_python_jobs_params_json_cannot_be_replaced(relay: RelayProcess) -> None:
     body = {
         "job": "python",
@@ -117,6 +119,7 @@ def test_python_jobs_params_json_cannot_be_replaced(relay: RelayProcess) -> None
     refused(relay, body, 422, "file_conflict", who="files-only")
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 @pytest.mark.parametrize("name", ["LEVEL", "MODE", "SANDBOX_ID"])
 def test_a_request_variable_cannot_replace_the_jobs_or_the_relays(
     relay: RelayProcess, name: str
@@ -124,10 +127,12 @@ def test_a_request_variable_cannot_replace_the_jobs_or_the_relays(
     refused(relay, {"job": "owned", "env": {name: "x"}}, 422, "env_conflict", who="files-only")
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_raw_command_cannot_set_the_relays_marker(relay: RelayProcess) -> None:
     refused(relay, {"command": ["env"], "env": {"SANDBOX_ID": "lcl-other"}}, 422, "env_conflict")
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_files_and_variables_beside_the_jobs_own_are_fine(relay: RelayProcess) -> None:
     body = {
         "job": "owned",
@@ -142,6 +147,7 @@ def test_files_and_variables_beside_the_jobs_own_are_fine(relay: RelayProcess) -
     assert listing == ["extra.txt", "params.json", "run.py", "sub"]
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_workdir_cannot_be_one_of_the_files(relay: RelayProcess) -> None:
     refused(relay, {"job": "owned", "workdir": "run.py"}, 422, "validation_error", "files-only")
     body = {"command": ["pwd"], "files": {"w": "x"}, "workdir": "w/deeper"}
@@ -151,11 +157,13 @@ def test_a_workdir_cannot_be_one_of_the_files(relay: RelayProcess) -> None:
 # --- item 7: a param never becomes an option -----------------------------------------
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_echo_does_not_print_its_version(relay: RelayProcess) -> None:
     body = {"job": "echo", "params": {"message": "--version"}}
     assert "starts with '-'" in refused(relay, body, 422, "invalid_params", who="files-only")
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 @pytest.mark.parametrize(
     "params", [{"words": ["ok", "--help"]}, {"words": ["-n"]}, {"word": "-e"}, {"word": "-"}]
 )
@@ -165,6 +173,7 @@ def test_dashed_values_are_refused_item_by_item(
     refused(relay, {"job": "dashes", "params": params}, 422, "invalid_params", who="files-only")
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_param_that_allows_a_leading_dash_gets_it(relay: RelayProcess) -> None:
     body = {"job": "dashes", "params": {"words": ["a", "b-c"], "word": "x-", "flag": "-n"}}
     run = relay.post(relay.tokens["files-only"], body).json()
@@ -296,6 +305,7 @@ HOSTILE: list[tuple[str, bytes, int, str]] = [
 ]
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 @pytest.mark.parametrize(("name", "body", "status", "code"), HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_hostile_shapes_are_refused_as_json(
     relay: RelayProcess, name: str, body: bytes, status: int, code: str
@@ -303,6 +313,7 @@ def test_hostile_shapes_are_refused_as_json(
     refused(relay, body, status, code)
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_nul_in_stdin_is_only_data(relay: RelayProcess) -> None:
     run = relay.post(relay.tokens["ops"], {"command": ["cat"], "stdin": "a\0b"}).json()
     assert run["state"] == "succeeded" and run["stdout"] == "a\0b"
@@ -344,6 +355,7 @@ def _settle(relay: RelayProcess) -> httpx.Response:
     return relay.get(None, "/readyz")
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_deleted_token_file_revokes_every_token(token_relay: RelayProcess) -> None:
     token = token_relay.tokens["ci"]
     assert token_relay.post(token, ECHO).status_code == 200
@@ -359,6 +371,7 @@ def test_a_deleted_token_file_revokes_every_token(token_relay: RelayProcess) -> 
     assert token_relay.post(token, ECHO).status_code == 200
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_an_invalid_token_file_keeps_the_last_good_tokens_and_says_so(
     token_relay: RelayProcess,
 ) -> None:
@@ -371,6 +384,7 @@ def test_an_invalid_token_file_keeps_the_last_good_tokens_and_says_so(
     assert "not valid TOML" in token_relay.log()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_typo_key_on_reload_is_refused_not_widened(token_relay: RelayProcess) -> None:
     token = token_relay.tokens["ci"]
     typo = new_token(token_relay.tokens_file, "typo")
@@ -384,6 +398,7 @@ def test_a_typo_key_on_reload_is_refused_not_widened(token_relay: RelayProcess) 
     assert "did you mean 'jobs'" in token_relay.log()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 @pytest.mark.parametrize(
     ("edit", "named"),
     [

@@ -26,6 +26,7 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
     server.stop()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 @pytest.mark.parametrize("timeout_s", [1e-300, 1e-6, 0.001])
 def test_a_deadline_inside_the_spawn_is_a_timeout_not_a_provider_error(
     relay: RelayProcess, timeout_s: float

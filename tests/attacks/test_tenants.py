@@ -21,7 +21,10 @@ import pytest
 from relay.providers.local.invocation import bwrap_works
 from testing.relay_server import RelayProcess
 
-pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
+pytestmark = [
+    pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working"),
+    pytest.mark.slow,
+]  # needs a relay process: seconds
 
 MEMORY_MB, DISK_MB, PIDS, OPEN_FILES, SLOTS = 64, 16, 32, 64, 8
 FIRST_UID, LAST_UID = 710_000_000, 710_000_015

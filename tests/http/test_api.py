@@ -15,6 +15,8 @@ import pytest
 
 from testing.relay_server import SECRET_CANARY, RelayProcess
 
+pytestmark = pytest.mark.slow  # needs a relay process: seconds
+
 MAX_BODY = 200_000
 
 

@@ -18,6 +18,8 @@ import pytest
 
 from testing.relay_server import RelayProcess
 
+pytestmark = pytest.mark.slow  # needs a relay process: seconds
+
 
 @pytest.fixture(scope="module")
 def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:

@@ -226,6 +226,7 @@ def _send(relay: RelayProcess, body: Any, headers: dict[str, str] | None = None)
     return httpx.post(relay.url + "/v1/runs", json=body, headers=all_headers, timeout=30)
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 @pytest.mark.parametrize(("name", "body", "status", "code"), CASES, ids=[c[0] for c in CASES])
 def test_bad_request_is_refused_cleanly(
     relay: RelayProcess, name: str, body: Any, status: int, code: str
@@ -243,6 +244,7 @@ def test_bad_request_is_refused_cleanly(
     assert relay.get(None, "/healthz").status_code == 200
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 @pytest.mark.parametrize(
     ("headers", "status", "code"),
     [
@@ -257,11 +259,13 @@ def test_bad_headers(relay: RelayProcess, headers: dict[str, str], status: int, 
     assert answer.json()["error"]["code"] == code
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_idempotency_key_at_its_limit_is_accepted(relay: RelayProcess) -> None:
     answer = _send(relay, ECHO, {"Idempotency-Key": "k" * 255})
     assert answer.status_code == 200 and answer.json()["stdout"] == "x\n"
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_limits_at_their_edge_are_accepted(relay: RelayProcess) -> None:
     body = {
         "command": [
@@ -278,6 +282,7 @@ def test_limits_at_their_edge_are_accepted(relay: RelayProcess) -> None:
     assert run["stdout"] == f"{MAX_STDIN_BYTES} {MAX_ARGV_ITEMS - 2}\n"
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_bad_list_queries(relay: RelayProcess) -> None:
     token = relay.tokens["ops"]
     for params in (

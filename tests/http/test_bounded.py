@@ -53,6 +53,7 @@ def big_runs(tmp_path: Path) -> Iterator[RelayProcess]:
     relay.stop()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_listing_reads_no_output_and_its_memory_follows_the_limit(
     big_runs: RelayProcess,
 ) -> None:
@@ -86,6 +87,7 @@ def _allow_files(count: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (count, hard))
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_half_sent_requests_are_dropped_and_healthz_still_answers(tmp_path: Path) -> None:
     _allow_files(HELD + 256)
     relay = RelayProcess(

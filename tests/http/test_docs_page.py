@@ -12,6 +12,8 @@ import pytest
 from relay.http.docs_page import ASSETS, CONTENT_SECURITY_POLICY
 from testing.relay_server import RelayProcess
 
+pytestmark = pytest.mark.slow  # needs a relay process: seconds
+
 CHROMIUM = shutil.which("chromium")
 
 

@@ -102,6 +102,7 @@ def output(lines: list[dict[str, Any]], stream: str) -> str:
     )
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_output_arrives_while_the_job_runs_and_the_stream_ends_with_the_run(
     relay: RelayProcess,
 ) -> None:
@@ -132,6 +133,7 @@ def test_output_arrives_while_the_job_runs_and_the_stream_ends_with_the_run(
     assert late_lines[-1]["run"] == final
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_caller_arriving_after_the_end_gets_the_output_and_the_run(
     relay: RelayProcess,
 ) -> None:
@@ -141,6 +143,7 @@ def test_a_caller_arriving_after_the_end_gets_the_output_and_the_run(
     assert lines[-1]["event"] == "run" and lines[-1]["run"]["state"] == "succeeded"
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_canceled_run_ends_its_stream_canceled(relay: RelayProcess) -> None:
     run_id = start(relay, ["sh", "-c", "echo started; sleep 30"])
     follower = Follower(relay, run_id)
@@ -150,6 +153,7 @@ def test_a_canceled_run_ends_its_stream_canceled(relay: RelayProcess) -> None:
     assert lines[-1]["run"]["state"] == "canceled"
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_another_tokens_run_is_not_found(relay: RelayProcess) -> None:
     run_id = start(relay, ["true"])
     follower = Follower(relay, run_id, who="other")
@@ -289,6 +293,7 @@ async def test_a_held_runs_stream_outlasts_a_store_outage(
         await store.close()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_token_holds_at_most_its_streams(tmp_path: Path) -> None:
     relay = RelayProcess(tmp_path, max_streams_per_token=2, local_isolation="none")
     relay.add_token("ops", command=True)

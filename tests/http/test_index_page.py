@@ -26,6 +26,7 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
     server.stop()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_the_root_points_at_the_docs_the_console_and_health(relay: RelayProcess) -> None:
     answer = httpx.get(relay.url + "/", timeout=10)
     assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"

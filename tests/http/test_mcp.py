@@ -34,6 +34,8 @@ from testing.postgres import own_postgres
 from testing.relay_server import SECRET_CANARY, RelayProcess
 from tests.conftest import new_database
 
+pytestmark = pytest.mark.slow  # needs a relay process: seconds
+
 MAX_WAIT_S = 2
 
 

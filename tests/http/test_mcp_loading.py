@@ -43,6 +43,7 @@ with TestClient(create_app(settings)) as client:
 """
 
 
+@pytest.mark.slow  # starts a relay process: seconds
 def test_a_relay_starts_without_the_mcp_sdk_and_imports_it_at_the_first_mcp_request(
     tmp_path: Path,
 ) -> None:

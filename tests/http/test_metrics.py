@@ -81,6 +81,7 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
     server.stop()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_runs_move_counters_and_histograms(relay: RelayProcess) -> None:
     token = relay.tokens["ops"]
     _, before = scrape(relay)
@@ -116,6 +117,7 @@ def test_runs_move_counters_and_histograms(relay: RelayProcess) -> None:
     assert ok["id"] not in text and failed["id"] not in text and token not in text
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_labels_are_templates_never_raw_input(relay: RelayProcess) -> None:
     token = relay.tokens["ops"]
     relay.get(token, "/v1/runs/run_0000deadbeef")
@@ -136,6 +138,7 @@ def test_labels_are_templates_never_raw_input(relay: RelayProcess) -> None:
     }) >= 1  # fmt: skip
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_process_and_build_info_series(relay: RelayProcess) -> None:
     """The relay's own process (not the test's) and its build, on the app's registry."""
     _, samples = scrape(relay)
@@ -149,6 +152,7 @@ def test_process_and_build_info_series(relay: RelayProcess) -> None:
     assert 0 < time.time() - start < 3600
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_in_flight_follows_a_running_run(relay: RelayProcess) -> None:
     token = relay.tokens["ops"]
     run = relay.post(token, {"job": "sleep", "params": {"seconds": 30}, "wait": False}).json()
@@ -334,6 +338,7 @@ def test_metrics_token_guards_the_endpoint(tmp_path: Path) -> None:
     assert secret not in right.text
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_webhook_deliveries_are_counted_by_outcome(relay: RelayProcess) -> None:
     class Receiver(BaseHTTPRequestHandler):
         def do_POST(self) -> None:

@@ -21,6 +21,8 @@ from testing.rigs import RIGS
 from testing.rigs.rig import Rig
 from tests.http.test_mcp import connect, text
 
+pytestmark = pytest.mark.slow  # needs a relay process: seconds
+
 CREATE_TIMEOUT_S = 3
 MAX_WAIT_S = 1.5
 

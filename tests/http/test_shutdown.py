@@ -13,8 +13,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 
 from testing.relay_server import RelayProcess
+
+pytestmark = pytest.mark.slow  # needs a relay process: seconds
 
 DRAIN_S = 3
 MARGIN_S = 5  # the answers going out, the store closing, the interpreter exiting

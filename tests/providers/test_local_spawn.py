@@ -87,6 +87,7 @@ def test_a_bwrap_sandbox_is_started_without_a_fork_of_the_relay(tmp_path: Path) 
     assert spawn.PIDFDS  # this kernel has pidfds, so the Popen path is the one in use
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 @needs_bwrap
 def test_killing_the_relay_kills_its_sandboxes(tmp_path: Path) -> None:
     relay = RelayProcess(tmp_path / "relay", local_isolation="bwrap")

@@ -55,6 +55,7 @@ def probe(
     )
 
 
+@pytest.mark.slow  # runs the relay CLI in a subprocess: seconds
 def test_local_probe_prints_one_dated_line_and_leaves_nothing(tmp_path: Path) -> None:
     root = tmp_path / "sandboxes"
     done = probe("local", tmp_path, RELAY_LOCAL_ISOLATION="bwrap", RELAY_LOCAL_ROOT=str(root))
@@ -67,6 +68,7 @@ def test_local_probe_prints_one_dated_line_and_leaves_nothing(tmp_path: Path) ->
     assert list(root.iterdir()) == []  # the sandbox is gone
 
 
+@pytest.mark.slow  # runs the relay CLI in a subprocess: seconds
 def test_local_probe_says_the_same_as_json(tmp_path: Path) -> None:
     root = tmp_path / "sandboxes"
     done = probe(
@@ -79,6 +81,7 @@ def test_local_probe_says_the_same_as_json(tmp_path: Path) -> None:
     assert found["started_at"].endswith("Z") and found["limits"]["disk"] is True
 
 
+@pytest.mark.slow  # runs the relay CLI in a subprocess: seconds
 def test_unknown_or_unconfigured_provider_exits_2(tmp_path: Path) -> None:
     unknown = probe("nope", tmp_path)
     assert unknown.returncode == 2 and unknown.stderr.startswith("error: ")
@@ -167,6 +170,7 @@ def pooled_row(
     )
 
 
+@pytest.mark.slow  # runs the relay CLI in a subprocess: seconds
 async def test_a_probe_shows_the_providers_warm_pools_when_the_store_has_some(
     tmp_path: Path,
 ) -> None:
@@ -268,6 +272,7 @@ async def test_the_pool_summary_leaves_no_file_beside_a_sqlite_store(tmp_path: P
     assert sorted(path.name for path in tmp_path.iterdir()) == ["relay.db"]
 
 
+@pytest.mark.slow  # runs the relay CLI in a subprocess: seconds
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
 )
@@ -314,6 +319,7 @@ def test_a_store_host_whose_name_never_resolves_holds_the_probe_3_s_at_most(
     assert waited < 5, waited
 
 
+@pytest.mark.slow  # runs the relay CLI in a subprocess: seconds
 def test_a_local_probe_leaves_no_folder_where_the_store_path_names_none(tmp_path: Path) -> None:
     """The local sandbox root follows the SQLite file's folder: a mistyped or not yet made
     path is made for the probe's sandbox, then taken away again."""

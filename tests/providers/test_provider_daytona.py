@@ -270,6 +270,7 @@ class _Ok(http.server.BaseHTTPRequestHandler):
         """Quiet."""
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_e2e_every_example_job_runs_on_daytona(
     fake: FakeDaytona, daytona_relay: RelayProcess
 ) -> None:
@@ -301,6 +302,7 @@ def test_e2e_every_example_job_runs_on_daytona(
     assert fake.ledger.alive() == set()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_e2e_timeout_and_provider_faults(fake: FakeDaytona, daytona_relay: RelayProcess) -> None:
     token = daytona_relay.tokens["ops"]
     slow = {"command": ["sh", "-c", "echo begun; sleep 60"], "timeout_s": 1}
@@ -326,6 +328,7 @@ def test_e2e_timeout_and_provider_faults(fake: FakeDaytona, daytona_relay: Relay
             assert int(answer.headers["retry-after"]) >= 1
 
 
+@pytest.mark.slow  # runs the relay CLI in a subprocess: seconds
 def test_relay_probe_daytona_against_the_fake(fake: FakeDaytona, tmp_path: Path) -> None:
     """``relay probe daytona``, configured only by RELAY_DAYTONA_* in its environment."""
     done = probe(

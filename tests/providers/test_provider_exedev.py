@@ -460,6 +460,7 @@ def exedev_relay(
     assert SECRET_CANARY not in server.log() and BODY_MARKER not in server.log()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_e2e_jobs_run_their_env_reaches_them_and_no_log_line(
     served: FakeExedev, exedev_relay: RelayProcess
 ) -> None:
@@ -485,6 +486,7 @@ def test_e2e_jobs_run_their_env_reaches_them_and_no_log_line(
     assert served.ledger.alive() == set()
 
 
+@pytest.mark.slow  # relay processes killed and restarted: seconds
 def test_e2e_a_killed_relay_leaves_vms_the_next_one_reaps(fake: FakeExedev, tmp_path: Path) -> None:
     """exe.dev has no lifetime for a VM: after a ``kill -9`` mid-run and mid-create, the VMs
     live until the next relay's sweep, which finds both by tag and marks both runs lost."""

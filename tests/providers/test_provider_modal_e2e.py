@@ -18,6 +18,8 @@ import pytest
 from testing.fakes.modal import FakeModal, running_fake
 from testing.relay_server import SECRET_CANARY, RelayProcess
 
+pytestmark = pytest.mark.slow  # needs a relay process: seconds
+
 
 @pytest.fixture(scope="module")
 def fake_modal() -> Iterator[FakeModal]:

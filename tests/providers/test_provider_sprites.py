@@ -434,6 +434,7 @@ class _Ok(http.server.BaseHTTPRequestHandler):
         """Quiet."""
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_e2e_every_example_job_runs_on_sprites(
     fake: FakeSprites, sprites_relay: RelayProcess
 ) -> None:
@@ -469,6 +470,7 @@ def test_e2e_every_example_job_runs_on_sprites(
     ]
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_e2e_a_jobs_env_reaches_it_and_no_log_line(
     fake: FakeSprites, sprites_relay: RelayProcess
 ) -> None:
@@ -490,6 +492,7 @@ def test_e2e_a_jobs_env_reaches_it_and_no_log_line(
     assert value not in log  # …and the value in none of them
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_e2e_timeout_and_provider_faults(fake: FakeSprites, sprites_relay: RelayProcess) -> None:
     token = sprites_relay.tokens["ops"]
     slow = {"command": ["sh", "-c", "echo begun; sleep 60"], "timeout_s": 1}
@@ -535,6 +538,7 @@ def reap(relay: RelayProcess, *flags: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_e2e_relay_reap_says_what_it_waits_for_and_now_ends_it_at_once(
     fake: FakeSprites, tmp_path: Path
 ) -> None:

@@ -539,6 +539,7 @@ class _Ok(http.server.BaseHTTPRequestHandler):
         """Quiet."""
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_e2e_every_example_job_runs_on_vercel(fake: FakeVercel, vercel_relay: RelayProcess) -> None:
     token = vercel_relay.tokens["ops"]
     echo = vercel_relay.post(token, {"job": "echo", "params": {"message": "hi; $(id)"}}).json()
@@ -573,6 +574,7 @@ def test_e2e_every_example_job_runs_on_vercel(fake: FakeVercel, vercel_relay: Re
     assert fake.ledger.alive() == set()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_e2e_timeout_and_provider_faults(fake: FakeVercel, vercel_relay: RelayProcess) -> None:
     token = vercel_relay.tokens["ops"]
     slow = {"command": ["sh", "-c", "echo begun; sleep 60"], "timeout_s": 1}
@@ -601,6 +603,7 @@ def test_e2e_timeout_and_provider_faults(fake: FakeVercel, vercel_relay: RelayPr
         assert fake.ledger.alive() == set()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_e2e_a_rate_limited_run_passes_on_vercels_retry_after(
     fake: FakeVercel, vercel_relay: RelayProcess
 ) -> None:

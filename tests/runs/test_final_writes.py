@@ -271,6 +271,7 @@ async def test_a_run_owned_here_with_no_task_is_an_orphan_for_its_own_reaper(
         await store.close()
 
 
+@pytest.mark.slow  # waits out /readyz's write check twice: 6 s
 def test_a_store_refusing_writes_is_503_store_unavailable_and_not_ready(
     tmp_path: Path,
 ) -> None:
@@ -299,6 +300,7 @@ def test_a_store_refusing_writes_is_503_store_unavailable_and_not_ready(
         assert answer.status_code == 200 and answer.json()["state"] == "succeeded"
 
 
+@pytest.mark.slow  # waits out the final writes' backoff: seconds
 async def test_a_burst_fired_as_get_shows_final_after_an_outage_is_admitted_in_full(
     tmp_path: Path,
 ) -> None:

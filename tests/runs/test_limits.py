@@ -261,6 +261,7 @@ def rate_limit(headers: httpx.Headers) -> dict[str, dict[str, str]]:
     return items
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_http_rate_limit_fields_on_every_answer(tmp_path: Path) -> None:
     server = RelayProcess(tmp_path / "r", local_isolation="bwrap")
     limits = {"runs_per_day": 2, "usd_per_day": 1.5, "max_concurrent": 2}
@@ -299,6 +300,7 @@ def test_http_rate_limit_fields_on_every_answer(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_retry_after_of_runs_at_once_is_when_a_run_is_expected_to_end(tmp_path: Path) -> None:
     """A run of a job that takes ~1 s holds the only slot: come back in ~1 s, not at its
     deadline (the create timeout plus its timeout, here 40 s)."""

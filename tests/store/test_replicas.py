@@ -14,7 +14,7 @@ from testing.postgres import own_postgres
 from testing.relay_server import RelayProcess
 from tests.conftest import new_database
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]  # needs a relay process: seconds
 
 
 @pytest.fixture

@@ -120,6 +120,7 @@ async def test_sqlite_gives_the_space_of_pruned_runs_back(tmp_path: Path) -> Non
     assert path.stat().st_size < full / 10  # the last checkpoint truncated the file too
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_relay_prune_converts_an_old_sqlite_file_and_the_relay_prunes(tmp_path: Path) -> None:
     path = tmp_path / "relay.db"
     with sqlite3.connect(path) as made_before:  # a file from before incremental vacuum

@@ -103,6 +103,7 @@ def refused_at_submit(relay: RelayProcess, url: str, who: str = "hooks") -> str:
     return message
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 @pytest.mark.parametrize(("name", "address"), FORBIDDEN, ids=[f[0] for f in FORBIDDEN])
 def test_forbidden_address_is_refused_at_submit(
     relay: RelayProcess, name: str, address: str
@@ -111,6 +112,7 @@ def test_forbidden_address_is_refused_at_submit(
     assert "resolves to" in message
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 @pytest.mark.parametrize(
     ("url", "why"),
     [
@@ -129,6 +131,7 @@ def test_unsafe_url_is_refused_at_submit(relay: RelayProcess, url: str, why: str
     assert why in refused_at_submit(relay, url)
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_token_without_a_secret_cannot_ask_for_callbacks(relay: RelayProcess) -> None:
     message = refused_at_submit(relay, f"https://{PUBLIC}/hook", who="unsigned")
     assert "secret" in message
@@ -143,6 +146,7 @@ async def test_public_addresses_pass_the_check(address: str) -> None:
     assert ipaddress.ip_address(target.address) == ipaddress.ip_address(address)
 
 
+@pytest.mark.slow  # needs a relay process: seconds
 def test_a_public_https_url_is_accepted(relay: RelayProcess) -> None:
     answer = relay.post(relay.tokens["hooks"], {**ECHO, "callback_url": f"https://{PUBLIC}/h"})
     assert answer.status_code == 202, answer.text

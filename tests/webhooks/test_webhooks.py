@@ -22,6 +22,8 @@ from testing.relay_server import RelayProcess, free_port
 from testing.rows import run_row
 from tests.receiver import Received, Receiver
 
+pytestmark = pytest.mark.slow  # needs a relay process: seconds
+
 TOKEN_SECRET = "whsec-token-5b1e"
 STANDARD_SECRET = "whsec_" + base64.b64encode(b"standard-key-3e8a-0123456789abcd").decode()
 GLOBAL_SECRET = "whsec-global-9c2d"
