@@ -56,8 +56,9 @@ PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 test: $(VENV)/.dev system-deps lint
 	$(BIN)/pytest $(PARALLEL)
 
-# The inner loop, in under 2 minutes: lint, types, and the tests that need no PostgreSQL,
-# no browser, no Node and no long waits. `make test` (and CI) runs everything.
+# The inner loop (target: 2 minutes; README.md says what it measured): lint, types, and the
+# tests that need no PostgreSQL, no browser, no Node, no relay process and no long waits.
+# `make test` (and CI) runs everything.
 check: $(VENV)/.dev lint
 	$(BIN)/pytest $(PARALLEL) -m "not (postgres or browser or node or slow)"
 

@@ -83,6 +83,7 @@ async def test_a_declared_file_in_a_folder_of_many_files_is_found(tmp_path: Path
     assert entry.skipped is None and kept == b"kept\n", entry
 
 
+@pytest.mark.slow  # walks a million names: seconds of CPU
 async def test_a_walk_over_a_million_names_stops_listing_at_its_bound() -> None:
     """A job's folders can hold millions of names (hard links cost its tmpfs nothing), and
     the walk holds every listing until it ends: each folder here lists 60,000 folders."""
