@@ -18,10 +18,12 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+import httpx
 import pytest
 import sqlalchemy as sa
 
 from relay.auth import Principal
+from relay.http.app import create_app
 from relay.http.metrics import Metrics
 from relay.providers.contract import POOL_PREFIX, Provider
 from relay.providers.local.provider import LocalProvider
@@ -38,6 +40,7 @@ from relay.store.database import Store
 from relay.store.pools import CLAIMED, CREATING, ENDED, READY, PoolRecord, PoolRows
 from relay.store.records import RunRecord
 from relay.store.schema import pooled
+from relay.token_file import new_token
 from tests.conftest import make_settings
 
 PRINCIPAL = Principal(name="pooler", command=True)
@@ -374,6 +377,47 @@ warm = {warm}
         await store.close()
     logged = [record.getMessage() for record in caplog.records if record.name == "relay.pools"]
     assert logged == [f"no warm pool: {LocalProvider.skips_warm_pools}"]  # once, with why
+
+
+class CheapCreate(MemoryProvider):
+    """A memory provider whose create would be cheaper than a claim: it says so of itself."""
+
+    skips_warm_pools: ClassVar[str | None] = "its create costs less than a claim"
+
+
+class MemoryAsLocal(MemoryProvider):
+    """The memory provider under local's name, without local's trait: it keeps its pool."""
+
+    name = "local"
+
+
+async def test_health_lists_a_skipped_pool_by_the_providers_own_word_not_its_name(
+    tmp_path: Path,
+) -> None:
+    """The provider's class says it skips pools (here one named ``memory``); one named
+    ``local`` that does not say so keeps its pool: ``/v1/health`` shows both."""
+    jobs = write_job(tmp_path / "jobs", 1, JOB + 'provider = "memory"\n', name="cheap")
+    write_job(jobs, 1, JOB + 'provider = "local"\n', name="pooled")
+    settings = make_settings(tmp_path, jobs_dir=jobs, providers=["memory", "local"], grace_s=5)
+    token = new_token(settings.tokens_file, "ops", admin=True)
+    world = MemoryWorld()
+    providers: dict[str, Provider] = {
+        "memory": CheapCreate(settings, world),
+        "local": MemoryAsLocal(settings, MemoryWorld()),
+    }
+    app = create_app(settings, providers=providers)
+    async with app.router.lifespan_context(app):
+        pools = app.state.relay.service.pools
+        await until(lambda: pools.ready == 1)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://relay") as client:
+            answer = await client.get("/v1/health", headers={"Authorization": f"Bearer {token}"})
+        health = answer.json()["pools"]
+        assert health["size"] == health["ready"] == 1  # the job on "local"
+        assert health["skipped"] == [
+            {"job": "cheap", "provider": "memory", "reason": "its create costs less than a claim"}
+        ]
+        assert world.created() == []  # the skipped pool made no sandbox
 
 
 async def test_usage_shows_a_token_the_idle_time_of_the_sandboxes_its_runs_claimed(
