@@ -139,6 +139,12 @@ OVERRIDABLE = frozenset(
 """What a request may set for a job only where the job's ``allow`` lists it."""
 
 
+RESOURCES = {size: Resources(*SIZES[size]) for size in Size}
+"""Each size's resources, made once: a spec's are one of these (they are frozen)."""
+MAX_EGRESSES = 256
+"""Egress policies kept made, by their hosts (a job's, or one a request narrowed it to)."""
+
+
 class Planner:
     """Resolves requests against one relay's settings, job catalog and providers."""
 
@@ -148,6 +154,16 @@ class Planner:
         self.settings = settings
         self.catalog = catalog
         self.providers = providers
+        self._egresses: dict[tuple[str, ...], Egress] = {}
+
+    def _egress(self, hosts: tuple[str, ...]) -> Egress:
+        """The (frozen) policy of ``hosts``, made once while few are in use."""
+        found = self._egresses.get(hosts)
+        if found is None:
+            found = Egress(hosts)
+            if len(self._egresses) < MAX_EGRESSES:
+                self._egresses[hosts] = found
+        return found
 
     def route_names(self, principal: Principal, asked: str, job: JobSpec | None) -> tuple[str, ...]:
         """The providers a run may go to, in order, before each is checked: the request's
@@ -258,15 +274,14 @@ class Planner:
         timeout_s = min([request.timeout_s or base_timeout, *caps])
         size = request.size or size
         names = self.route_names(principal, request.provider, job)
-        cpu, memory_mb, disk_mb = SIZES[size]
         shape = SandboxSpec(
             run_id=run_id,
             cluster=self.settings.cluster,
             timeout_s=timeout_s,
             grace_s=self.settings.grace_s,
             image=request.image or image,
-            resources=Resources(cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb),
-            egress=Egress(tuple(egress)),
+            resources=RESOURCES[size],
+            egress=self._egress(tuple(egress)),
             pip=job.pip if job else (),
             job=job.name if job else None,
         )

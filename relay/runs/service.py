@@ -163,8 +163,8 @@ class RunService:
         )
         # Its sandbox may take every attempt's create budget to come (one: its create).
         creating_s = self.settings.create_budget_s if len(plan.route) > 1 else None
-        run = RunRecord(
-            id=run_id,
+        run = RunRecord.new(
+            run_id,
             token=principal.name,
             job=plan.job,
             provider=plan.provider,
