@@ -17,7 +17,6 @@ import asyncio
 import builtins
 import dataclasses
 import functools
-import json
 import logging
 import secrets
 import time
@@ -182,7 +181,7 @@ class RunService:
             stdout_bytes=0,
             stderr_bytes=0,
             callback_url=request.callback_url,
-            request=json.dumps(request.echo(), separators=(",", ":")),
+            request=request.echo_text(),
         )
         self.runner.hold(run_id)  # before the row exists: a sweep now must not orphan it
         route = tuple(candidate.provider for candidate in plan.route) or (plan.provider,)
