@@ -15,6 +15,7 @@ import json
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from relay.auth import Principal
 from relay.errors import (
@@ -155,6 +156,23 @@ class Planner:
         self.catalog = catalog
         self.providers = providers
         self._egresses: dict[tuple[str, ...], Egress] = {}
+        self._defaults: dict[str, tuple[JobSpec, tuple[str, ...], dict[str, str], dict[str, bytes]]]
+        self._defaults = {}
+
+    def _rendered(
+        self, job: JobSpec, params: Mapping[str, Any]
+    ) -> tuple[list[str], dict[str, str], dict[str, bytes]]:
+        """``job`` rendered for ``params``: argv, env and files (the caller's own copies).
+        Without params (the job's defaults) it is the same every run, so it is rendered
+        once per job (a reload makes new jobs, rendered again)."""
+        if params:
+            return job.render(job.resolve_params(params))
+        found = self._defaults.get(job.name)
+        if found is None or found[0] is not job:
+            argv, env, files = job.render(job.resolve_params(params))
+            found = (job, tuple(argv), env, files)
+            self._defaults[job.name] = found
+        return list(found[1]), dict(found[2]), dict(found[3])
 
     def _egress(self, hosts: tuple[str, ...]) -> Egress:
         """The (frozen) policy of ``hosts``, made once while few are in use."""
@@ -250,7 +268,7 @@ class Planner:
             refused = sorted(overrides - job.allow)
             if refused:
                 raise Forbidden(f"job {job.name!r} does not let a request set `{refused[0]}`")
-            argv, env, files = job.render(job.resolve_params(request.params))
+            argv, env, files = self._rendered(job, request.params)
             egress = job.egress
             base_timeout, image, size = job.timeout_s, job.image, job.size
         else:
