@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import MappingProxyType
 
 from relay.auth import Principal
 from relay.errors import BudgetExceeded, RateLimited
@@ -60,7 +61,6 @@ def admission_for(
     counts them running (their final write has not landed: relay/runs/final_writes.py);
     ``route`` (its providers in the order tried) weighs the per-provider ``caps``, if any
     has one."""
-    caps = caps or {}
     return Admission(
         token_concurrent=principal.max_concurrent,
         global_concurrent=settings.max_concurrent,
@@ -68,11 +68,16 @@ def admission_for(
         usd_per_day=principal.usd_per_day,
         now=now,
         token_share=fair_share(settings),
-        settled=dict(settled or {}),
+        settled=dict(settled) if settled else _NONE_SETTLED,
         caps=tuple((name, caps.get(name)) for name in route)
-        if any(name in caps for name in route)
+        if caps and any(name in caps for name in route)
         else (),
     )
+
+
+_NONE_SETTLED: Mapping[str, float] = MappingProxyType({})
+"""What most admissions carry as ``settled`` (the store answered every final write): one
+read-only mapping shared, not an empty dict made for every run."""
 
 
 def fair_share(settings: Settings) -> int | None:
@@ -92,6 +97,12 @@ def rate_limit_headers(
 ) -> dict[str, str]:
     """``RateLimit-Policy`` and ``RateLimit`` for a token's limits, after the run was
     admitted (it counts) or refused (it does not); empty for a token with no limits."""
+    if (
+        admission.token_concurrent is None
+        and admission.runs_per_day is None
+        and admission.usd_per_day is None
+    ):
+        return {}  # a token with no limits of its own (most of them): no fields to tell
     taken = 1 if admitted else 0
     until_midnight = max(1, math.ceil(day_start(admission.now) + DAY_S - admission.now))
     policies: list[str] = []

@@ -7,6 +7,8 @@ OpenAPI document; the limits written here are the limits the relay enforces.
 from __future__ import annotations
 
 import enum
+import json
+import math
 import posixpath
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
@@ -218,6 +220,57 @@ class RunRequest(BaseModel):
             "stdin_bytes": len((self.stdin or "").encode()),
             **({"artifacts": self.artifacts} if self.artifacts else {}),
         }
+
+    def echo_text(self) -> str:
+        """:meth:`echo` as a run stores it: the text ``json.dumps(self.echo(),
+        separators=(",", ":"))`` writes, the same characters, put together from its parts
+        (the dump and the encoder's set-up cost more than the text; every run stores one)."""
+        params = "{}"
+        if self.params:  # as the dump has them (a Python caller's tuple is a list there)
+            params = _ECHO_JSON.encode(self.model_dump(mode="json", include={"params"})["params"])
+        return "".join((
+            '{"job":', _echo_value(self.job),
+            ',"params":', params,
+            ',"command":', "null" if self.command is None else _echo_names(self.command),
+            ',"provider":', _echo_value(self.provider),
+            ',"image":', _echo_value(self.image),
+            ',"size":', "null" if self.size is None else _echo_value(self.size.value),
+            ',"workdir":', _echo_value(self.workdir),
+            ',"timeout_s":', _echo_value(self.timeout_s),
+            ',"egress":', "null" if self.egress is None else _echo_names(self.egress),
+            ',"wait":', _echo_value(self.wait),
+            ',"env":', _echo_names(sorted(self.env)),
+            ',"files":', _echo_names(sorted(self.files)),
+            ',"stdin_bytes":', str(len((self.stdin or "").encode())),
+            ',"artifacts":' + _echo_names(self.artifacts) if self.artifacts else "",
+            "}",
+        ))  # fmt: skip
+
+
+_ECHO_JSON = json.JSONEncoder(separators=(",", ":"))
+_json_string = json.encoder.encode_basestring_ascii  # the escaper the encoder itself uses
+
+
+def _echo_value(value: Any) -> str:
+    """``value`` as ``_ECHO_JSON`` writes it: the commonest kinds as its C encoder writes
+    them (null, true, false, the ASCII escaper, ``float.__repr__``), anything else by it."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    kind = type(value)
+    if kind is str:
+        return _json_string(value)
+    if kind is float and math.isfinite(value):
+        return float.__repr__(value)
+    return _ECHO_JSON.encode(value)
+
+
+def _echo_names(names: Iterable[str]) -> str:
+    """A list of strings as ``_ECHO_JSON`` writes it."""
+    return "[" + ",".join(map(_json_string, names)) + "]"
 
 
 class Timings(BaseModel):

@@ -15,6 +15,7 @@ import json
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from relay.auth import Principal
 from relay.errors import (
@@ -139,6 +140,12 @@ OVERRIDABLE = frozenset(
 """What a request may set for a job only where the job's ``allow`` lists it."""
 
 
+RESOURCES = {size: Resources(*SIZES[size]) for size in Size}
+"""Each size's resources, made once: a spec's are one of these (they are frozen)."""
+MAX_EGRESSES = 256
+"""Egress policies kept made, by their hosts (a job's, or one a request narrowed it to)."""
+
+
 class Planner:
     """Resolves requests against one relay's settings, job catalog and providers."""
 
@@ -148,6 +155,33 @@ class Planner:
         self.settings = settings
         self.catalog = catalog
         self.providers = providers
+        self._egresses: dict[tuple[str, ...], Egress] = {}
+        self._defaults: dict[str, tuple[JobSpec, tuple[str, ...], dict[str, str], dict[str, bytes]]]
+        self._defaults = {}
+
+    def _rendered(
+        self, job: JobSpec, params: Mapping[str, Any]
+    ) -> tuple[list[str], dict[str, str], dict[str, bytes]]:
+        """``job`` rendered for ``params``: argv, env and files (the caller's own copies).
+        Without params (the job's defaults) it is the same every run, so it is rendered
+        once per job (a reload makes new jobs, rendered again)."""
+        if params:
+            return job.render(job.resolve_params(params))
+        found = self._defaults.get(job.name)
+        if found is None or found[0] is not job:
+            argv, env, files = job.render(job.resolve_params(params))
+            found = (job, tuple(argv), env, files)
+            self._defaults[job.name] = found
+        return list(found[1]), dict(found[2]), dict(found[3])
+
+    def _egress(self, hosts: tuple[str, ...]) -> Egress:
+        """The (frozen) policy of ``hosts``, made once while few are in use."""
+        found = self._egresses.get(hosts)
+        if found is None:
+            found = Egress(hosts)
+            if len(self._egresses) < MAX_EGRESSES:
+                self._egresses[hosts] = found
+        return found
 
     def route_names(self, principal: Principal, asked: str, job: JobSpec | None) -> tuple[str, ...]:
         """The providers a run may go to, in order, before each is checked: the request's
@@ -234,7 +268,7 @@ class Planner:
             refused = sorted(overrides - job.allow)
             if refused:
                 raise Forbidden(f"job {job.name!r} does not let a request set `{refused[0]}`")
-            argv, env, files = job.render(job.resolve_params(request.params))
+            argv, env, files = self._rendered(job, request.params)
             egress = job.egress
             base_timeout, image, size = job.timeout_s, job.image, job.size
         else:
@@ -258,15 +292,14 @@ class Planner:
         timeout_s = min([request.timeout_s or base_timeout, *caps])
         size = request.size or size
         names = self.route_names(principal, request.provider, job)
-        cpu, memory_mb, disk_mb = SIZES[size]
         shape = SandboxSpec(
             run_id=run_id,
             cluster=self.settings.cluster,
             timeout_s=timeout_s,
             grace_s=self.settings.grace_s,
             image=request.image or image,
-            resources=Resources(cpu=cpu, memory_mb=memory_mb, disk_mb=disk_mb),
-            egress=Egress(tuple(egress)),
+            resources=RESOURCES[size],
+            egress=self._egress(tuple(egress)),
             pip=job.pip if job else (),
             job=job.name if job else None,
         )

@@ -17,7 +17,6 @@ import asyncio
 import builtins
 import dataclasses
 import functools
-import json
 import logging
 import secrets
 import time
@@ -155,16 +154,16 @@ class RunService:
             await refuse_unsafe_callback(request.callback_url, self.settings)
         now = self.clock()
         cpu, memory_mb = plan.spec.resources.cpu, plan.spec.resources.memory_mb
+        route = tuple(candidate.provider for candidate in plan.route) or (plan.provider,)
         # Reserved at the dearest provider of its route: whichever runs it, the token's
         # budget holds (the final cost replaces the reservation).
         reserved = max(
-            self.costs.cost(candidate.provider, cpu, memory_mb, plan.timeout_s)
-            for candidate in plan.route or [plan]
+            [self.costs.cost(provider, cpu, memory_mb, plan.timeout_s) for provider in route]
         )
         # Its sandbox may take every attempt's create budget to come (one: its create).
         creating_s = self.settings.create_budget_s if len(plan.route) > 1 else None
-        run = RunRecord(
-            id=run_id,
+        run = RunRecord.new(
+            run_id,
             token=principal.name,
             job=plan.job,
             provider=plan.provider,
@@ -182,10 +181,9 @@ class RunService:
             stdout_bytes=0,
             stderr_bytes=0,
             callback_url=request.callback_url,
-            request=json.dumps(request.echo(), separators=(",", ":")),
+            request=request.echo_text(),
         )
         self.runner.hold(run_id)  # before the row exists: a sweep now must not orphan it
-        route = tuple(candidate.provider for candidate in plan.route) or (plan.provider,)
         admission = admission_for(
             principal, self.settings, now, self.runner.settled(), route, self.capacity.caps
         )

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from relay.http.routes import MAX_JSON_DEPTH, json_depth
-from relay.runs.models import MAX_NAME_BYTES, MAX_PATH_BYTES, MAX_PATH_PARTS, RunRequest
+from relay.runs.models import MAX_NAME_BYTES, MAX_PATH_BYTES, MAX_PATH_PARTS, RunRequest, Size
 
 
 def _files(path: str) -> RunRequest:
@@ -63,3 +63,48 @@ def test_parsed_echoes_kept_for_answers_are_bounded_in_number_and_size() -> None
     big = json.dumps(RunRequest(job="noop", params={"x": "y" * view.MAX_ECHO_CHARS}).echo())
     assert view.run_model(run_row("run_b16", request=big)).request is not None
     assert big not in view._ECHOES
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"job": "noop"},
+        {"command": ["echo", 'a "quoted"\tline\n', "é ü 中 \U0001f600", "\x7f\x1f"], "wait": False},
+        {
+            "job": "report-2",
+            "params": {"n": 1, "x": 1e16, "y": 1e-05, "z": [True, None, 2.5], "é": {"k": "\u2028"}},
+            "provider": "local",
+            "image": "python:3.12 é",
+            "size": "large",
+            "env": {"B": "secret", "A": "also secret"},
+            "stdin": "héllo",
+            "files": {"b/é.txt": "x", "a.txt": "y"},
+            "workdir": "work/dir",
+            "timeout_s": 12.5,
+            "egress": ["pypi.org", "example.com"],
+            "callback_url": "https://hooks.example.com/x",
+            "artifacts": ["out/*.png", "report.txt"],
+        },
+        {"job": "noop", "timeout_s": 86400, "egress": [], "params": {"n": -0.0, "t": (1, "é")}},
+    ],
+)
+def test_a_requests_stored_echo_is_the_text_json_dumps_writes_of_it(
+    body: dict[str, object],
+) -> None:
+    """The run keeps its request's echo as ``json.dumps(echo, separators=(",", ":"))`` writes
+    it; the text put together from its parts is that text, character for character."""
+    parsed = RunRequest.model_validate_json(json.dumps(body))  # as the API takes it
+    assert parsed.echo_text() == json.dumps(parsed.echo(), separators=(",", ":"))
+    size = body.get("size")
+    made = RunRequest.model_validate(body | ({"size": Size(size)} if size else {}))  # a caller's
+    made.params["inf"] = float("inf")  # the dump's own kinds: Infinity, a tuple as a list
+    assert made.echo_text() == json.dumps(made.echo(), separators=(",", ":"))
+
+
+def test_the_echo_text_knows_every_field_of_a_request() -> None:
+    """A field added to RunRequest must be added to ``echo_text`` too (or left out of the
+    echo as a secret): this list is the reminder."""
+    assert list(RunRequest.model_fields) == [
+        "job", "params", "command", "provider", "image", "size", "env", "stdin", "files",
+        "workdir", "timeout_s", "egress", "wait", "callback_url", "artifacts",
+    ]  # fmt: skip

@@ -418,6 +418,18 @@ async def test_a_run_reads_back_as_the_record_it_was_admitted_as(store: Store) -
         read.changed(sandbox_idd="sb")  # type: ignore[call-arg]
 
 
+def test_a_new_runs_record_is_the_one_its_fields_make_and_refuses_a_wrong_column() -> None:
+    made = row("run_new", callback_url="https://x.test/")
+    values = {name: value for name, value in vars(made).items() if name != "id"}
+    new = RunRecord.new("run_new", **values)
+    assert new == made and list(vars(new).items()) == list(vars(made).items())  # column order
+    assert RunRecord.new("run_text", **{**values, "state": "running"}).state is RunState.running
+    with pytest.raises(TypeError, match="no column"):
+        RunRecord.new("run_bad", **values, sandbox_idd="sb")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="needs"):
+        RunRecord.new("run_bad", **{k: v for k, v in values.items() if k != "token"})
+
+
 @pytest.mark.postgres
 async def test_a_postgresql_that_stops_answering_is_a_store_failure_soon(
     monkeypatch: pytest.MonkeyPatch,
