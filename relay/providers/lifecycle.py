@@ -493,4 +493,3 @@ class SandboxProvider(ABC, Generic[S]):
         if found is ProviderRateLimited:
             return ProviderRateLimited(message, retry_after=self.retry_after_s)
         return found(message)
-
