@@ -52,6 +52,11 @@ class Deadline:
         )
         return self
 
+    def expired(self) -> bool:
+        """Whether the time ran out (its cancellation was delivered), as
+        ``asyncio.Timeout.expired``."""
+        return self._cancels > 0
+
     def _expire(self) -> None:
         # Runs between the task's steps, so the block is still open: the cancellation lands
         # in it. Again next turn in case the body swallows it (anyio's re-delivery).
@@ -86,15 +91,54 @@ async def shielded(awaitable: Awaitable[T]) -> T:
     raised again once the work is done.
     """
     task = asyncio.ensure_future(awaitable)
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():
-                raise
-            cancelled = True
+    cancelled = await finished_within(task, None)
+    result = task.result()  # its own error (or its own cancellation) first
     if cancelled:
         raise asyncio.CancelledError
     return result
+
+
+class _Waiter:
+    """The one future a :func:`finished_within` caller awaits, woken by the work's end or
+    the timer; a new one after each cancellation of the caller (which cancels the one it
+    awaited)."""
+
+    __slots__ = ("future", "woken")
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self.future, self.woken = future, False
+
+    def wake(self, _: object = None) -> None:
+        self.woken = True
+        if not self.future.done():
+            self.future.set_result(None)
+
+
+async def finished_within(work: asyncio.Future[T], seconds: float | None) -> bool:
+    """Wait until ``work`` is done or ``seconds`` have passed (None: no bound), whatever
+    cancels the caller, any number of times; ``work`` is never cancelled by it. Returns
+    whether the caller was cancelled meanwhile: it must raise that again once it has
+    dealt with ``work``. One future and one timer, where ``shielded`` around
+    ``asyncio.wait`` took a second task, a shield's future and a waiter set: a sandbox's
+    terminate waits through this on every run."""
+    if work.done():
+        return False
+    loop = asyncio.get_running_loop()
+    waiter = _Waiter(loop.create_future())
+    work.add_done_callback(waiter.wake)
+    timer = None if seconds is None else loop.call_later(seconds, waiter.wake)
+    cancelled = False
+    try:
+        while not waiter.woken:
+            try:
+                await waiter.future
+            except asyncio.CancelledError:
+                cancelled = True
+                if not waiter.future.cancelled():
+                    break  # woken as the cancel came: done waiting
+                waiter.future = loop.create_future()
+    finally:
+        if timer is not None:
+            timer.cancel()
+        work.remove_done_callback(waiter.wake)
+    return cancelled

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import ClassVar, Generic, Protocol, TypeVar
 
-from relay.cancellation import Deadline, shielded
+from relay.cancellation import Deadline, finished_within, shielded
 from relay.errors import (
     FileUnreadable,
     ProviderAuth,
@@ -303,9 +303,17 @@ class SandboxProvider(ABC, Generic[S]):
     @asynccontextmanager
     async def sandbox(self, spec: SandboxSpec) -> AsyncIterator[S]:
         """Create a sandbox on enter; terminate it on exit, whatever happened."""
+        # What serving() does, written out: one generator a run, not two. A generator, not
+        # a class: one abandoned by a coroutine nobody resumes still terminates its sandbox
+        # when collected (the loop's finalizer closes it).
         box = await self.created(spec)
-        async with self.serving(box):
+        try:
             yield box
+        except BaseException:
+            with contextlib.suppress(ProviderError):  # logged; the run's error is the one
+                await self.ended(box.id)
+            raise
+        await self.ended(box.id)
 
     @asynccontextmanager
     async def serving(self, box: ProviderSandbox) -> AsyncIterator[ProviderSandbox]:
@@ -315,21 +323,24 @@ class SandboxProvider(ABC, Generic[S]):
             yield box
         except BaseException:
             with contextlib.suppress(ProviderError):  # logged; the run's error is the one
-                await shielded(self.ended(box.id))
+                await self.ended(box.id)
             raise
-        await shielded(self.ended(box.id))
+        await self.ended(box.id)
 
     async def ended(self, sandbox_id: str) -> None:
-        """:meth:`terminate`, waited for at most
+        """:meth:`terminate` in a task of its own, which no cancellation of the caller
+        interrupts (raised again once done waiting), waited for at most
         :data:`~relay.providers.aftercare.TERMINATE_WAIT_S`: a provider that does not answer
         must not hold the run's answer. Still going then, it goes on beside serving (within
         ``terminate_timeout_s``; its failure logged, the reaper retrying it)."""
-        ending = asyncio.ensure_future(self.terminate(sandbox_id))
-        done, _ = await asyncio.wait({ending}, timeout=TERMINATE_WAIT_S)
-        if done:
-            ending.result()  # its failure raised, as terminate's
-            return
-        self.aftercare.adopt(ending, f"terminating sandbox {sandbox_id}")
+        ending = asyncio.get_running_loop().create_task(self.terminate(sandbox_id))
+        cancelled = await finished_within(ending, TERMINATE_WAIT_S)
+        if ending.done():
+            ending.result()  # its failure raised, as terminate's (before a cancellation)
+        else:
+            self.aftercare.adopt(ending, f"terminating sandbox {sandbox_id}")
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def created(self, spec: SandboxSpec) -> S:
         """Create a sandbox the caller terminates (:meth:`sandbox` and a warm pool use it):

@@ -24,6 +24,8 @@ implied by the paths of files, as in an object store.
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import itertools
 import posixpath
 import shlex
@@ -58,6 +60,8 @@ from relay.settings import Settings
 API_KEY = "memory-key"
 """The one key a :class:`MemoryWorld` accepts; a provider with another is refused (401)."""
 NOT_FOUND = 127
+HISTORY = 1_000
+"""Ended sandboxes a relay's own world remembers (:attr:`MemoryWorld.history`)."""
 BODY_MARKER = "memory world:"
 """Starts every error body of the world, so a test can tell one never reaches a caller."""
 
@@ -183,7 +187,13 @@ class MemoryWorld:
     """False: every call is a refused connection (a provider nobody listens for)."""
     started: list[tuple[str, str]] = field(default_factory=list)
     """(sandbox, run) of every command started, in order: a ledger of executions."""
+    history: int | None = None
+    """How many ended sandboxes (and started commands) it remembers, the oldest forgotten
+    first; None: every one (a test's world). A relay's own world keeps
+    :data:`HISTORY`: one that serves for days must not hold every sandbox it ever made,
+    which the collector would scan again and again, more each run."""
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+    _ended: collections.deque[str] = field(default_factory=collections.deque)
     _release: asyncio.Event = field(default_factory=asyncio.Event)
 
     def alive(self) -> set[str]:
@@ -334,8 +344,20 @@ class MemoryWorld:
         box.alive, box.ended_at, box.ended_by = False, time.time(), by
         if box.expiry is not None:
             box.expiry.cancel()
+            box.expiry = None
         for command in list(box.commands):
             stop(command)
+        if self.history is not None:
+            self._forget(box_id)
+
+    def _forget(self, ended: str) -> None:
+        """Remember at most :attr:`history` ended sandboxes and started commands."""
+        assert self.history is not None
+        self._ended.append(ended)
+        while len(self._ended) > self.history:
+            self.boxes.pop(self._ended.popleft(), None)
+        if len(self.started) > 2 * self.history:  # trimmed in halves: O(1) a command
+            del self.started[: -self.history]
 
 
 Program = Callable[[Command], "int | Awaitable[int]"]
@@ -373,7 +395,7 @@ class MemoryProvider(SandboxProvider["MemorySandbox"]):
     def __init__(
         self, settings: Settings, world: MemoryWorld | None = None, *, api_key: str = API_KEY
     ) -> None:
-        self.world = world if world is not None else MemoryWorld()
+        self.world = world if world is not None else MemoryWorld(history=HISTORY)
         self.cluster = settings.cluster
         self.create_timeout_s = settings.create_timeout_s
         self._api_key = api_key
@@ -427,6 +449,14 @@ class MemorySandbox(ProviderSandbox):
         box = world.boxes[self.id]
         shell = Shell(box.files, _absolute(DEFAULT_WORKDIR, workdir or "."), stdin, env)
         command = world.start(self.provider._api_key, self.id, lambda c: shell.run(argv, c))
+        if command.ended and not world.faults.cut_stream:
+            # A built-in that ended at once (`true`, `echo`): its output is all there, no
+            # stream to follow, as `follow` would give it.
+            for stream, data in command.chunks:
+                output.write(stream, data)
+            if command.error is not None:
+                raise command.error
+            return ExecResult(command.exit_code)
         followed = 0
         try:
             while True:
@@ -541,5 +571,6 @@ class Shell:
         return 0
 
 
+@functools.lru_cache(maxsize=256)  # a run's workdir, the same for every run of a job
 def _absolute(base: str, path: str) -> str:
     return posixpath.normpath(posixpath.join(base, path))

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from relay.cancellation import shielded
+from relay.cancellation import Deadline, shielded
 from relay.errors import RelayError
 from relay.providers.contract import Attempt, OutputSink, Provenance, Sandbox, SandboxSource
 from relay.run_state import RunState, transition
@@ -230,10 +230,12 @@ class RunTask:
         plan, watch = self.plan, self.watch
         # One deadline for the upload and the command: a provider that stops answering
         # an upload must not hold the run (and its sandbox) past the job's timeout.
-        deadline = asyncio.timeout(max(0.0, plan.timeout_s - (time.time() - started_at)))
+        # A Deadline, not asyncio.timeout: no coroutines to enter and leave, and an SDK
+        # that swallows the cancellation is cancelled again.
+        deadline = Deadline(max(0.0, plan.timeout_s - (time.time() - started_at)))
         result = None
         try:
-            async with deadline:
+            with deadline:
                 if plan.files:
                     await sandbox.upload(plan.files)
                 watch.exec_started = time.monotonic()

