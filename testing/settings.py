@@ -18,6 +18,9 @@ def make_settings(tmp_path: Path, **values: object) -> Settings:
         "database_url": f"sqlite:///{tmp_path / 'relay.db'}",
         "local_root": tmp_path / "sandboxes",
         "cluster": "test",
+        # The SQLite file's folder, said outright: a test on PostgreSQL or an in-memory
+        # database would otherwise spool into the working directory (the clone).
+        "state_dir": tmp_path,
     }
     defaults.update(values)
     return Settings(_env_file=None, **defaults)  # type: ignore[call-arg]
