@@ -29,7 +29,48 @@ import asyncio
 from collections import OrderedDict
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+
+class OneSend:
+    """A connection's transport as its protocol writes to it: the head of an answer that
+    names its length (``Content-Length`` above 0) is held and written with the body's first
+    write, as one send. Anything else passes at once: a streamed answer's head (its body may
+    take a while), a ``100 Continue``, uvicorn's own ``400``. Held bytes never wait past the
+    next write, nor a close (written first, as uvicorn would have)."""
+
+    __slots__ = ("answered", "held", "protocol", "transport")
+
+    def __init__(self, transport: asyncio.Transport, protocol: HttpToolsProtocol) -> None:
+        self.transport = transport
+        self.protocol = protocol
+        self.held: bytes | None = None
+        self.answered: RequestResponseCycle | None = None
+        """The request whose head was written last (the next write of its answer is a body)."""
+
+    def write(self, data: bytes) -> None:
+        held = self.held
+        if held is not None:
+            self.held = None
+            self.transport.write(held + data)
+            return
+        cycle = self.protocol.cycle
+        if cycle is not None and cycle is not self.answered and cycle.response_started:
+            self.answered = cycle  # the first write once the answer started: its head
+            if cycle.chunked_encoding is False and cycle.expected_content_length > 0:
+                self.held = data
+                return
+        self.transport.write(data)
+
+    def close(self) -> None:
+        held = self.held
+        if held is not None:
+            self.held = None
+            self.transport.write(held)
+        self.transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
 
 
 def guarded_protocol(
@@ -45,7 +86,7 @@ def guarded_protocol(
         _deadline: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            super().connection_made(OneSend(transport, self))  # type: ignore[arg-type]
             if len(self.connections) > max_connections and not self._make_room():
                 transport.close()
                 return
