@@ -477,8 +477,12 @@ async def openapi(request: Request) -> Response:
     return JSONResponse(document())
 
 
+CREATE_RUN = Route("/v1/runs", create_run, methods=["POST"])
+"""``POST /v1/runs``, the route every run comes by: :class:`~relay.http.app.RequestContext`
+serves it without the router (the route stays in :data:`routes` for everything else)."""
+
 routes = [
-    Route("/v1/runs", create_run, methods=["POST"]),
+    CREATE_RUN,
     Route("/v1/runs", list_runs, methods=["GET"]),
     Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
     Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),

@@ -42,9 +42,9 @@ YOUNG_COLLECTION_THRESHOLD = 10_000
 generation; Python's default is 700. A run's objects live as long as the run: at 700, a pass
 comes every few runs and finds most of the runs in flight alive, moving them to the older
 generations, whose passes then walk them again. The more runs in flight, the more each
-pass moves: at 50 in flight the collector took 0.10–0.15 ms of a run's ~0.8 ms, at 10 about
+pass moves: at 50 in flight the collector took 0.10 to 0.15 ms of a run's ~0.8 ms, at 10 about
 0.03 ms (bench/README.md). At 10,000 the runs in flight are mostly gone by the next pass:
-0.003–0.009 ms a run, for at most 10,000 objects more held between passes (well under a MB).
+0.003 to 0.009 ms a run, for at most 10,000 objects more held between passes (well under a MB).
 The relay makes little cyclic garbage (under 0.2 objects a run), so nothing waits longer to
 be freed in practice."""
 
