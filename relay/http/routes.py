@@ -71,9 +71,9 @@ def state_of(request: Request) -> AppState:
     return state
 
 
-def presented_token(request: Request) -> str | None:
+def presented_token(request: Request, state: AppState | None = None) -> str | None:
     """The token the request carries (``RELAY_AUTH_HEADER``), unchecked; None if none."""
-    header = state_of(request).settings.auth_header
+    header = (state or state_of(request)).settings.auth_header
     raw = request.headers.get(header)
     if raw is not None and header.lower() == "authorization":
         scheme, _, credentials = raw.partition(" ")
@@ -83,9 +83,9 @@ def presented_token(request: Request) -> str | None:
     return raw
 
 
-def authenticate(request: Request) -> Principal:
-    state = state_of(request)
-    principal = state.tokens.authenticate(presented_token(request))
+def authenticate(request: Request, state: AppState | None = None) -> Principal:
+    state = state or state_of(request)
+    principal = state.tokens.authenticate(presented_token(request, state))
     request.state.token_name = principal.name
     return principal
 
@@ -182,10 +182,13 @@ async def _run_json(request: Request, run: RunRecord) -> Response:
 
 
 def _run_answer(
-    request: Request, run: RunRecord, deliveries: list[DeliveryRecord] | None = None
+    request: Request,
+    run: RunRecord,
+    deliveries: list[DeliveryRecord] | None = None,
+    state: AppState | None = None,
 ) -> Response:
     answer = run_model(run, deliveries)
-    state = state_of(request)
+    state = state or state_of(request)
     location = f"{state.base_url(request)}/v1/runs/{answer.id}"
     if not answer.state.final:
         return json_answer(answer, 202, {"Location": location})
@@ -207,17 +210,18 @@ def _run_answer(
 
 
 async def create_run(request: Request) -> Response:
-    principal = authenticate(request)
+    state = state_of(request)
+    principal = authenticate(request, state)
     key = _idempotency_key(request)
     body = await _read_request(request)
-    state = state_of(request)
     limits: dict[str, str] = {}
     request.state.extra_headers = limits  # the RateLimit fields, on any answer from here on
-    run, _created = await state.service.submit(principal, body, key, limits)
+    service = state.service
+    run, _created = await service.submit(principal, body, key, limits)
     if body.wait and not run.state.final:
-        run = await state.service.wait(run.id, state.settings.max_wait_s)
-    found = await state.service.deliveries([run])
-    return _run_answer(request, run, found.get(run.id))
+        run = await service.wait(run.id, state.settings.max_wait_s)
+    found = await service.deliveries([run])
+    return _run_answer(request, run, found.get(run.id), state)
 
 
 async def get_run(request: Request) -> Response:
