@@ -97,12 +97,7 @@ class RelayServer(uvicorn.Server):
         if self._hangups:
             self._hangups = 0
             self._reload_jobs()
-        # Everything loaded so far (SDKs, schemas, the app) lives as long as the process:
-        # keep it out of the collector's full passes, which otherwise stall the loop for
-        # tens of milliseconds under load (bench/README.md).
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(YOUNG_COLLECTION_THRESHOLD)
+        settle_heap()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         state: AppState | None = getattr(self.app.state, "relay", None)
@@ -126,6 +121,17 @@ class RelayServer(uvicorn.Server):
             await state.service.shutdown()
         finally:
             self.should_exit = True
+
+
+def settle_heap() -> None:
+    """Set the collector up for serving, once the app is loaded: everything loaded so far
+    (SDKs, schemas, the app) lives as long as the process, so it is kept out of the
+    collector's full passes, which otherwise stall the loop for tens of milliseconds under
+    load; and the youngest generation is collected every :data:`YOUNG_COLLECTION_THRESHOLD`
+    allocations (bench/README.md). ``bench.extras`` does the same to the apps it drives."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD)
 
 
 async def _reload(state: AppState) -> None:
