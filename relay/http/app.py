@@ -212,11 +212,11 @@ class RequestContext:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 sent = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
-                names = {name.lower() for name, _ in sent}
                 # A handler's headers for whatever it answers, an error included (the
                 # RateLimit fields of POST /v1/runs); the answer's own win.
                 extra: dict[str, str] = scope["state"].get("extra_headers") or {}
                 if extra:
+                    names = {name.lower() for name, _ in sent}
                     sent += [
                         (name.lower().encode(), value.encode())
                         for name, value in extra.items()
