@@ -38,6 +38,7 @@ from bench.servers import BENCH_JOBS
 from relay.auth import new_token
 from relay.http.app import create_app
 from relay.http.metrics import Metrics
+from relay.http.server import settle_heap
 from relay.logs import configure
 from relay.run_state import RunState
 from relay.runs.run_task import RunTask
@@ -159,6 +160,7 @@ async def _targets(root: Path, names: tuple[str, ...]) -> AsyncIterator[list[Tar
     stderr is a log file), in the order of ``names`` (``floor`` and the relay's rows)."""
     log_file = (root / "relay.log").open("w")
     kept = logging.getLogger().handlers[:], logging.getLogger().level
+    thresholds = gc.get_threshold()
     configure("info", "json")
     for handler in logging.getLogger().handlers:
         assert isinstance(handler, logging.StreamHandler)
@@ -173,9 +175,9 @@ async def _targets(root: Path, names: tuple[str, ...]) -> AsyncIterator[list[Tar
             )
             stack.push_async_callback(store.close)
             # As `relay serve` does once it serves (relay/http/server.py): what is loaded by
-            # now lives as long as the process, out of the collector's full passes.
-            gc.collect()
-            gc.freeze()
+            # now lives as long as the process, out of the collector's full passes, and the
+            # youngest objects are collected as seldom as there.
+            settle_heap()
             yield [
                 Target(name, floor_server.app, token)
                 if name == "floor"
@@ -185,6 +187,7 @@ async def _targets(root: Path, names: tuple[str, ...]) -> AsyncIterator[list[Tar
     finally:
         logging.getLogger().handlers[:], level = kept
         logging.getLogger().setLevel(level)
+        gc.set_threshold(*thresholds)
         log_file.close()
 
 

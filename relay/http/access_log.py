@@ -28,17 +28,16 @@ def report(metrics: Metrics, scope: Scope, status: int, seconds: float) -> None:
     metrics.observe_request(method, route, status, seconds)
     state = scope.get("state") or {}
     run_id = (scope.get("path_params") or {}).get("run_id")
-    level = logging.DEBUG if route in QUIET_ROUTES and status < 500 else logging.INFO
-    log.log(
-        level,
-        "request",
-        extra={
-            "method": method if method.isalpha() and len(method) <= 16 else "other",
-            "route": route,
-            "status": status,
-            "duration_ms": round(seconds * 1000, 1),
-            "request_id": state.get("request_id"),
-            "token": state.get("token_name"),
-            "run_id": run_id if isinstance(run_id, str) and _RUN_ID.match(run_id) else None,
-        },
-    )
+    fields = {
+        "method": method if method.isalpha() and len(method) <= 16 else "other",
+        "route": route,
+        "status": status,
+        "duration_ms": round(seconds * 1000, 1),
+        "request_id": state.get("request_id"),
+        "token": state.get("token_name"),
+        "run_id": run_id if isinstance(run_id, str) and _RUN_ID.match(run_id) else None,
+    }
+    if route in QUIET_ROUTES and status < 500:
+        log.debug("request", extra=fields)
+    else:
+        log.info("request", extra=fields)  # the relay's loggers' quicker call (relay/logs.py)

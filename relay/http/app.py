@@ -13,7 +13,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -40,7 +40,7 @@ from relay.http.index_page import index_routes
 from relay.http.mcp_loader import McpLoader
 from relay.http.metrics import Metrics
 from relay.http.operator import operator_routes
-from relay.http.routes import routes
+from relay.http.routes import CREATE_RUN, create_run, routes
 from relay.http.run_stream import LiveRuns
 from relay.providers.contract import Provider
 from relay.runs.catalog import Catalog
@@ -116,6 +116,26 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return error_response(request, RelayError())
 
 
+Handler = Callable[[Request, Exception], Awaitable[Response]]
+HANDLERS: dict[type[BaseException], Handler] = {
+    RelayError: _relay_error,
+    HTTPException: _http_error,
+    **dict.fromkeys(STORE_FAILURES, _store_error),
+    ClientDisconnect: _client_gone,
+}
+"""What an error raised in a handler answers (Starlette's exception middleware, and
+:meth:`RequestContext.create_run`); any other error is :func:`_unexpected`'s ``500``."""
+
+
+def _handler_of(error: Exception) -> Handler | None:
+    """The handler of ``error``'s nearest class in :data:`HANDLERS` (as Starlette looks)."""
+    for kind in type(error).__mro__:
+        handler = HANDLERS.get(kind)
+        if handler is not None:
+            return handler
+    return None
+
+
 OUTPUT_PATHS = ("/v1/", "/mcp")
 """Answers that carry a job's output (runs, their list and events, /mcp tool results)."""
 
@@ -144,6 +164,10 @@ class RequestContext:
 
     The limit is enforced while the body streams in, so an oversized body is refused
     with 413 before it is read whole.
+
+    ``POST /v1/runs``, the request every run comes by, is served here (:meth:`create_run`)
+    rather than through Starlette's exception middleware, router and route, which each
+    wrap the request again for a path and method known at once.
     """
 
     def __init__(self, app: ASGIApp, max_body_bytes: int, metrics: Metrics) -> None:
@@ -188,11 +212,11 @@ class RequestContext:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 sent = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
-                names = {name.lower() for name, _ in sent}
                 # A handler's headers for whatever it answers, an error included (the
                 # RateLimit fields of POST /v1/runs); the answer's own win.
                 extra: dict[str, str] = scope["state"].get("extra_headers") or {}
                 if extra:
+                    names = {name.lower() for name, _ in sent}
                     sent += [
                         (name.lower().encode(), value.encode())
                         for name, value in extra.items()
@@ -207,11 +231,38 @@ class RequestContext:
                 response = error_response(request, BodyTooLarge(f"the body is over {limit} bytes"))
                 response.headers["Connection"] = "close"
                 await response(scope, receive, send_with_id)
+            elif (
+                scope["path"] == "/v1/runs"
+                and scope["method"] == "POST"
+                and not scope.get("root_path")
+            ):
+                await self.create_run(scope, limited_receive, send_with_id)
             else:
                 await self.app(scope, limited_receive, send_with_id)
         finally:
             report(self.metrics, scope, status, time.perf_counter() - started)
             logs.restore(context)
+
+    @staticmethod
+    async def create_run(scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/runs`` as the router, the route and the exception middleware serve it:
+        the same scope keys, the same handler for the same error, the same answer. (Their
+        check that no handled error comes once the answer started has nothing to catch
+        here: the answer is a plain ``Response``, whose sending raises none of them.)"""
+        scope["router"] = scope["app"].router
+        scope["route"] = CREATE_RUN
+        scope["endpoint"] = create_run
+        scope["path_params"] = {}
+        request = Request(scope, receive, send)
+        try:
+            response = await create_run(request)
+        except Exception as exc:
+            handler = _handler_of(exc)
+            if handler is None:
+                raise
+            response = await handler(request, exc)
+            exc.__traceback__ = None  # a reused exception would gather tracebacks
+        await response(scope, receive, send)
 
 
 def create_app(
@@ -263,13 +314,7 @@ def create_app(
             Route("/mcp", mcp),
         ],
         lifespan=lifespan,
-        exception_handlers={
-            RelayError: _relay_error,
-            HTTPException: _http_error,
-            **dict.fromkeys(STORE_FAILURES, _store_error),
-            ClientDisconnect: _client_gone,
-            Exception: _unexpected,
-        },
+        exception_handlers={**HANDLERS, Exception: _unexpected},
     )
     app.add_middleware(RequestContext, max_body_bytes=settings.max_body_bytes, metrics=metrics)
     app.state.metrics = metrics

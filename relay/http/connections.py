@@ -20,7 +20,9 @@ missing:
   what a flood of half-sent requests is made of); if every connection is busy with a
   request, the new one is closed at once. A fresh ``/healthz`` therefore always gets in.
 
-Keep-alive between requests stays uvicorn's ``timeout_keep_alive``.
+Keep-alive between requests stays uvicorn's ``timeout_keep_alive``, timed by the same one
+timer a connection as the deadlines: it is moved only when a deadline comes sooner than it
+fires, so a kept-alive connection's requests arm and disarm theirs without a timer each.
 """
 
 from __future__ import annotations
@@ -29,7 +31,48 @@ import asyncio
 from collections import OrderedDict
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+
+class OneSend:
+    """A connection's transport as its protocol writes to it: the head of an answer that
+    names its length (``Content-Length`` above 0) is held and written with the body's first
+    write, as one send. Anything else passes at once: a streamed answer's head (its body may
+    take a while), a ``100 Continue``, uvicorn's own ``400``. Held bytes never wait past the
+    next write, nor a close (written first, as uvicorn would have)."""
+
+    __slots__ = ("answered", "held", "protocol", "transport")
+
+    def __init__(self, transport: asyncio.Transport, protocol: HttpToolsProtocol) -> None:
+        self.transport = transport
+        self.protocol = protocol
+        self.held: bytes | None = None
+        self.answered: RequestResponseCycle | None = None
+        """The request whose head was written last (the next write of its answer is a body)."""
+
+    def write(self, data: bytes) -> None:
+        held = self.held
+        if held is not None:
+            self.held = None
+            self.transport.write(held + data)
+            return
+        cycle = self.protocol.cycle
+        if cycle is not None and cycle is not self.answered and cycle.response_started:
+            self.answered = cycle  # the first write once the answer started: its head
+            if cycle.chunked_encoding is False and cycle.expected_content_length > 0:
+                self.held = data
+                return
+        self.transport.write(data)
+
+    def close(self) -> None:
+        held = self.held
+        if held is not None:
+            self.held = None
+            self.transport.write(held)
+        self.transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
 
 
 def guarded_protocol(
@@ -42,10 +85,13 @@ def guarded_protocol(
     class GuardedProtocol(HttpToolsProtocol):
         """One connection, with its header or body deadline."""
 
-        _deadline: asyncio.TimerHandle | None = None
+        _due: float | None = None
+        """When the current deadline passes (the loop's clock); None: none is running."""
+        _timer: asyncio.TimerHandle | None = None
+        _timer_at = 0.0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            super().connection_made(OneSend(transport, self))  # type: ignore[arg-type]
             if len(self.connections) > max_connections and not self._make_room():
                 transport.close()
                 return
@@ -65,19 +111,43 @@ def guarded_protocol(
             waiting[self] = None
 
         def _arm(self, seconds: float) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(seconds, self._close)
+            # One timer a connection, moved only when a deadline comes sooner than it
+            # fires: a later deadline is found by the timer when it fires (_expire), so a
+            # kept-alive connection's requests arm and disarm theirs without a timer each.
+            due = self._due = self.loop.time() + seconds
+            if self._timer is None or due < self._timer_at:
+                self._set_timer(due)
+
+        def _set_timer(self, due: float) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_at(due, self._expire)
+            self._timer_at = due
 
         def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+            self._due = None
+
+        def _expire(self) -> None:
+            self._timer = None
+            due = self._due
+            if due is None:
+                return
+            if self.loop.time() < due:  # armed again since, for later
+                self._set_timer(due)
+                return
+            self._close()
 
         def _close(self) -> None:
-            self._disarm()
+            self._stop()
             waiting.pop(self, None)
             if not self.transport.is_closing():
                 self.transport.close()
+
+        def _stop(self) -> None:
+            self._due = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -93,8 +163,23 @@ def guarded_protocol(
             self._disarm()
             super().on_message_complete()
 
+        def on_response_complete(self) -> None:
+            # uvicorn's (0.54), with its keep-alive timer, armed after every answer and
+            # canceled by the next request, replaced by this connection's one timer: idle
+            # for keep-alive, until the next request's first byte arms its header deadline.
+            self.server_state.total_requests += 1
+            if self.transport.is_closing():
+                return
+            self._unset_keepalive_if_required()
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            else:
+                self._arm(self.timeout_keep_alive)
+
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            self._stop()
             waiting.pop(self, None)
             super().connection_lost(exc)
 

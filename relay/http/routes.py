@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 from pydantic import ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -71,9 +71,9 @@ def state_of(request: Request) -> AppState:
     return state
 
 
-def presented_token(request: Request) -> str | None:
+def presented_token(request: Request, state: AppState | None = None) -> str | None:
     """The token the request carries (``RELAY_AUTH_HEADER``), unchecked; None if none."""
-    header = state_of(request).settings.auth_header
+    header = (state or state_of(request)).settings.auth_header
     raw = request.headers.get(header)
     if raw is not None and header.lower() == "authorization":
         scheme, _, credentials = raw.partition(" ")
@@ -83,9 +83,9 @@ def presented_token(request: Request) -> str | None:
     return raw
 
 
-def authenticate(request: Request) -> Principal:
-    state = state_of(request)
-    principal = state.tokens.authenticate(presented_token(request))
+def authenticate(request: Request, state: AppState | None = None) -> Principal:
+    state = state or state_of(request)
+    principal = state.tokens.authenticate(presented_token(request, state))
     request.state.token_name = principal.name
     return principal
 
@@ -108,7 +108,7 @@ async def _read_request(request: Request) -> RunRequest:
     content_type = request.headers.get("content-type", "application/json")
     if content_type.split(";")[0].strip().lower() not in ("application/json", ""):
         raise UnsupportedMediaType()
-    body = await request.body()
+    body = await body_of(request)
     if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH:
         _check_shape(body)  # it may nest too deep: looked at before the model parses it
     try:
@@ -119,6 +119,24 @@ async def _read_request(request: Request) -> RunRequest:
         # brackets cannot nest too deep.
         _check_shape(body)
         raise validation_failed(exc) from exc
+
+
+async def body_of(request: Request) -> bytes:
+    """The request's body, read as ``Request.body`` reads it (and kept where it keeps it),
+    without the async generator it reads through: a run's body is one message, and the
+    generator cost twice the read (3.5-4.7 against 1.4-1.5 us, ``timeit``)."""
+    chunks: list[bytes] = []
+    receive = request.receive
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        elif message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+    body = request._body = b"".join(chunks)
+    return body
 
 
 def validation_failed(exc: ValidationError) -> ValidationFailed:
@@ -182,10 +200,13 @@ async def _run_json(request: Request, run: RunRecord) -> Response:
 
 
 def _run_answer(
-    request: Request, run: RunRecord, deliveries: list[DeliveryRecord] | None = None
+    request: Request,
+    run: RunRecord,
+    deliveries: list[DeliveryRecord] | None = None,
+    state: AppState | None = None,
 ) -> Response:
     answer = run_model(run, deliveries)
-    state = state_of(request)
+    state = state or state_of(request)
     location = f"{state.base_url(request)}/v1/runs/{answer.id}"
     if not answer.state.final:
         return json_answer(answer, 202, {"Location": location})
@@ -207,17 +228,18 @@ def _run_answer(
 
 
 async def create_run(request: Request) -> Response:
-    principal = authenticate(request)
+    state = state_of(request)
+    principal = authenticate(request, state)
     key = _idempotency_key(request)
     body = await _read_request(request)
-    state = state_of(request)
     limits: dict[str, str] = {}
     request.state.extra_headers = limits  # the RateLimit fields, on any answer from here on
-    run, _created = await state.service.submit(principal, body, key, limits)
+    service = state.service
+    run, _created = await service.submit(principal, body, key, limits)
     if body.wait and not run.state.final:
-        run = await state.service.wait(run.id, state.settings.max_wait_s)
-    found = await state.service.deliveries([run])
-    return _run_answer(request, run, found.get(run.id))
+        run = await service.wait(run.id, state.settings.max_wait_s)
+    found = await service.deliveries([run])
+    return _run_answer(request, run, found.get(run.id), state)
 
 
 async def get_run(request: Request) -> Response:
@@ -477,8 +499,12 @@ async def openapi(request: Request) -> Response:
     return JSONResponse(document())
 
 
+CREATE_RUN = Route("/v1/runs", create_run, methods=["POST"])
+"""``POST /v1/runs``, the route every run comes by: :class:`~relay.http.app.RequestContext`
+serves it without the router (the route stays in :data:`routes` for everything else)."""
+
 routes = [
-    Route("/v1/runs", create_run, methods=["POST"]),
+    CREATE_RUN,
     Route("/v1/runs", list_runs, methods=["GET"]),
     Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
     Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),
