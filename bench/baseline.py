@@ -19,6 +19,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from relay.http.connections import OneSend
+from relay.http.server import settle_heap
 
 BODY = json.dumps(
     {
@@ -68,8 +72,20 @@ app = Starlette(
 )
 
 
-def serve(served: Starlette, port: int) -> None:
-    """The same uvicorn.Config as relay.cli.cmd_serve (loop and http parser on "auto")."""
+class OneSendProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol writing each answer of known length in one send, as the
+    relay's connections do (relay/http/connections.py), without the relay's deadlines."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(OneSend(transport, self))  # type: ignore[arg-type]
+
+
+def serve(served: Starlette, port: int, *, served_as_relay: bool = False) -> None:
+    """The same uvicorn.Config as relay.cli.cmd_serve (loop and http parser on "auto").
+    ``served_as_relay``: also what ``relay serve`` does for any app's speed, not the relay's
+    own guarantees: one send per answer, and the collector set as
+    :func:`relay.http.server.settle_heap` sets it (the floor; the bare endpoint keeps
+    uvicorn's defaults)."""
     config = uvicorn.Config(
         served,
         host="127.0.0.1",
@@ -78,7 +94,10 @@ def serve(served: Starlette, port: int) -> None:
         access_log=False,
         timeout_graceful_shutdown=1,
         server_header=False,
+        **({"http": OneSendProtocol} if served_as_relay else {}),
     )
+    if served_as_relay:
+        settle_heap()
     uvicorn.Server(config).run()
 
 
