@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench import admission, bounded, local, mcp_calls, promises, servers, waiting
 from bench.load import LoadResult, run_wrk
-from bench.report import Results, machine_line, render, targets
+from bench.report import PLAIN_FLOOR, Results, machine_line, render, targets
 from relay.providers.local.invocation import bwrap_works
 from testing.postgres import new_database
 
@@ -125,6 +125,11 @@ def _overhead_and_local(root: Path, args: argparse.Namespace, results: Results) 
             # either way.
             "floor (SQLite)": (floor_url, token, floor.pid),
         }
+        if overhead:  # the floor as it was served before issue 42's third pass, beside it
+            plain, plain_url = stack.enter_context(
+                servers.floor(root / "floor-plain", token, plain=True)
+            )
+            targets_by_name[f"{PLAIN_FLOOR} (SQLite)"] = (plain_url, token, plain.pid)
         if pg_url is not None:
             pg_relay, pg_token = stack.enter_context(
                 servers.relay(root / "postgres", database_url=pg_url)

@@ -15,8 +15,9 @@ lines, the metrics, the events for streams, the request ids. The gap between thi
 and the relay's in bench/RESULTS.md is what those cost; the gap between this row and the
 bare endpoint is what the stack itself (pydantic, SQLAlchemy Core, SQLite) costs.
 
-Run as ``python -m bench.floor PORT DATABASE TOKEN`` (``DATABASE``: a SQLite file, or a
-PostgreSQL URL for the ``floor (PostgreSQL)`` row).
+Run as ``python -m bench.floor PORT DATABASE TOKEN [plain]`` (``DATABASE``: a SQLite file, or
+a PostgreSQL URL for the ``floor (PostgreSQL)`` row; ``plain``: on uvicorn's defaults, as
+before that pass, for the row beside it).
 """
 
 from __future__ import annotations
@@ -120,4 +121,4 @@ app = Starlette(
 
 if __name__ == "__main__":
     TOKENS[hashlib.sha256(sys.argv[3].encode()).hexdigest()] = "bench"
-    serve(app, int(sys.argv[1]), served_as_relay=True)
+    serve(app, int(sys.argv[1]), served_as_relay=sys.argv[4:] != ["plain"])

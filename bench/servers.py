@@ -79,12 +79,13 @@ def baseline() -> contextlib.AbstractContextManager[tuple[subprocess.Popen[bytes
 
 
 def floor(
-    root: Path, token: str, database_url: str | None = None
+    root: Path, token: str, database_url: str | None = None, *, plain: bool = False
 ) -> contextlib.AbstractContextManager[tuple[subprocess.Popen[bytes], str]]:
     """The stack's floor (bench/floor.py), taking ``token``: its SQLite file in ``root``, or
-    the database at ``database_url``."""
+    the database at ``database_url``; ``plain``: served on uvicorn's defaults."""
     root.mkdir(parents=True, exist_ok=True)
-    return _server("bench.floor", database_url or str(root / "floor.db"), token)
+    extra = ("plain",) if plain else ()
+    return _server("bench.floor", database_url or str(root / "floor.db"), token, *extra)
 
 
 @contextlib.contextmanager

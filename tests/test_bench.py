@@ -54,6 +54,8 @@ def test_smoke_run_writes_every_section_and_every_request_succeeds(tmp_path: Pat
     assert re.search(
         r"relay CPU per run ≤ 2.0x the stack's floor \(SQLite\) \| c=10: [\d.]+x", text
     )
+    # and against the floor served as it was before issue 42's third pass, in the same run
+    assert re.search(r"against the floor on uvicorn's defaults: [\d.]+x \|", text)
     assert all(errors == "0" for _, _, errors in overhead), overhead
     waiting = re.findall(r"^\| (relay|baseline) \| 20 \| (\d+) \| (\d+) \|", text, re.M)
     assert sorted(waiting) == [("baseline", "20", "0"), ("relay", "20", "0")]
