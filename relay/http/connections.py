@@ -38,7 +38,8 @@ class OneSend:
     """A connection's transport as its protocol writes to it: the head of an answer that
     names its length (``Content-Length`` above 0) is held and written with the body's first
     write, as one send. Anything else passes at once: a streamed answer's head (its body may
-    take a while), a ``100 Continue``, uvicorn's own ``400``. Held bytes never wait past the
+    take a while), a ``HEAD`` answer's (it has no body), a ``100 Continue``, uvicorn's own
+    ``400``. Held bytes never wait past the
     next write, nor a close (written first, as uvicorn would have)."""
 
     __slots__ = ("answered", "held", "protocol", "transport")
@@ -59,7 +60,11 @@ class OneSend:
         cycle = self.protocol.cycle
         if cycle is not None and cycle is not self.answered and cycle.response_started:
             self.answered = cycle  # the first write once the answer started: its head
-            if cycle.chunked_encoding is False and cycle.expected_content_length > 0:
+            if (
+                cycle.chunked_encoding is False
+                and cycle.expected_content_length > 0
+                and cycle.scope["method"] != "HEAD"  # its length, but no body will come
+            ):
                 self.held = data
                 return
         self.transport.write(data)

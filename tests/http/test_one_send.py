@@ -139,3 +139,14 @@ async def test_a_held_head_is_written_before_the_connection_closes() -> None:
     assert len(transport.writes) == 1 and transport.writes[0].startswith(b"HTTP/1.1 200 OK")
     assert transport.writes[0].endswith(b"\r\n\r\n")  # the head alone: no body came
     protocol.connection_lost(None)
+
+
+async def test_a_head_answer_s_head_is_written_at_once_though_it_names_a_length() -> None:
+    protocol, transport = _connect()
+    protocol.data_received(b"HEAD /plain HTTP/1.1\r\nHost: x\r\n\r\n")
+    await _settle()
+    assert not transport.closed  # kept alive: nothing but the head would ever write it
+    assert len(transport.writes) == 1 and transport.writes[0].startswith(b"HTTP/1.1 200 OK")
+    assert b"content-length: 12" in transport.writes[0]
+    assert transport.writes[0].endswith(b"\r\n\r\n")
+    protocol.connection_lost(None)
