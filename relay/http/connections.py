@@ -180,7 +180,7 @@ def guarded_protocol(
             if self.pipeline:
                 cycle, app = self.pipeline.pop()
                 self._start_asgi_task(cycle, app)
-            else:
+            elif self not in waiting:  # else a next request began: its header deadline holds
                 self._arm(self.timeout_keep_alive)
 
         def connection_lost(self, exc: Exception | None) -> None:

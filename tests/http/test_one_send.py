@@ -150,3 +150,22 @@ async def test_a_head_answer_s_head_is_written_at_once_though_it_names_a_length(
     assert b"content-length: 12" in transport.writes[0]
     assert transport.writes[0].endswith(b"\r\n\r\n")
     protocol.connection_lost(None)
+
+
+async def test_a_request_begun_before_the_answer_ended_keeps_its_header_deadline() -> None:
+    """The keep-alive that follows an answer is for a connection with no request under way:
+    one whose next request began (pipelined, its headers unfinished) stays on that
+    request's header deadline, not a keep-alive counted afresh from the answer."""
+    config = uvicorn.Config(
+        APP, log_config=None, access_log=False, server_header=False, timeout_keep_alive=30
+    )
+    protocol_class = guarded_protocol(header_timeout_s=0.05, body_timeout_s=5, max_connections=10)
+    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+    transport = RecordingTransport()
+    protocol.connection_made(transport)
+    protocol.data_received(b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\nGET /plain HTTP/1.1\r\nHo")
+    await _settle()
+    assert transport.writes and not transport.closed  # the first answered
+    await asyncio.sleep(0.2)
+    assert transport.closed, "the half-sent request outlived its header deadline"
+    protocol.connection_lost(None)
