@@ -179,9 +179,9 @@ def test_pipelined_requests_are_answered_in_order_each_at_once(relay: RelayProce
     strict=True,
     reason="no deadline bounds an answer's write: a caller that stops reading keeps its "
     "connection and the answer's bytes in the relay (~12 MiB for a run at 1 MiB of output a "
-    "stream, up to RELAY_MAX_CONNECTIONS of them) until it goes away; so on main too (issue "
-    "42's one send adds ~10% while the head is joined to the body). A bound needs a write "
-    "deadline of its own (a setting), not one of the request deadlines.",
+    "stream, up to RELAY_MAX_CONNECTIONS of them) until it goes away, on main as on issue "
+    "42's cuts. A bound needs a write deadline of its own (a setting), not one of the "
+    "request deadlines.",
 )
 def test_a_caller_that_stops_reading_a_big_answer_is_cut_at_a_deadline(
     relay: RelayProcess,

@@ -25,6 +25,10 @@ async def _plain(request: Request) -> Response:
     return Response(b'{"ok": true}', media_type="application/json")
 
 
+async def _echo(request: Request) -> Response:
+    return Response(await request.body(), media_type="application/octet-stream")
+
+
 async def _streamed(request: Request) -> Response:
     async def lines() -> Any:
         assert STREAM_GATE is not None
@@ -46,6 +50,7 @@ async def _fails_after_start(request: Request) -> Response:
 APP = Starlette(
     routes=[
         Route("/plain", _plain, methods=["GET", "POST"]),
+        Route("/echo", _echo, methods=["POST"]),
         Route("/streamed", _streamed),
         Route("/broken", _fails_after_start),
     ]
@@ -168,4 +173,18 @@ async def test_a_request_begun_before_the_answer_ended_keeps_its_header_deadline
     assert transport.writes and not transport.closed  # the first answered
     await asyncio.sleep(0.2)
     assert transport.closed, "the half-sent request outlived its header deadline"
+    protocol.connection_lost(None)
+
+
+async def test_a_big_answer_s_body_is_written_as_it_came_not_copied_to_join_its_head() -> None:
+    protocol, transport = _connect()
+    body = b"x" * (1 << 20)
+    protocol.data_received(
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+    await _settle()
+    assert [len(write) for write in transport.writes[1:]] == [len(body)]
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK") and transport.writes[0].endswith(
+        b"\r\n\r\n"
+    )
     protocol.connection_lost(None)
