@@ -33,13 +33,19 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+JOINED_BODY_BYTES = 64 * 1024
+"""The largest body an answer's head is joined to: a bigger one would be copied whole (a
+run's answer can be megabytes) to save one send of many."""
+
 
 class OneSend:
     """A connection's transport as its protocol writes to it: the head of an answer that
-    names its length (``Content-Length`` above 0) is held and written with the body's first
-    write, as one send. Anything else passes at once: a streamed answer's head (its body may
-    take a while), a ``100 Continue``, uvicorn's own ``400``. Held bytes never wait past the
-    next write, nor a close (written first, as uvicorn would have)."""
+    names its length (``Content-Length`` above 0, up to :data:`JOINED_BODY_BYTES`) is held
+    and written with the body's first write, as one send. Anything else passes at once: a
+    streamed answer's head (its body may take a while), a ``HEAD`` answer's (it has no
+    body), a bigger answer's (joining would copy its body, for a send that is one of many),
+    a ``100 Continue``, uvicorn's own ``400``. Held bytes never wait past the next write,
+    nor a close (written first, as uvicorn would have)."""
 
     __slots__ = ("answered", "held", "protocol", "transport")
 
@@ -59,7 +65,11 @@ class OneSend:
         cycle = self.protocol.cycle
         if cycle is not None and cycle is not self.answered and cycle.response_started:
             self.answered = cycle  # the first write once the answer started: its head
-            if cycle.chunked_encoding is False and cycle.expected_content_length > 0:
+            if (
+                cycle.chunked_encoding is False
+                and 0 < cycle.expected_content_length <= JOINED_BODY_BYTES
+                and cycle.scope["method"] != "HEAD"  # its length, but no body will come
+            ):
                 self.held = data
                 return
         self.transport.write(data)
@@ -175,7 +185,7 @@ def guarded_protocol(
             if self.pipeline:
                 cycle, app = self.pipeline.pop()
                 self._start_asgi_task(cycle, app)
-            else:
+            elif self not in waiting:  # else a next request began: its header deadline holds
                 self._arm(self.timeout_keep_alive)
 
         def connection_lost(self, exc: Exception | None) -> None:

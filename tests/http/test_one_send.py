@@ -25,6 +25,10 @@ async def _plain(request: Request) -> Response:
     return Response(b'{"ok": true}', media_type="application/json")
 
 
+async def _echo(request: Request) -> Response:
+    return Response(await request.body(), media_type="application/octet-stream")
+
+
 async def _streamed(request: Request) -> Response:
     async def lines() -> Any:
         assert STREAM_GATE is not None
@@ -46,6 +50,7 @@ async def _fails_after_start(request: Request) -> Response:
 APP = Starlette(
     routes=[
         Route("/plain", _plain, methods=["GET", "POST"]),
+        Route("/echo", _echo, methods=["POST"]),
         Route("/streamed", _streamed),
         Route("/broken", _fails_after_start),
     ]
@@ -138,4 +143,48 @@ async def test_a_held_head_is_written_before_the_connection_closes() -> None:
     assert transport.closed
     assert len(transport.writes) == 1 and transport.writes[0].startswith(b"HTTP/1.1 200 OK")
     assert transport.writes[0].endswith(b"\r\n\r\n")  # the head alone: no body came
+    protocol.connection_lost(None)
+
+
+async def test_a_head_answer_s_head_is_written_at_once_though_it_names_a_length() -> None:
+    protocol, transport = _connect()
+    protocol.data_received(b"HEAD /plain HTTP/1.1\r\nHost: x\r\n\r\n")
+    await _settle()
+    assert not transport.closed  # kept alive: nothing but the head would ever write it
+    assert len(transport.writes) == 1 and transport.writes[0].startswith(b"HTTP/1.1 200 OK")
+    assert b"content-length: 12" in transport.writes[0]
+    assert transport.writes[0].endswith(b"\r\n\r\n")
+    protocol.connection_lost(None)
+
+
+async def test_a_request_begun_before_the_answer_ended_keeps_its_header_deadline() -> None:
+    """The keep-alive that follows an answer is for a connection with no request under way:
+    one whose next request began (pipelined, its headers unfinished) stays on that
+    request's header deadline, not a keep-alive counted afresh from the answer."""
+    config = uvicorn.Config(
+        APP, log_config=None, access_log=False, server_header=False, timeout_keep_alive=30
+    )
+    protocol_class = guarded_protocol(header_timeout_s=0.05, body_timeout_s=5, max_connections=10)
+    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+    transport = RecordingTransport()
+    protocol.connection_made(transport)
+    protocol.data_received(b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\nGET /plain HTTP/1.1\r\nHo")
+    await _settle()
+    assert transport.writes and not transport.closed  # the first answered
+    await asyncio.sleep(0.2)
+    assert transport.closed, "the half-sent request outlived its header deadline"
+    protocol.connection_lost(None)
+
+
+async def test_a_big_answer_s_body_is_written_as_it_came_not_copied_to_join_its_head() -> None:
+    protocol, transport = _connect()
+    body = b"x" * (1 << 20)
+    protocol.data_received(
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+    await _settle()
+    assert [len(write) for write in transport.writes[1:]] == [len(body)]
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK") and transport.writes[0].endswith(
+        b"\r\n\r\n"
+    )
     protocol.connection_lost(None)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from relay.http.routes import MAX_JSON_DEPTH, json_depth
@@ -108,3 +110,34 @@ def test_the_echo_text_knows_every_field_of_a_request() -> None:
         "job", "params", "command", "provider", "image", "size", "env", "stdin", "files",
         "workdir", "timeout_s", "egress", "wait", "callback_url", "artifacts",
     ]  # fmt: skip
+
+
+_TEXT = st.text(st.characters() | st.sampled_from('"\\\u2028\u2029\x00\x1f\x7f'))
+_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | _TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(
+    params=st.dictionaries(_TEXT, _VALUE, max_size=4),
+    command=st.lists(_TEXT.filter(lambda arg: "\x00" not in arg), min_size=1, max_size=3),
+    image=st.none() | _TEXT.filter(lambda image: "\x00" not in image).map(lambda s: s[:255]),
+    timeout_s=st.none() | st.floats(min_value=1e-300, max_value=86_400) | st.integers(1, 86_400),
+)
+def test_a_requests_echo_text_is_json_dumps_for_any_params_strings_and_numbers(
+    params: dict[str, object], command: list[str], image: str | None, timeout_s: float | None
+) -> None:
+    """Whatever a caller sends (quotes, backslashes, control and line-separator characters,
+    non-BMP text, huge integers, NaN and infinities in params), the echo put together from
+    its parts is the text json.dumps writes of it, and reads back as the same echo."""
+    body = {"command": command, "params": params, "image": image, "timeout_s": timeout_s}
+    try:
+        request = RunRequest.model_validate(body)
+    except ValidationError:
+        return  # refused as any request is; nothing stored
+    text = request.echo_text()
+    assert text == json.dumps(request.echo(), separators=(",", ":"))
+    assert json.loads(text)["command"] == request.command

@@ -175,3 +175,42 @@ async def test_closing_with_a_commit_pending_commits_it_and_still_truncates_the_
     assert store.checkpointer is not None and store.checkpointer.blocked == 0
     with sqlite3.connect(path) as other:
         assert other.execute("SELECT id FROM runs").fetchall() == [("run_at_close",)]
+
+
+async def test_a_writer_cancelled_twice_while_its_commit_fails_learns_the_failure(
+    store: Store,
+) -> None:
+    """The commit's error, not a success, whatever the cancellations meanwhile (each writer
+    waits on a future of its own); the cancellation is kept for its next await."""
+    assert store.commits is not None
+    driver = store.commits.conn.connection.driver_connection
+    assert driver is not None
+    driver.execute("PRAGMA foreign_keys=ON")
+    driver.execute("CREATE TABLE parent (id TEXT PRIMARY KEY)")
+    driver.execute(
+        "CREATE TABLE child (parent TEXT REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)"
+    )
+    outcome: list[object] = []
+
+    async def write() -> None:
+        try:
+            await store.admit_run(run_row("run_lost_with_its_group"))
+        except IntegrityError as exc:
+            outcome.append(exc)
+            current = asyncio.current_task()
+            assert current is not None
+            outcome.append(current.cancelling())
+            raise
+
+    task = asyncio.create_task(write())
+    orphan = sa.text("INSERT INTO child VALUES ('nobody')")
+    other = asyncio.create_task(store.write(lambda conn: conn.execute(orphan)))
+    await asyncio.sleep(0)  # both wrote into one group and wait for its commit
+    task.cancel()
+    task.cancel()
+    with pytest.raises(IntegrityError):
+        await task
+    with pytest.raises(IntegrityError):
+        await other
+    assert isinstance(outcome[0], IntegrityError) and outcome[1]  # still to be delivered
+    assert committed_ids(store) == set()
