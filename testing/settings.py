@@ -18,9 +18,11 @@ def make_settings(tmp_path: Path, **values: object) -> Settings:
         "database_url": f"sqlite:///{tmp_path / 'relay.db'}",
         "local_root": tmp_path / "sandboxes",
         "cluster": "test",
-        # The SQLite file's folder, said outright: a test on PostgreSQL or an in-memory
-        # database would otherwise spool into the working directory (the clone).
-        "state_dir": tmp_path,
     }
     defaults.update(values)
+    url = str(defaults["database_url"])
+    if not url.startswith("sqlite:///") or ":memory:" in url:
+        # The relay's state goes beside its SQLite file; with no file (PostgreSQL, an
+        # in-memory database) it would go to the working directory, the clone: not in a test.
+        defaults.setdefault("state_dir", tmp_path)
     return Settings(_env_file=None, **defaults)  # type: ignore[call-arg]
