@@ -59,8 +59,11 @@ test: $(VENV)/.dev system-deps lint
 # The inner loop (target: 2 minutes; README.md says what it measured): lint, types, and the
 # tests that need no PostgreSQL, no browser, no Node, no relay process and no long waits.
 # `make test` (and CI) runs everything.
+# Its tests wait on short timeouts more than the whole suite's: 6 workers.
+CHECK_WORKERS ?= 6
+
 check: $(VENV)/.dev lint
-	$(BIN)/pytest $(PARALLEL) -m "not (postgres or browser or node or slow)"
+	$(BIN)/pytest -n $(CHECK_WORKERS) --dist loadgroup -m "not (postgres or browser or node or slow)"
 
 bench: $(VENV)/.dev
 	@bash scripts/system-deps.sh bench
