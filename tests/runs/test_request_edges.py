@@ -112,7 +112,11 @@ def test_the_echo_text_knows_every_field_of_a_request() -> None:
     ]  # fmt: skip
 
 
-_TEXT = st.text(st.characters() | st.sampled_from('"\\\u2028\u2029\x00\x1f\x7f'))
+# No lone surrogates: a request's JSON cannot carry one (the body's parser refuses a lone
+# ``\\ud800`` escape: a 422), and pydantic cannot dump one in a dict's key either.
+_TEXT = st.text(
+    st.characters(exclude_categories=("Cs",)) | st.sampled_from('"\\\u2028\u2029\x00\x1f\x7f')
+)
 _VALUE = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | _TEXT,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
