@@ -45,22 +45,52 @@ FIELDS = (
     "traceback",
 )
 
-_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("relay_log_context")
-_NOTHING_BOUND: dict[str, Any] = {}
+_INDEX = {key: index for index, key in enumerate(FIELDS)}
+
+
+class _Bound:
+    """The ids bound in a context, never changed once made (:func:`bind` makes a new one),
+    so the JSON pieces of its string values can be kept with it: a run's ids are bound once
+    and written on each of its lines."""
+
+    __slots__ = ("_pieces", "fields")
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+        self._pieces: list[str] | None = None
+
+    def pieces(self) -> list[str]:
+        """Each field's ``, "key": value`` as the JSON line writes it, at its index in
+        ``FIELDS`` ("" where none is bound); kept when every value is a string, which
+        nothing can change after the fact (any other value is written afresh each time)."""
+        pieces = self._pieces
+        if pieces is None:
+            pieces = [""] * len(FIELDS)
+            for key, value in self.fields.items():
+                index = _INDEX.get(key)
+                if index is not None:
+                    pieces[index] = _JSON_KEYS[index] + _json_value(value)
+            if all(type(value) is str for value in self.fields.values()):
+                self._pieces = pieces
+        return pieces
+
+
+_context: contextvars.ContextVar[_Bound] = contextvars.ContextVar("relay_log_context")
+_NOTHING_BOUND = _Bound({})
 
 
 def bind(**fields: Any) -> None:
     """Add ids to every line logged from here on in this context (None values are skipped)."""
-    current = _context.get({})
-    _context.set({**current, **{k: v for k, v in fields.items() if v is not None}})
+    current = _context.get(_NOTHING_BOUND).fields
+    _context.set(_Bound({**current, **{k: v for k, v in fields.items() if v is not None}}))
 
 
-def fresh_context() -> contextvars.Token[dict[str, Any]]:
+def fresh_context() -> contextvars.Token[_Bound]:
     """Start an empty context (a new request); pass the result to :func:`restore`."""
-    return _context.set({})
+    return _context.set(_NOTHING_BOUND)
 
 
-def restore(token: contextvars.Token[dict[str, Any]]) -> None:
+def restore(token: contextvars.Token[_Bound]) -> None:
     _context.reset(token)
 
 
@@ -72,7 +102,7 @@ def fields_of(record: logging.LogRecord) -> dict[str, Any]:
 def _add_fields(line: dict[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
     """Add to ``line`` the allowed fields, in ``FIELDS`` order: ``own``'s value, else the
     bound one; a field that is None in both is left out."""
-    bound = _context.get(_NOTHING_BOUND)
+    bound = _context.get(_NOTHING_BOUND).fields
     for key in FIELDS:
         value = own.get(key)
         if value is None:
@@ -84,7 +114,7 @@ def _add_fields(line: dict[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
 
 _json_encoder = json.JSONEncoder(default=str)
 _json_string = json.encoder.encode_basestring_ascii
-_json_keys = tuple((key, f", {_json_string(key)}: ") for key in FIELDS)
+_JSON_KEYS = tuple(f", {_json_string(key)}: " for key in FIELDS)
 
 
 def _json_value(value: Any) -> str:
@@ -151,24 +181,31 @@ class JsonFormatter(LineFormatter):
         # The text json.JSONEncoder(default=str) writes for {"ts": ..., "level": ...,
         # "logger": ..., "event": ..., **fields}, built from its parts: the encoder's own
         # per-call setup cost more than the line.
-        parts = [
+        head = (
             f'{self._second_text}{int(msecs):03d}Z", '
             f'"level": {_json_string(level.lower())}, "logger": {_json_string(logger)}, '
             f'"event": {_json_string(event)}'
-        ]
+        )
+        # As _add_fields: the bound ids' pieces (kept with them), each replaced by the line's
+        # own value of that field; only the few own keys are looked at, not all of FIELDS.
         bound = _context.get(_NOTHING_BOUND)
-        for key, json_key in _json_keys:  # as _add_fields, with _json_value's commonest case
-            value = own.get(key)
-            if value is None:
-                value = bound.get(key)
+        pieces = bound.pieces()
+        mine: list[str] | None = None
+        if own:
+            bound_fields = bound.fields
+            for key, value in own.items():
                 if value is None:
                     continue
-            if type(value) is str:
-                parts.append(json_key + _json_string(value))
-            else:
-                parts.append(json_key + _json_value(value))
-        parts.append("}")
-        return _blank("".join(parts))
+                index = _INDEX.get(key)
+                if index is None or value is bound_fields.get(key):  # the same text
+                    continue
+                if mine is None:
+                    mine = pieces.copy()
+                if type(value) is str:  # _json_value's commonest case
+                    mine[index] = _JSON_KEYS[index] + _json_string(value)
+                else:
+                    mine[index] = _JSON_KEYS[index] + _json_value(value)
+        return _blank(f"{head}{''.join(pieces if mine is None else mine)}}}")
 
 
 class ConsoleFormatter(LineFormatter):

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -296,6 +298,95 @@ def test_the_short_path_writes_the_line_logging_writes(
             line |= {key: fields[key] for key in logs.FIELDS if key in fields}
             assert raw == encode(line).replace("sk-short-path-secret", logs.REDACTED)
     assert "sk-short-path-secret" not in short and logs.REDACTED in short
+
+
+_TEXT = st.text(
+    st.characters(exclude_categories=("Cs",)) | st.sampled_from('"\\\u2028\x00\x1f\x7fé☃'),
+    max_size=6,
+)
+_EQUAL_NOT_ALIKE = st.sampled_from([0, 0.0, -0.0, False, 1, 1.0, True, "1", "a"])  # 1 == 1.0
+_VALUE = (
+    st.none() | _EQUAL_NOT_ALIKE | _TEXT | st.integers() | st.floats() | st.lists(_TEXT, max_size=2)
+)
+_FIELDS = st.dictionaries(st.sampled_from(logs.FIELDS), _VALUE, max_size=6)
+
+
+@hypothesis.settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],  # reset below
+)
+@hypothesis.given(binds=st.lists(_FIELDS, min_size=1, max_size=3), extras=st.lists(_FIELDS))
+def test_a_lines_own_fields_win_over_the_bound_ones_on_either_path(
+    binds: list[dict[str, Any]],
+    extras: list[dict[str, Any]],
+    configured: Callable[[str], io.StringIO],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The short path keeps the bound ids' text with them and looks only at a line's own
+    keys; logging's path gives it the record. Both write, for any ids bound one after
+    another and any extras (the very objects bound among them), what the encoder writes
+    of the line's dict: its own non-None values over the bound ones, in FIELDS order."""
+    logger = logging.getLogger("relay.test-property")
+    stream = configured("json")
+    monkeypatch.setattr(time, "time", lambda: FIXED_TIME)
+    encode = json.JSONEncoder(default=str).encode
+
+    def written() -> tuple[str, list[str]]:
+        expected: list[str] = []
+        context = logs.fresh_context()
+        try:
+            bound: dict[str, Any] = {}
+            for fields in binds:
+                logs.bind(**fields)
+                bound |= {key: value for key, value in fields.items() if value is not None}
+                for extra in [*extras, dict(bound)]:  # the bound objects themselves too
+                    logger.info("line", extra=extra)
+                    own = {key: value for key, value in extra.items() if value is not None}
+                    line = {"ts": "2023-11-14T22:13:20.123Z", "level": "info"}
+                    line |= {"logger": "relay.test-property", "event": "line"}
+                    mine = bound | own
+                    line |= {key: mine[key] for key in logs.FIELDS if key in mine}
+                    expected.append(encode(line))
+        finally:
+            logs.restore(context)
+        text = stream.getvalue()
+        stream.seek(0)
+        stream.truncate()
+        return text, expected
+
+    short, expected = written()
+    logger.addFilter(lambda record: True)  # any logger filter: logging's own path
+    try:
+        general, _ = written()
+    finally:
+        logger.filters.clear()
+    assert short.splitlines() == expected
+    assert general == short
+
+
+def test_a_bound_value_that_can_change_is_written_as_it_is_at_each_line(
+    configured: Callable[[str], io.StringIO],
+) -> None:
+    logger = logging.getLogger("relay.test-mutable")
+    stream = configured("json")
+    path = ["a"]
+    context = logs.fresh_context()
+    try:
+        logs.bind(path=path, token="ops")
+        logger.info("first")
+        path.append("b")
+        logger.info("second")
+        logs.bind(token="other")
+        logger.info("third")
+    finally:
+        logs.restore(context)
+    lines = [json.loads(raw) for raw in stream.getvalue().splitlines()]
+    assert [(line["path"], line["token"]) for line in lines] == [
+        (["a"], "ops"),
+        (["a", "b"], "ops"),
+        (["a", "b"], "other"),
+    ]
 
 
 class Capture(logging.Handler):
