@@ -54,16 +54,9 @@ import hmac
 import json
 import platform
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    ProcessCollector,
-    disable_created_metrics,
-)
+from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
@@ -72,6 +65,7 @@ from starlette.responses import Response
 
 from relay import __version__
 from relay.errors import Unauthorized
+from relay.http.metric_counts import CountedFamilies, CountedHistogram, CountedTotal
 from relay.runs.event_bus import EventBus, RunEvent
 
 if TYPE_CHECKING:
@@ -230,50 +224,59 @@ class Metrics:
         self.service: RunService | None = None
         self.reaper: Reaper | None = None
         self.pruner: Pruner | None = None
-        self.requests = Counter(
+        # Counted on the event loop without prometheus_client's locks and children, as
+        # these classes would write them (relay/http/metric_counts.py); registered first,
+        # so they lead the text as they did.
+        self.requests = CountedTotal(
             "relay_http_requests",
             "HTTP requests answered, by method, route template and status.",
             ("method", "route", "status"),
-            registry=self.registry,
         )
-        self.request_seconds = Histogram(
+        self.request_seconds = CountedHistogram(
             "relay_http_request_duration_seconds",
             "Time to answer an HTTP request (a waiting POST holds until its run ends).",
             ("method", "route"),
-            buckets=_REQUEST_BUCKETS,
-            registry=self.registry,
+            _REQUEST_BUCKETS,
         )
-        self.runs = Counter(
+        self.runs = CountedTotal(
             "relay_runs",
             "Runs that reached a final state, by job, provider and state.",
             ("job", "provider", "state"),
-            registry=self.registry,
         )
-        self.run_seconds = Histogram(
+        self.run_seconds = CountedHistogram(
             "relay_run_duration_seconds",
             "Run duration from sandbox start to end (the run's duration_ms).",
             ("provider",),
-            buckets=_RUN_BUCKETS,
-            registry=self.registry,
+            _RUN_BUCKETS,
         )
-        self.create_seconds = Histogram(
+        self.create_seconds = CountedHistogram(
             "relay_sandbox_create_seconds",
             "Time the provider took to create a sandbox (the run's timings.create_ms).",
             ("provider",),
-            buckets=_CREATE_BUCKETS,
-            registry=self.registry,
+            _CREATE_BUCKETS,
         )
-        self.spend = Counter(
+        self.spend = CountedTotal(
             "relay_spend_usd",
             "Estimated provider spend in US dollars (the finished runs' cost_usd).",
             ("provider",),
-            registry=self.registry,
         )
-        self.webhook_deliveries = Counter(
+        self.webhook_deliveries = CountedTotal(
             "relay_webhook_deliveries",
             "Webhook (callback) delivery attempts, by outcome.",
             ("outcome",),
-            registry=self.registry,
+        )
+        self.registry.register(
+            CountedFamilies(
+                (
+                    self.requests,
+                    self.request_seconds,
+                    self.runs,
+                    self.run_seconds,
+                    self.create_seconds,
+                    self.spend,
+                    self.webhook_deliveries,
+                )
+            )
         )
         self.registry.register(_LiveCollector(self))
         # The process's CPU, memory, open files and start time, read from /proc at scrape
@@ -286,16 +289,6 @@ class Metrics:
             registry=self.registry,
         )
         build.labels(version=__version__, python=platform.python_version()).set(1)
-        self._children: dict[tuple[Any, ...], Any] = {}
-
-    def _labels(self, metric: Any, *values: str) -> Any:
-        """``metric.labels(*values)``, remembered: every label here has few values, and
-        looking a child up is most of what counting a request costs."""
-        key = (id(metric), *values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*values)
-        return child
 
     def attach(
         self,
@@ -307,9 +300,9 @@ class Metrics:
         """Follow this app's runs; returns the unsubscribe function."""
         self.service, self.reaper = service, reaper
         for name in providers:  # so every enabled provider shows, at zero, from the start
-            self.spend.labels(provider=name)
-            self.run_seconds.labels(provider=name)
-            self.create_seconds.labels(provider=name)
+            self.spend.show((name,))
+            self.run_seconds.show((name,))
+            self.create_seconds.show((name,))
         return events.subscribe(self.on_event)
 
     def follow(self, relay: Relay) -> None:
@@ -326,30 +319,29 @@ class Metrics:
 
     def record_run(self, run: RunRecord) -> None:
         """Count one finished run."""
-        provider = run.provider
-        job = run.job or COMMAND_JOB
-        self._labels(self.runs, job, provider, run.state).inc()
+        provider = (run.provider,)
+        self.runs.inc((run.job or COMMAND_JOB, run.provider, run.state))
         if run.duration_ms is not None:
-            self._labels(self.run_seconds, provider).observe(run.duration_ms / 1000)
+            self.run_seconds.observe(provider, run.duration_ms / 1000)
         try:
             timings = json.loads(run.timings or "{}")
         except ValueError:
             timings = {}
         if isinstance(timings, dict) and timings.get("create_ms") is not None:
-            self._labels(self.create_seconds, provider).observe(timings["create_ms"] / 1000)
+            self.create_seconds.observe(provider, timings["create_ms"] / 1000)
         cost = run.cost_usd or 0.0
         if cost > 0:
-            self._labels(self.spend, provider).inc(cost)
+            self.spend.inc(provider, cost)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         method = method if method in METHODS else "other"
-        self._labels(self.requests, method, route, str(status)).inc()
-        self._labels(self.request_seconds, method, route).observe(seconds)
+        self.requests.inc((method, route, str(status)))
+        self.request_seconds.observe((method, route), seconds)
 
     def webhook_delivered(self, outcome: str) -> None:
         """Count one webhook delivery attempt; ``outcome`` is a fixed word such as
         ``delivered``, ``retrying`` or ``failed``, never a URL or a status text."""
-        self.webhook_deliveries.labels(outcome=outcome).inc()
+        self.webhook_deliveries.inc((outcome,))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
