@@ -7,6 +7,9 @@ import concurrent.futures
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -502,3 +505,39 @@ def test_a_line_on_loggings_own_path_keeps_its_callers_place(
             "test_logs.py",
             "test_a_line_on_loggings_own_path_keeps_its_callers_place",
         )
+
+
+_CRASH_AFTER_A_LINE = """
+import logging, os, sys
+from relay import logs
+log = logging.getLogger("relay.test-crash")  # made at import, as the relay's are
+if sys.argv[1] == "block-buffered":
+    sys.stderr.reconfigure(line_buffering=False)
+logs.configure("info", "json")
+assert isinstance(log, logs.RelayLogger)  # the short path writes the line
+log.info("written before the crash")
+os._exit(3)  # no flush at exit, as a killed relay gets none
+"""
+
+
+@pytest.mark.parametrize("stderr", ["line-buffered", "unbuffered", "block-buffered"])
+def test_a_line_is_in_the_file_before_the_relay_moves_on(tmp_path: Path, stderr: str) -> None:
+    """A relay that dies right after a line (killed, no exit handlers) has written it, on
+    stderr as Python makes it (line-buffered), as the image runs the relay (unbuffered) and
+    on a stream that keeps what it is given until flushed: the short path flushes each
+    line as logging's handler does."""
+    log = tmp_path / "stderr.log"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    if stderr == "unbuffered":
+        env["PYTHONUNBUFFERED"] = "1"
+    with log.open("w") as file:
+        done = subprocess.run(
+            [sys.executable, "-c", _CRASH_AFTER_A_LINE, stderr],
+            stderr=file,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 3
+    [line] = [json.loads(raw) for raw in log.read_text().splitlines()]
+    assert line["event"] == "written before the crash"
