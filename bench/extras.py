@@ -133,6 +133,7 @@ async def _relay(root: Path, database_url: str | None = None) -> Any:
         jobs_dir=jobs,
         tokens_file=folder / "tokens.toml",
         database_url=database_url or f"sqlite:///{folder / 'relay.db'}",
+        state_dir=folder,  # with PostgreSQL it would be the working directory: the clone's
         max_concurrent=100_000,
         max_wait_s=120,
     )

@@ -102,10 +102,14 @@ class Settings(BaseSettings):
     """A request's headers must be in this long after it began (relay/http/connections.py)."""
     body_timeout_s: float = Field(30.0, gt=0)
     """A request's body must be in this long after its headers."""
+    write_timeout_s: float = Field(30.0, gt=0)
+    """An answer's bytes waiting for the caller to read them: past this long with none
+    taken, the connection is reset (a deadline on progress, not on the whole answer)."""
     keep_alive_s: float = Field(5.0, gt=0)
     """An idle connection between requests is closed after this."""
     max_connections: int = Field(1000, ge=8)
-    """Open connections; past it the oldest one still sending its headers is closed."""
+    """Open connections; past it the oldest one with no request in flight (still sending
+    its headers, or idle between requests) is closed."""
 
     # Auth and catalog
     tokens_file: Path = Path("tokens.toml")

@@ -39,6 +39,13 @@ SDK_VARIABLES = ("RELAY_", *(prefix for rig in RIGS.values() for prefix in rig.e
 
 pytest_plugins = ["tests.parallel"]
 
+SPOOL_HERE = Path.cwd() / "spool"
+"""Where a relay built with no state folder keeps its spool (a 16 MiB ``reserve``): its
+state folder is then the working directory (``Settings.state_directory`` with PostgreSQL or
+an in-memory database), the clone. A test keeps its state under ``tmp_path``."""
+_spool_seen = SPOOL_HERE.exists()
+"""Already there (left by an older run): not this session's to report."""
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -61,6 +68,22 @@ def _collect_garbage() -> Iterator[None]:
     rather than whichever test the garbage collector happens to run in."""
     yield
     gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _no_spool_in_the_working_directory() -> Iterator[None]:
+    """Fail the test after which a spool appeared in the working directory (once a worker:
+    one stat a test). With workers, the test that made it may be one running beside it."""
+    global _spool_seen
+    yield
+    if not _spool_seen and SPOOL_HERE.exists():
+        _spool_seen = True
+        pytest.fail(
+            f"{SPOOL_HERE} appeared: a relay was built with its state in the working "
+            "directory (settings with no state_dir and no SQLite file: use make_settings"
+            "(tmp_path) or state_dir=tmp_path). Rerun this module with -p no:xdist to be sure "
+            "which test did it, and delete the folder."
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -230,6 +230,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         **server_options(
             header_timeout_s=settings.header_timeout_s,
             body_timeout_s=settings.body_timeout_s,
+            write_timeout_s=settings.write_timeout_s,
             keep_alive_s=settings.keep_alive_s,
             max_connections=settings.max_connections,
         ),

@@ -1,13 +1,15 @@
-"""The HTTP connections the relay serves: slow or idle clients are dropped, and their
-number is capped without shutting out a new caller.
+"""The HTTP connections the relay serves: slow, silent or idle clients are dropped, and
+their number is capped without shutting out a new caller.
 
 uvicorn (0.54, its httptools protocol) closes a connection idle *between* requests after
 ``timeout_keep_alive``, but arms no timer before the first request nor while a request's
 headers or body trickle in: a client that connects and never finishes its headers is
-held for ever. Its ``limit_concurrency`` answers 503 to every new request once that many
-connections are open, ``/healthz`` included, so it cannot keep the relay answering. Hence
-:func:`guarded_protocol`, a small subclass of uvicorn's protocol that adds what is
-missing:
+held for ever. Nothing bounds an answer's write either: a caller that stops reading keeps
+the answer's bytes in the transport's buffer (megabytes for a run's answer) and its
+connection for as long as it stays connected, and a close waits for those bytes too. Its
+``limit_concurrency`` answers 503 to every new request once that many connections are open,
+``/healthz`` included, so it cannot keep the relay answering. Hence :func:`guarded_protocol`,
+a small subclass of uvicorn's protocol that adds what is missing:
 
 - **header deadline**: a request's headers must be complete within ``header_timeout_s``
   of the connection opening (or of the first byte of a later request on it); otherwise
@@ -15,10 +17,17 @@ missing:
   does not extend it;
 - **body deadline**: once the headers are in, the whole body must arrive within
   ``body_timeout_s``; otherwise the connection is closed (the handler sees a disconnect);
+- **write deadline**: while an answer's bytes wait in the transport (asyncio's buffer, past
+  what the kernel took), some of them must leave within ``write_timeout_s`` (looked at every
+  quarter of it); if none did, the connection is reset, which drops them, here and in the
+  kernel. A deadline on progress, not on the whole answer: a slow caller that keeps reading
+  a big answer is never cut, one that stops is cut within 1¼ of the timeout;
 - **connection cap**: past ``max_connections`` open connections, a new one makes room by
-  closing the oldest connection still waiting for its headers (the cheapest to lose, and
-  what a flood of half-sent requests is made of); if every connection is busy with a
-  request, the new one is closed at once. A fresh ``/healthz`` therefore always gets in.
+  closing the oldest connection with no request in flight: one still sending its headers
+  (what a flood of half-sent requests is made of) or one idle between requests (HTTP lets a
+  server close it; its client retries). One with a request in flight or an answer still
+  leaving is never closed for room; if every connection has one, the new one is closed at
+  once. A fresh ``/healthz`` therefore gets in.
 
 Keep-alive between requests stays uvicorn's ``timeout_keep_alive``, timed by the same one
 timer a connection as the deadlines: it is moved only when a deadline comes sooner than it
@@ -28,6 +37,9 @@ fires, so a kept-alive connection's requests arm and disarm theirs without a tim
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 from collections import OrderedDict
 from typing import Any
 
@@ -37,6 +49,15 @@ JOINED_BODY_BYTES = 64 * 1024
 """The largest body an answer's head is joined to: a bigger one would be copied whole (a
 run's answer can be megabytes) to save one send of many."""
 
+WRITE_LOOKS = 4
+"""How many times within ``write_timeout_s`` a connection whose answer's bytes wait looks
+whether some left: a caller that reads nothing is cut within 1 + 1/4 of the timeout."""
+
+RESET = struct.pack("ii", 1, 0)
+"""``SO_LINGER`` on, 0 s: the close of a connection cut at its write deadline is a reset,
+which drops what the kernel still holds for the caller, rather than an orderly close that
+would keep it until the caller reads it."""
+
 
 class OneSend:
     """A connection's transport as its protocol writes to it: the head of an answer that
@@ -45,9 +66,10 @@ class OneSend:
     streamed answer's head (its body may take a while), a ``HEAD`` answer's (it has no
     body), a bigger answer's (joining would copy its body, for a send that is one of many),
     a ``100 Continue``, uvicorn's own ``400``. Held bytes never wait past the next write,
-    nor a close (written first, as uvicorn would have)."""
+    nor a close (written first, as uvicorn would have). The bytes written are counted, so
+    the write deadline can tell whether the caller took any (:meth:`sent`)."""
 
-    __slots__ = ("answered", "held", "protocol", "transport")
+    __slots__ = ("answered", "held", "protocol", "transport", "written")
 
     def __init__(self, transport: asyncio.Transport, protocol: HttpToolsProtocol) -> None:
         self.transport = transport
@@ -55,12 +77,25 @@ class OneSend:
         self.held: bytes | None = None
         self.answered: RequestResponseCycle | None = None
         """The request whose head was written last (the next write of its answer is a body)."""
+        self.written = 0
+        """Bytes handed to the transport since the connection opened."""
+
+    def unsent(self) -> int:
+        """Bytes handed to the transport that the kernel has not taken yet."""
+        return self.transport.get_write_buffer_size()
+
+    def sent(self) -> int:
+        """Bytes the kernel took since the connection opened (it takes them as the caller
+        reads, once its own buffer is full)."""
+        return self.written - self.transport.get_write_buffer_size()
 
     def write(self, data: bytes) -> None:
         held = self.held
         if held is not None:
             self.held = None
-            self.transport.write(held + data)
+            data = held + data
+            self.written += len(data)
+            self.transport.write(data)
             return
         cycle = self.protocol.cycle
         if cycle is not None and cycle is not self.answered and cycle.response_started:
@@ -72,12 +107,14 @@ class OneSend:
             ):
                 self.held = data
                 return
+        self.written += len(data)
         self.transport.write(data)
 
     def close(self) -> None:
         held = self.held
         if held is not None:
             self.held = None
+            self.written += len(held)
             self.transport.write(held)
         self.transport.close()
 
@@ -86,45 +123,75 @@ class OneSend:
 
 
 def guarded_protocol(
-    *, header_timeout_s: float, body_timeout_s: float, max_connections: int
+    *,
+    header_timeout_s: float,
+    body_timeout_s: float,
+    write_timeout_s: float,
+    max_connections: int,
 ) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with the deadlines and the cap above (one class per
-    server: the connections waiting for their headers are its own)."""
-    waiting: OrderedDict[GuardedProtocol, None] = OrderedDict()
+    server: the connections it may close to make room are its own)."""
+    unoccupied: OrderedDict[GuardedProtocol, None] = OrderedDict()
+    """The connections with no request in flight (waiting for one's headers, or idle between
+    requests), in the order they became so: the first is the one to close for room. One
+    whose next request began before its answer ended is here too, but is passed over."""
 
     class GuardedProtocol(HttpToolsProtocol):
-        """One connection, with its header or body deadline."""
+        """One connection, with its header, body and write deadlines."""
 
+        _sending: OneSend
         _due: float | None = None
-        """When the current deadline passes (the loop's clock); None: none is running."""
+        """When the current request deadline passes (the loop's clock); None: none runs."""
+        _heading = False
+        """A request's headers are being read: its header deadline runs."""
+        _write_due: float | None = None
+        """When the write deadline next looks at the answer's bytes; None: none wait."""
+        _write_moved_at = 0.0
+        """When some of them were last seen to leave (or the watch began)."""
+        _write_sent = 0
+        """:meth:`OneSend.sent` when last looked at."""
         _timer: asyncio.TimerHandle | None = None
         _timer_at = 0.0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(OneSend(transport, self))  # type: ignore[arg-type]
+            self._sending = OneSend(transport, self)
+            super().connection_made(self._sending)  # type: ignore[arg-type]
             if len(self.connections) > max_connections and not self._make_room():
                 transport.close()
                 return
             self._await_headers()
 
         def _make_room(self) -> bool:
-            """Close the oldest connection still sending its headers; False if none."""
-            while waiting:
-                oldest, _ = waiting.popitem(last=False)
-                if not oldest.transport.is_closing():
+            """Close the oldest connection with no request in flight; False if none."""
+            for oldest in unoccupied:
+                if oldest._unoccupied():
                     oldest._close()
                     return True
             return False
 
+        def _unoccupied(self) -> bool:
+            """Closing it loses no request, and no answer (not even its last bytes)."""
+            cycle = self.cycle
+            return (
+                (cycle is None or cycle.response_complete)
+                and not self.pipeline
+                and not self._sending.unsent()
+                and not self.transport.is_closing()
+            )
+
         def _await_headers(self) -> None:
+            self._heading = True
             self._arm(header_timeout_s)
-            waiting[self] = None
+            unoccupied[self] = None
 
         def _arm(self, seconds: float) -> None:
+            due = self._due = self.loop.time() + seconds
+            self._wake_by(due)
+
+        def _wake_by(self, due: float) -> None:
             # One timer a connection, moved only when a deadline comes sooner than it
             # fires: a later deadline is found by the timer when it fires (_expire), so a
             # kept-alive connection's requests arm and disarm theirs without a timer each.
-            due = self._due = self.loop.time() + seconds
             if self._timer is None or due < self._timer_at:
                 self._set_timer(due)
 
@@ -139,33 +206,88 @@ def guarded_protocol(
 
         def _expire(self) -> None:
             self._timer = None
+            now = self.loop.time()
+            write_due = self._write_due
+            if write_due is not None and now >= write_due and not self._look_at_writes(now):
+                return
             due = self._due
-            if due is None:
-                return
-            if self.loop.time() < due:  # armed again since, for later
-                self._set_timer(due)
-                return
-            self._close()
+            if due is not None and now >= due:
+                self._close()
+            # What is left (armed again since, for later; or the write deadline) wakes it.
+            due, write_due = self._due, self._write_due
+            if write_due is not None and (due is None or write_due < due):
+                due = write_due
+            if due is not None:
+                self._wake_by(due)
+
+        def pause_writing(self) -> None:
+            # The transport holds more of an answer than its high-water mark: the kernel
+            # takes no more, so the caller is not reading (or reads slowly).
+            super().pause_writing()
+            self._watch_writes()
+
+        def _watch_writes(self) -> None:
+            """An answer's bytes wait: from now on, some must leave every write timeout."""
+            if self._write_due is None:
+                now = self._write_moved_at = self.loop.time()
+                self._write_sent = self._sending.sent()
+                self._write_due = now + write_timeout_s / WRITE_LOOKS
+                self._wake_by(self._write_due)
+
+        def _look_at_writes(self, now: float) -> bool:
+            """Whether the connection stays: its bytes all left (the watch ends), some left
+            since the last look, or it is not yet the write timeout since some did."""
+            sending = self._sending
+            if not sending.unsent():
+                self._write_due = None
+                return True
+            sent = sending.sent()
+            if sent > self._write_sent:
+                self._write_sent = sent
+                self._write_moved_at = now
+            elif now - self._write_moved_at >= write_timeout_s:
+                self._reset()
+                return False
+            self._write_due = min(
+                now + write_timeout_s / WRITE_LOOKS, self._write_moved_at + write_timeout_s
+            )
+            return True
+
+        def _reset(self) -> None:
+            """Drop the connection and the bytes waiting for it (a close would wait for
+            the caller to take them)."""
+            self._stop()
+            unoccupied.pop(self, None)
+            connected = self.transport.get_extra_info("socket")
+            if connected is not None:
+                with contextlib.suppress(OSError):
+                    connected.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
+            self.transport.abort()
 
         def _close(self) -> None:
-            self._stop()
-            waiting.pop(self, None)
+            self._due = None
+            unoccupied.pop(self, None)
             if not self.transport.is_closing():
                 self.transport.close()
+            if self._sending.unsent():  # the close waits for them: they keep their deadline
+                self._watch_writes()
+            else:
+                self._stop()
 
         def _stop(self) -> None:
-            self._due = None
+            self._due = self._write_due = None
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            if self not in waiting:  # a later request on a kept-alive connection
+            if not self._heading:  # a later request on a kept-alive connection
                 self._await_headers()
 
         def on_headers_complete(self) -> None:
-            waiting.pop(self, None)
+            self._heading = False
+            unoccupied.pop(self, None)
             self._arm(body_timeout_s)
             super().on_headers_complete()
 
@@ -178,6 +300,8 @@ def guarded_protocol(
             # canceled by the next request, replaced by this connection's one timer: idle
             # for keep-alive, until the next request's first byte arms its header deadline.
             self.server_state.total_requests += 1
+            if self._sending.unsent():  # the answer is written but not all taken yet
+                self._watch_writes()
             if self.transport.is_closing():
                 return
             self._unset_keepalive_if_required()
@@ -185,12 +309,13 @@ def guarded_protocol(
             if self.pipeline:
                 cycle, app = self.pipeline.pop()
                 self._start_asgi_task(cycle, app)
-            elif self not in waiting:  # else a next request began: its header deadline holds
+            elif not self._heading:  # else a next request began: its header deadline holds
                 self._arm(self.timeout_keep_alive)
+                unoccupied[self] = None
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop()
-            waiting.pop(self, None)
+            unoccupied.pop(self, None)
             super().connection_lost(exc)
 
     return GuardedProtocol
@@ -200,6 +325,7 @@ def server_options(
     *,
     header_timeout_s: float,
     body_timeout_s: float,
+    write_timeout_s: float,
     keep_alive_s: float,
     max_connections: int,
 ) -> dict[str, Any]:
@@ -207,6 +333,7 @@ def server_options(
     protocol = guarded_protocol(
         header_timeout_s=header_timeout_s,
         body_timeout_s=body_timeout_s,
+        write_timeout_s=write_timeout_s,
         max_connections=max_connections,
     )
     return {"http": protocol, "timeout_keep_alive": keep_alive_s}

@@ -1,6 +1,8 @@
 """Slow, silent and pipelining clients against a real relay's connections (issue 42's one
 timer and one send, relay/http/connections.py): every deadline still closes its connection,
-every answer still leaves when it is ready, and ``/healthz`` answers throughout."""
+every answer still leaves when it is ready, and ``/healthz`` answers throughout; a caller
+that stops reading an answer, or holds the cap's worth of idle connections, costs the relay
+nothing lasting (issue 42's leftovers)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ from testing.relay_server import RelayProcess
 from testing.rows import run_row
 
 DEADLINE_S = 1.0
-"""The header, body and keep-alive deadlines of the relay under test."""
+"""The header, body, write and keep-alive deadlines of the relay under test."""
+MAX_CONNECTIONS = 8
+"""Its connection cap (the least the setting allows)."""
 LATE_S = 1.5
 """How long past a deadline a close may come on a loaded machine before it is a failure."""
 
@@ -43,6 +47,8 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
         header_timeout_s=DEADLINE_S,
         body_timeout_s=DEADLINE_S,
         keep_alive_s=DEADLINE_S,
+        write_timeout_s=DEADLINE_S,
+        max_connections=MAX_CONNECTIONS,
         max_output_bytes=1 << 20,
     )
     server.add_token("ops", command=True)
@@ -174,30 +180,85 @@ def test_pipelined_requests_are_answered_in_order_each_at_once(relay: RelayProce
         assert statuses == [b"200", b"200", b"404"], received
 
 
+def _ask_for_the_big_run(relay: RelayProcess, sock: socket.socket) -> None:
+    token = relay.tokens["ops"]
+    sock.sendall(
+        f"GET /v1/runs/{BIG_RUN} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+    )
+
+
+def _length(head: bytes) -> int:
+    return int(re.findall(rb"content-length: (\d+)", head.lower())[0])
+
+
 @pytest.mark.slow  # needs a relay process: seconds
-@pytest.mark.xfail(
-    strict=True,
-    reason="no deadline bounds an answer's write: a caller that stops reading keeps its "
-    "connection and the answer's bytes in the relay (~12 MiB for a run at 1 MiB of output a "
-    "stream, up to RELAY_MAX_CONNECTIONS of them) until it goes away, on main as on issue "
-    "42's cuts. A bound needs a write deadline of its own (a setting), not one of the "
-    "request deadlines.",
-)
-def test_a_caller_that_stops_reading_a_big_answer_is_cut_at_a_deadline(
+def test_a_caller_that_stops_reading_a_big_answer_is_cut_at_the_write_deadline(
     relay: RelayProcess,
 ) -> None:
+    """It kept its connection and the answer's bytes in the relay (~12 MiB) for as long as
+    it stayed connected: the keep-alive's close waited for it to read them."""
     with _connection(relay) as sock:
-        token = relay.tokens["ops"]
-        sock.sendall(
-            f"GET /v1/runs/{BIG_RUN} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
-        )
-        time.sleep(DEADLINE_S + LATE_S)  # reads nothing meanwhile: the answer waits
+        _ask_for_the_big_run(relay, sock)
+        time.sleep(DEADLINE_S * 1.25 + LATE_S)  # reads nothing meanwhile: the answer waits
         assert relay.get(None, "/healthz").status_code == 200
         received = b""
+        ended = False
         sock.settimeout(0.5)
-        with contextlib.suppress(TimeoutError, ConnectionError):
-            while chunk := sock.recv(1 << 20):
-                received += chunk
+        with contextlib.suppress(TimeoutError):
+            try:
+                while chunk := sock.recv(1 << 20):
+                    received += chunk
+                ended = True
+            except ConnectionError:  # reset: what the kernel held for it is dropped too
+                ended = True
+    assert ended, "the connection is still open, its answer waiting"
+    head, _, body = received.partition(b"\r\n\r\n")
+    if head:
+        assert len(body) < _length(head), "the whole answer waited for a caller that left"
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+def test_a_caller_reading_a_big_answer_slowly_but_steadily_gets_it_whole(
+    relay: RelayProcess,
+) -> None:
+    """The write deadline is one on progress: the answer takes three write deadlines to
+    read, but some of it is read every quarter of one, so it is never cut."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # the relay holds the rest
+    sock.settimeout(5)
+    with contextlib.closing(sock):
+        sock.connect(("127.0.0.1", relay.port))
+        started = time.monotonic()
+        _ask_for_the_big_run(relay, sock)
+        received = _answer(sock, 5)
         head, _, body = received.partition(b"\r\n\r\n")
-        length = int(re.findall(rb"content-length: (\d+)", head)[0])
-        assert len(body) < length, "the whole answer waited for a caller that stopped reading"
+        length = _length(head)
+        step = length // 12 + 1
+        while len(body) < length:
+            time.sleep(DEADLINE_S / 4)
+            wanted = min(length, len(body) + step)
+            while len(body) < wanted:
+                chunk = sock.recv(wanted - len(body))
+                assert chunk, f"cut after {len(body)} of {length} bytes"
+                body += chunk
+    assert time.monotonic() - started > 2 * DEADLINE_S, "read too fast to test the deadline"
+    assert body.endswith(b"}")
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+def test_idle_kept_alive_connections_filling_the_cap_do_not_lock_out_a_new_caller(
+    relay: RelayProcess,
+) -> None:
+    """Only a connection still sending its headers was closed to make room: the cap's worth
+    of idle kept-alive connections shut every new caller out, ``/healthz`` included."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            sock = socket.create_connection(("127.0.0.1", relay.port), timeout=5)
+            held.append(sock)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _answer(sock, 5).startswith(b"HTTP/1.1 200")  # then idle, kept alive
+        assert relay.get(None, "/healthz").status_code == 200
+    finally:
+        for sock in held:
+            sock.close()

@@ -62,6 +62,9 @@ class RecordingTransport(asyncio.Transport):
         super().__init__()
         self.writes: list[bytes] = []
         self.closed = False
+        self.reset = False
+        self.unsent = 0
+        """Bytes the kernel would not have taken yet: what the test says."""
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.writes.append(bytes(data))
@@ -71,6 +74,12 @@ class RecordingTransport(asyncio.Transport):
 
     def is_closing(self) -> bool:
         return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+    def abort(self) -> None:
+        self.closed = self.reset = True
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"peername": ("127.0.0.1", 5000), "sockname": ("127.0.0.1", 8000)}.get(name)
@@ -84,7 +93,9 @@ class RecordingTransport(asyncio.Transport):
 
 def _connect() -> tuple[Any, RecordingTransport]:
     config = uvicorn.Config(APP, log_config=None, access_log=False, server_header=False)
-    protocol_class = guarded_protocol(header_timeout_s=5, body_timeout_s=5, max_connections=10)
+    protocol_class = guarded_protocol(
+        header_timeout_s=5, body_timeout_s=5, write_timeout_s=5, max_connections=10
+    )
     protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
     transport = RecordingTransport()
     protocol.connection_made(transport)
@@ -164,7 +175,9 @@ async def test_a_request_begun_before_the_answer_ended_keeps_its_header_deadline
     config = uvicorn.Config(
         APP, log_config=None, access_log=False, server_header=False, timeout_keep_alive=30
     )
-    protocol_class = guarded_protocol(header_timeout_s=0.05, body_timeout_s=5, max_connections=10)
+    protocol_class = guarded_protocol(
+        header_timeout_s=0.05, body_timeout_s=5, write_timeout_s=5, max_connections=10
+    )
     protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
     transport = RecordingTransport()
     protocol.connection_made(transport)

@@ -1,0 +1,140 @@
+"""The connection cap and the write deadline (relay/http/connections.py, the leftovers of
+issue 42's attack), driven through the relay's uvicorn protocol with a transport that
+records what it is given and says how much of it the kernel has not taken
+(tests/http/test_one_send.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from uvicorn.server import ServerState
+
+from relay.http.connections import guarded_protocol
+from tests.http.test_one_send import APP, RecordingTransport
+
+GET = b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\n"
+
+Connect = Callable[[], tuple[Any, RecordingTransport]]
+
+
+def _server(*, max_connections: int = 10, write_timeout_s: float = 30.0) -> Connect:
+    """A server's protocol class and state: each call opens one connection to it."""
+    config = uvicorn.Config(
+        APP, log_config=None, access_log=False, server_header=False, timeout_keep_alive=30
+    )
+    protocol_class = guarded_protocol(
+        header_timeout_s=30,
+        body_timeout_s=30,
+        write_timeout_s=write_timeout_s,
+        max_connections=max_connections,
+    )
+    state = ServerState()
+
+    def connect() -> tuple[Any, RecordingTransport]:
+        protocol = protocol_class(config=config, server_state=state, app_state={})
+        transport = RecordingTransport()
+        protocol.connection_made(transport)
+        return protocol, transport
+
+    return connect
+
+
+async def _settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def _answered(transport: RecordingTransport) -> bool:
+    return b"".join(transport.writes).endswith(b'{"ok": true}')
+
+
+async def test_a_new_connection_past_the_cap_closes_the_oldest_idle_kept_alive_one() -> None:
+    """Idle kept-alive connections filling the cap used to lock every new caller out: only
+    a connection still sending its headers was closed to make room."""
+    connect = _server(max_connections=3)
+    idle = [connect() for _ in range(3)]
+    for protocol, _ in idle:
+        protocol.data_received(GET)
+    await _settle()
+    assert all(_answered(transport) and not transport.closed for _, transport in idle)
+    fresh, fresh_transport = connect()
+    assert not fresh_transport.closed, "a new caller was shut out by idle connections"
+    assert [transport.closed for _, transport in idle] == [True, False, False]
+    fresh.data_received(GET)
+    await _settle()
+    assert _answered(fresh_transport)
+    for protocol, _ in [*idle, (fresh, fresh_transport)]:
+        protocol.connection_lost(None)
+
+
+async def test_the_cap_closes_the_longest_unoccupied_first_whether_idle_or_sending_headers() -> (
+    None
+):
+    connect = _server(max_connections=3)
+    first, first_transport = connect()
+    first.data_received(GET)  # answered: idle from then on
+    await _settle()
+    trickling, trickling_transport = connect()
+    trickling.data_received(b"GET /plain HTTP/1.1\r\nHo")  # its headers never end
+    last, last_transport = connect()
+    last.data_received(GET)
+    await _settle()
+    opened = [connect(), connect()]
+    assert [first_transport.closed, trickling_transport.closed, last_transport.closed] == [
+        True,
+        True,
+        False,
+    ]
+    assert not any(transport.closed for _, transport in opened)
+    for protocol in (first, trickling, last, *(protocol for protocol, _ in opened)):
+        protocol.connection_lost(None)
+
+
+async def test_a_request_in_flight_or_an_answer_still_leaving_is_never_closed_for_room() -> None:
+    connect = _server(max_connections=2)
+    busy, busy_transport = connect()
+    busy.data_received(b"POST /plain HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n{")
+    leaving, leaving_transport = connect()
+    leaving_transport.unsent = 4096  # the kernel has not taken the answer's end yet
+    leaving.data_received(GET)
+    await _settle()
+    assert _answered(leaving_transport)
+    late, late_transport = connect()
+    assert late_transport.closed, "no room: the new connection is the one closed"
+    assert not busy_transport.closed and not leaving_transport.closed
+    for protocol in (busy, leaving, late):
+        protocol.connection_lost(None)
+    await _settle()  # the handler waiting for the body sees the caller gone
+
+
+async def test_an_answer_the_caller_stops_taking_is_dropped_at_the_write_deadline() -> None:
+    connect = _server(write_timeout_s=0.2)
+    protocol, transport = connect()
+    transport.unsent = 1 << 20  # the kernel's buffer is full: the caller reads nothing
+    protocol.data_received(GET)
+    await _settle()
+    assert _answered(transport) and not transport.closed
+    await asyncio.sleep(0.2 * 1.25 + 0.15)
+    assert transport.reset, "the answer's bytes are held for a caller that stopped reading"
+    protocol.connection_lost(None)
+
+
+async def test_a_caller_that_keeps_taking_a_slow_answer_is_never_cut() -> None:
+    """A deadline on progress: some bytes leave every write timeout, so an answer that takes
+    many timeouts in all is not cut."""
+    connect = _server(write_timeout_s=0.3)
+    protocol, transport = connect()
+    transport.unsent = 40_000
+    protocol.data_received(GET)
+    await _settle()
+    protocol.pause_writing()
+    while transport.unsent:  # 1 s in all: more than three write timeouts
+        await asyncio.sleep(0.05)
+        transport.unsent -= 2000
+        assert not transport.closed, "a caller still reading was cut"
+    await asyncio.sleep(0.3)
+    assert not transport.closed
+    protocol.connection_lost(None)
