@@ -7,11 +7,13 @@ line with the counts and latency percentiles, so nothing is parsed from wrk's pr
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -69,9 +71,11 @@ def run_wrk(
     concurrency: int,
     seconds: float,
     server_pid: int | None = None,
+    wrk_cpus: Collection[int] | None = None,
 ) -> LoadResult:
     """``wrk -t1 -c<concurrency>`` for ``seconds`` against ``url``; one thread is enough for
-    a single-process server and leaves the other core to it."""
+    a single-process server and leaves the other core to it. ``wrk_cpus``: wrk runs only on
+    these CPUs (bench/rounds.py pins the server to the others)."""
     auth = f'wrk.headers["Authorization"] = "Bearer {token}"' if token else ""
     script = SCRIPT % {"body": json.dumps(body), "auth": auth}
     with tempfile.TemporaryDirectory(prefix="relay-bench-") as folder:
@@ -81,7 +85,13 @@ def run_wrk(
         argv += ["--timeout", "30s", "-s", str(path), url]
         server = psutil.Process(server_pid) if server_pid is not None else None
         cpu_before = _cpu_seconds(server)
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
+        result = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            preexec_fn=None if wrk_cpus is None else partial(os.sched_setaffinity, 0, wrk_cpus),
+        )
         cpu_used = _cpu_seconds(server) - cpu_before
     line = next((ln for ln in result.stdout.splitlines() if ln.startswith("BENCH ")), None)
     if result.returncode != 0 or line is None:
