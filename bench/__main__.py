@@ -42,7 +42,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--pin",
         choices=("yes", "no"),
-        default="yes",
+        default="no",
         help="(1) servers on one CPU, wrk on the others (when there are 2 or more)",
     )
     parser.add_argument("--callers", type=int, default=None, help="waiting callers")
