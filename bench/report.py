@@ -192,9 +192,11 @@ def render(results: Results) -> str:
         "vs a bare endpoint",
         "",
         "wrk, one thread, closed loop on loopback; every request a new run. Latency in ms. "
-        "Server CPU per request is the server process's user + system time over the run "
-        "divided by the requests it answered: unlike throughput, it barely depends on what "
-        "else the machine is doing. Each level is measured in short rounds over every "
+        "Server CPU per request is the server process's user + system time over the run, "
+        "read once it is idle again, divided by the requests wrk sent (the answered ones and "
+        "those in flight when it stopped, which the server serves too): it moves less than "
+        "throughput with what else the machine is doing, but it moves (bench/README.md). "
+        "Each level is measured in short rounds over every "
         "target, the order flipped each round; a row sums its rounds' requests, time and "
         "errors, and gives the median of their percentiles and of their CPU per request "
         "(max: the largest). "

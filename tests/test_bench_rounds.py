@@ -3,11 +3,24 @@ median of each round's relay-to-floor ratio (bench/rounds.py, bench/report.py)."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
+import psutil
 import pytest
 
 from bench.load import LoadResult
 from bench.report import PLAIN_FLOOR, Results, render, targets
-from bench.rounds import combine, round_order, round_ratios, round_seconds
+from bench.rounds import (
+    combine,
+    pinned,
+    round_order,
+    round_ratios,
+    round_seconds,
+    usable_cpus,
+)
 
 
 def _row(cpu_ms: float, *, concurrency: int = 10, requests: int = 1000) -> LoadResult:
@@ -91,3 +104,28 @@ def test_rounds_that_do_not_pair_are_refused() -> None:
 
 def test_the_seconds_are_split_among_the_rounds_in_whole_seconds() -> None:
     assert [round_seconds(8, 4), round_seconds(3, 4), round_seconds(2, 2)] == [2, 1, 1]
+
+
+def test_pinning_puts_every_server_thread_on_the_first_cpu_and_gives_them_all_back() -> None:
+    cpus = usable_cpus()
+    if len(cpus) < 2:
+        pytest.skip("one CPU: nothing to pin apart")
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(30)"
+    server = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        process = psutil.Process(server.pid)
+        while process.num_threads() < 2:
+            time.sleep(0.01)
+        with pinned([server.pid], enabled=True) as wrk_cpus:
+            assert wrk_cpus == cpus[1:]
+            assert {frozenset(os.sched_getaffinity(t.id)) for t in process.threads()} == {
+                frozenset(cpus[:1])
+            }
+        assert {frozenset(os.sched_getaffinity(t.id)) for t in process.threads()} == {
+            frozenset(cpus)
+        }
+        with pinned([server.pid], enabled=False) as wrk_cpus:
+            assert wrk_cpus is None
+    finally:
+        server.kill()
+        server.wait()
