@@ -35,9 +35,10 @@ def round_seconds(seconds: float, rounds: int) -> int:
 
 
 def combine(rounds: Sequence[LoadResult]) -> LoadResult:
-    """One row for a target's rounds at one concurrency: the requests, the time and the
-    errors summed; the latency percentiles and the server CPU per request the median of the
-    rounds' (a burst of other work in one round does not move it); the max the largest."""
+    """One row for a target's rounds at one concurrency: the requests (answered and sent),
+    the time and the errors summed; the latency percentiles and the server CPU per request
+    the median of the rounds' (a burst of other work in one round does not move it); the
+    max the largest."""
     if not rounds:
         raise ValueError("no rounds to combine")
     return LoadResult(
@@ -50,6 +51,7 @@ def combine(rounds: Sequence[LoadResult]) -> LoadResult:
         p99_ms=statistics.median(r.p99_ms for r in rounds),
         max_ms=max(r.max_ms for r in rounds),
         server_cpu_ms=statistics.median(r.server_cpu_ms for r in rounds),
+        sent=sum(r.sent for r in rounds),
     )
 
 

@@ -34,6 +34,7 @@ def _row(cpu_ms: float, *, concurrency: int = 10, requests: int = 1000) -> LoadR
         p99_ms=cpu_ms * concurrency * 2,
         max_ms=cpu_ms * concurrency * 3,
         server_cpu_ms=cpu_ms,
+        sent=requests + concurrency,
     )
 
 
@@ -93,7 +94,7 @@ def test_the_rounds_table_lists_each_rounds_ratio_beside_the_median() -> None:
 
 def test_a_combined_row_sums_the_rounds_and_takes_the_median_cpu() -> None:
     row = combine([_row(0.5), _row(0.9, requests=500), _row(0.6)])
-    assert (row.requests, row.seconds, row.errors) == (2500, 6.0, 0)
+    assert (row.requests, row.sent, row.seconds, row.errors) == (2500, 2530, 6.0, 0)
     assert row.server_cpu_ms == 0.6 and row.p50_ms == 6.0 and row.max_ms == 27.0
 
 
