@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench import admission, bounded, local, mcp_calls, promises, servers, waiting
+from bench import admission, bounded, local, mcp_calls, promises, rounds, servers, waiting
 from bench.load import LoadResult, run_wrk
 from bench.report import PLAIN_FLOOR, Results, machine_line, render, targets
 from relay.providers.local.invocation import bwrap_works
@@ -30,7 +30,21 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny samples, a few seconds")
     parser.add_argument("--out", type=Path, default=None, help="where to write the results")
-    parser.add_argument("--seconds", type=float, default=None, help="wrk run per point")
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="wrk time per target and level, all rounds"
+    )
+    parser.add_argument(
+        "--overhead-rounds",
+        type=int,
+        default=None,
+        help="(1) rounds per level, targets alternating; --seconds is split among them",
+    )
+    parser.add_argument(
+        "--pin",
+        choices=("yes", "no"),
+        default="no",
+        help="(1) servers on one CPU, wrk on the others (when there are 2 or more)",
+    )
     parser.add_argument("--callers", type=int, default=None, help="waiting callers")
     parser.add_argument("--sleep-s", type=int, default=None, help="how long each waits")
     parser.add_argument("--rounds", type=int, default=None, help="echo runs per way")
@@ -49,7 +63,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.only = set(args.only or ("overhead", "waiting", "local", "admission", "bounded"))
     smoke = args.smoke
-    args.seconds = args.seconds or (1.0 if smoke else 8.0)
+    args.seconds = args.seconds or (2.0 if smoke else 8.0)
+    args.overhead_rounds = args.overhead_rounds or (2 if smoke else 4)
     args.callers = args.callers or (20 if smoke else 1000)
     args.sleep_s = args.sleep_s or (2 if smoke else 20)
     args.rounds = args.rounds or (3 if smoke else 100)
@@ -120,9 +135,7 @@ def _overhead_and_local(root: Path, args: argparse.Namespace, results: Results) 
         targets_by_name = {
             "baseline": (base_url, None, base.pid),
             "relay (SQLite)": (relay.url, token, relay.process.pid),
-            # Last: measured right after the floor, the relay's c=1 point read 0.82-0.96 ms
-            # of CPU a run instead of 0.78 (cause not found); the floor reads the same
-            # either way.
+            # Next to each other: each round measures them back to back (bench/rounds.py).
             "floor (SQLite)": (floor_url, token, floor.pid),
         }
         if overhead:  # the floor as it was served before issue 42's third pass, beside it
@@ -144,21 +157,7 @@ def _overhead_and_local(root: Path, args: argparse.Namespace, results: Results) 
             )
             targets_by_name["floor (PostgreSQL)"] = (pg_floor_url, pg_token, pg_floor.pid)
         if overhead:
-            _say("(1) overhead per run: warming up")
-            for url, tok, _pid in targets_by_name.values():
-                run_wrk(url + "/v1/runs", NOOP, token=tok, concurrency=10, seconds=1)
-        for level in args.levels if overhead else ():
-            for name, (url, tok, pid) in targets_by_name.items():
-                _say(f"(1) {name}, concurrency {level}, {args.seconds:.0f} s")
-                row: LoadResult = run_wrk(
-                    url + "/v1/runs",
-                    NOOP,
-                    token=tok,
-                    concurrency=level,
-                    seconds=args.seconds,
-                    server_pid=pid,
-                )
-                results.overhead.setdefault(name, []).append(row)
+            _overhead(targets_by_name, args, results)
         if "local" not in args.only:
             return
         if not bwrap_works():
@@ -166,6 +165,44 @@ def _overhead_and_local(root: Path, args: argparse.Namespace, results: Results) 
             return
         _say(f"(3) local provider: echo, {args.rounds} rounds of each way")
         results.local = local.run(relay.url, token, rounds=args.rounds)
+
+
+def _overhead(
+    targets_by_name: dict[str, tuple[str, str | None, int]],
+    args: argparse.Namespace,
+    results: Results,
+) -> None:
+    """(1) and (4): at each concurrency, ``args.overhead_rounds`` short rounds over every
+    target, the order flipped each round (bench/rounds.py); with ``args.pin`` the servers
+    on one CPU and wrk on the others."""
+    names = list(targets_by_name)
+    seconds = rounds.round_seconds(args.seconds, args.overhead_rounds)
+    pids = [pid for _url, _token, pid in targets_by_name.values()]
+    with rounds.pinned(pids, enabled=args.pin == "yes") as wrk_cpus:
+        results.pinned = wrk_cpus is not None
+        _say("(1) overhead per run: warming up")
+        for url, tok, _pid in targets_by_name.values():
+            run_wrk(url + "/v1/runs", NOOP, token=tok, concurrency=10, seconds=1, wrk_cpus=wrk_cpus)
+        for level in args.levels:
+            measured: dict[str, list[LoadResult]] = {name: [] for name in names}
+            for index in range(args.overhead_rounds):
+                _say(f"(1) concurrency {level}, round {index + 1} of {args.overhead_rounds}")
+                for name in rounds.round_order(names, index):
+                    url, tok, pid = targets_by_name[name]
+                    measured[name].append(
+                        run_wrk(
+                            url + "/v1/runs",
+                            NOOP,
+                            token=tok,
+                            concurrency=level,
+                            seconds=seconds,
+                            server_pid=pid,
+                            wrk_cpus=wrk_cpus,
+                        )
+                    )
+            for name, rows in measured.items():
+                results.overhead.setdefault(name, []).append(rounds.combine(rows))
+                results.overhead_rounds.setdefault(name, {})[level] = rows
 
 
 def main(argv: list[str] | None = None) -> int:

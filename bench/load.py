@@ -7,11 +7,14 @@ line with the counts and latency percentiles, so nothing is parsed from wrk's pr
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -21,15 +24,24 @@ wrk.method = "POST"
 wrk.body = [==[%(body)s]==]
 wrk.headers["Content-Type"] = "application/json"
 %(auth)s
+local threads = {}
+setup = function(thread) table.insert(threads, thread) end
+init = function(args) sent = 0 end
+request = function() sent = sent + 1; return wrk.format() end
 done = function(summary, latency, requests)
   local e = summary.errors
+  local total = 0
+  for _, thread in ipairs(threads) do total = total + thread:get("sent") end
   io.write(string.format(
-    '\\nBENCH {"requests": %%d, "duration_us": %%d, "status_errors": %%d, ' ..
+    '\\nBENCH {"requests": %%d, "sent": %%d, "duration_us": %%d, "status_errors": %%d, ' ..
     '"socket_errors": %%d, "p50_us": %%d, "p90_us": %%d, "p99_us": %%d, "max_us": %%d}\\n',
-    summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
+    summary.requests, total, summary.duration, e.status,
+    e.connect + e.read + e.write + e.timeout,
     latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
 end
 """
+IDLE_TICK_S = 0.05
+"""How often the server's CPU is read after wrk stops, until it no longer moves."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +57,11 @@ class LoadResult:
     p99_ms: float
     max_ms: float
     server_cpu_ms: float = float("nan")
-    """CPU time the server process spent per request (user + system), when measured."""
+    """CPU time the server process spent per request sent (user + system), when measured:
+    read once the server is idle again, over every request wrk sent, answered or in flight
+    when it stopped (the server serves those too)."""
+    sent: int = 0
+    """Requests wrk sent: the answered ones and up to one a connection in flight at the end."""
 
     @property
     def per_second(self) -> float:
@@ -69,9 +85,11 @@ def run_wrk(
     concurrency: int,
     seconds: float,
     server_pid: int | None = None,
+    wrk_cpus: Collection[int] | None = None,
 ) -> LoadResult:
     """``wrk -t1 -c<concurrency>`` for ``seconds`` against ``url``; one thread is enough for
-    a single-process server and leaves the other core to it."""
+    a single-process server and leaves the other core to it. ``wrk_cpus``: wrk runs only on
+    these CPUs (bench/rounds.py pins the server to the others)."""
     auth = f'wrk.headers["Authorization"] = "Bearer {token}"' if token else ""
     script = SCRIPT % {"body": json.dumps(body), "auth": auth}
     with tempfile.TemporaryDirectory(prefix="relay-bench-") as folder:
@@ -81,8 +99,14 @@ def run_wrk(
         argv += ["--timeout", "30s", "-s", str(path), url]
         server = psutil.Process(server_pid) if server_pid is not None else None
         cpu_before = _cpu_seconds(server)
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
-        cpu_used = _cpu_seconds(server) - cpu_before
+        result = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            preexec_fn=None if wrk_cpus is None else partial(os.sched_setaffinity, 0, wrk_cpus),
+        )
+        cpu_used = _settled_cpu_seconds(server) - cpu_before
     line = next((ln for ln in result.stdout.splitlines() if ln.startswith("BENCH ")), None)
     if result.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed ({result.returncode}): {result.stderr or result.stdout}")
@@ -96,8 +120,27 @@ def run_wrk(
         p90_ms=data["p90_us"] / 1000,
         p99_ms=data["p99_us"] / 1000,
         max_ms=data["max_us"] / 1000,
-        server_cpu_ms=cpu_used * 1000 / data["requests"] if data["requests"] else float("nan"),
+        sent=data["sent"],
+        # Over every request sent: those still in flight when wrk stopped (up to one a
+        # connection) were served too, and their CPU is in ``cpu_used``.
+        server_cpu_ms=cpu_used * 1000 / data["sent"] if data["sent"] else float("nan"),
     )
+
+
+def _settled_cpu_seconds(process: psutil.Process | None, limit_s: float = 3.0) -> float:
+    """The server's CPU once the requests in flight when wrk stopped are served: read until
+    it moves by less than a clock tick in :data:`IDLE_TICK_S` (at most ``limit_s``)."""
+    last = _cpu_seconds(process)
+    if process is None:
+        return last
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        time.sleep(IDLE_TICK_S)
+        now = _cpu_seconds(process)
+        if now - last < 0.01:
+            return now
+        last = now
+    return last
 
 
 def _cpu_seconds(process: psutil.Process | None) -> float:

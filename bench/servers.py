@@ -119,3 +119,5 @@ def _server(module: str, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], 
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        if process.stderr is not None:
+            process.stderr.close()

@@ -111,3 +111,18 @@ def test_the_extras_diagnostic_compares_the_relay_with_its_floor(
     # The bound's rounds switch the metrics off only while they last.
     assert "_uncounted" not in (Metrics.record_run.__name__, Metrics.observe_request.__name__)
     assert RunTask.steps.__name__ == "steps"
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk missing: scripts/system-deps.sh bench")
+def test_a_servers_cpu_a_request_counts_the_requests_in_flight_when_wrk_stops() -> None:
+    # The server serves those too, and its CPU for them is read: dividing by the answers
+    # alone put up to a third more on a slow server's short round (bench/README.md).
+    from bench import load, servers
+
+    with servers.baseline() as (process, url):
+        result = load.run_wrk(
+            url + "/v1/runs", {}, token=None, concurrency=10, seconds=1, server_pid=process.pid
+        )
+    assert result.errors == 0 and result.requests > 0
+    assert result.requests < result.sent <= result.requests + 11
+    assert result.server_cpu_ms > 0
