@@ -13,9 +13,9 @@ import anyio
 import pytest
 
 from relay.cancellation import Deadline, shielded
-from relay.errors import ProviderTimeout
+from relay.errors import ProviderError, ProviderTimeout, SandboxLost
 from relay.providers.contract import SandboxSpec
-from relay.providers.memory import MemoryProvider, MemorySandbox
+from relay.providers.memory import MemoryAPIError, MemoryProvider, MemorySandbox
 from relay.settings import Settings
 
 SHORT_S = 0.05
@@ -266,3 +266,23 @@ async def test_shielded_takes_a_future_too() -> None:
     future.set_result(3)
     with pytest.raises(asyncio.CancelledError):
         await caller
+
+
+async def test_a_providers_block_maps_an_sdk_error_and_lets_a_cancellation_pass() -> None:
+    provider = MemoryProvider(Settings(_env_file=None, providers=["memory"]))  # type: ignore[call-arg]
+    sdk_error = MemoryAPIError(404, "no such sandbox")
+    running = provider.mapping("running the command")
+    with pytest.raises(SandboxLost, match="while running the command") as lost, running:
+        raise sdk_error
+    assert lost.value.__cause__ is sdk_error
+    listing = provider.mapping("listing sandboxes", in_sandbox=False)
+    with pytest.raises(ProviderError) as outside, listing:  # "gone" outside: not SandboxLost
+        raise sdk_error
+    assert type(outside.value) is ProviderError
+    ours = ProviderTimeout("already the relay's")
+    for passing in (ours, asyncio.CancelledError()):
+        with pytest.raises(type(passing)) as raised, provider.mapping("uploading files"):
+            raise passing
+        assert raised.value is passing
+    with provider.mapping("reading a file"):
+        pass
