@@ -24,8 +24,9 @@ import logging
 import re
 import shlex
 import time
+import types
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import ClassVar, Generic, Protocol, TypeVar
 
@@ -106,6 +107,30 @@ _WORDS: dict[type[ProviderError], str] = {
     ProviderUnavailable: "{label} is unavailable ({action})",
     ProviderTimeout: "{label} did not answer in time while {action}",
 }
+
+
+class ErrorMapping:
+    """The block of :meth:`SandboxProvider.mapping`: an SDK exception raised in it leaves
+    it as the relay error :meth:`SandboxProvider.mapped` picks (a relay error and a
+    cancellation pass as they came). A class, not a ``contextlib.contextmanager``: one is
+    entered around every command, and a generator's context costs three times as much."""
+
+    __slots__ = ("action", "in_sandbox", "provider")
+
+    def __init__(self, provider: SandboxProvider[ProviderSandbox], action: str, in_sandbox: bool):
+        self.provider, self.action, self.in_sandbox = provider, action, in_sandbox
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> None:
+        if isinstance(error, Exception) and not isinstance(error, RelayError):
+            raise self.provider.mapped(error, self.action, in_sandbox=self.in_sandbox) from error
 
 
 class SandboxOwner(Protocol):
@@ -459,15 +484,9 @@ class SandboxProvider(ABC, Generic[S]):
 
     # -- errors -----------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def mapping(self, action: str, *, in_sandbox: bool = True) -> Iterator[None]:
+    def mapping(self, action: str, *, in_sandbox: bool = True) -> ErrorMapping:
         """Raise SDK exceptions of the block as relay errors (cancellation passes)."""
-        try:
-            yield
-        except RelayError:
-            raise
-        except Exception as exc:
-            raise self.mapped(exc, action, in_sandbox=in_sandbox) from exc
+        return ErrorMapping(self, action, in_sandbox)
 
     def mapped(self, exc: BaseException, action: str, *, in_sandbox: bool = True) -> ProviderError:
         """The relay error for an SDK exception, from :attr:`errors`; words are ours only.

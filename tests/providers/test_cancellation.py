@@ -7,14 +7,15 @@ import asyncio
 import contextlib
 import contextvars
 import time
+from typing import Any
 
 import anyio
 import pytest
 
 from relay.cancellation import Deadline, shielded
-from relay.errors import ProviderTimeout
+from relay.errors import ProviderError, ProviderTimeout, SandboxLost
 from relay.providers.contract import SandboxSpec
-from relay.providers.memory import MemoryProvider, MemorySandbox
+from relay.providers.memory import MemoryAPIError, MemoryProvider, MemorySandbox
 from relay.settings import Settings
 
 SHORT_S = 0.05
@@ -87,6 +88,47 @@ class StubbornProvider(MemoryProvider):
         box = await super().create(spec)
         await swallow_then_wait()
         return box
+
+
+async def test_a_deadline_arms_its_timer_once_its_block_waits_for_the_time_it_was_entered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_at = loop.call_at
+
+    def counted(when: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        if isinstance(getattr(callback, "__self__", None), Deadline):
+            armed.append(when)
+        return call_at(when, callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_at", counted)
+    with Deadline(LONG_S):  # a block that never waits: nothing could fire in it
+        pass
+    await asyncio.sleep(0)
+    assert armed == []
+    entered = loop.time()
+    with pytest.raises(TimeoutError), Deadline(SHORT_S):
+        time.sleep(SHORT_S / 2)  # the loop's clock moves before the first wait
+        await asyncio.sleep(LONG_S)
+    assert len(armed) == 1
+    assert entered <= armed[0] - SHORT_S < entered + SHORT_S / 4
+    assert loop.time() - entered < 1.0
+
+
+async def test_a_deadline_that_passed_before_its_block_first_waits_ends_it_at_that_wait() -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    for delay_s in (0.0, SHORT_S):
+        started = time.monotonic()
+        with pytest.raises(TimeoutError), Deadline(delay_s):
+            time.sleep(SHORT_S * 2)  # past the deadline without waiting
+            await asyncio.sleep(LONG_S)
+        assert time.monotonic() - started < 1.0
+        assert task.cancelling() == 0
+    with Deadline(0.0) as deadline:  # a block that never waits ends as it would have
+        time.sleep(SHORT_S / 5)
+    assert not deadline.expired()
 
 
 async def test_a_create_that_swallows_the_cancellation_still_times_out_and_is_swept() -> None:
@@ -224,3 +266,23 @@ async def test_shielded_takes_a_future_too() -> None:
     future.set_result(3)
     with pytest.raises(asyncio.CancelledError):
         await caller
+
+
+async def test_a_providers_block_maps_an_sdk_error_and_lets_a_cancellation_pass() -> None:
+    provider = MemoryProvider(Settings(_env_file=None, providers=["memory"]))  # type: ignore[call-arg]
+    sdk_error = MemoryAPIError(404, "no such sandbox")
+    running = provider.mapping("running the command")
+    with pytest.raises(SandboxLost, match="while running the command") as lost, running:
+        raise sdk_error
+    assert lost.value.__cause__ is sdk_error
+    listing = provider.mapping("listing sandboxes", in_sandbox=False)
+    with pytest.raises(ProviderError) as outside, listing:  # "gone" outside: not SandboxLost
+        raise sdk_error
+    assert type(outside.value) is ProviderError
+    ours = ProviderTimeout("already the relay's")
+    for passing in (ours, asyncio.CancelledError()):
+        with pytest.raises(type(passing)) as raised, provider.mapping("uploading files"):
+            raise passing
+        assert raised.value is passing
+    with provider.mapping("reading a file"):
+        pass
