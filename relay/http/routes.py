@@ -74,7 +74,20 @@ def state_of(request: Request) -> AppState:
 def presented_token(request: Request, state: AppState | None = None) -> str | None:
     """The token the request carries (``RELAY_AUTH_HEADER``), unchecked; None if none."""
     header = (state or state_of(request)).settings.auth_header
-    raw = request.headers.get(header)
+    return token_in(request.headers.get(header), header)
+
+
+def first_headers(scope: Scope) -> dict[bytes, bytes]:
+    """A request's headers by name (lower-case, as the server gives them), each name's first
+    value, as Starlette's ``Headers.get`` finds it: one dict for the look-ups of a run's
+    request, where each of ``Headers.get``'s walks the list (and raises and catches a
+    ``KeyError`` for a header that is not there)."""
+    return dict(reversed(scope["headers"]))
+
+
+def token_in(raw: str | None, header: str) -> str | None:
+    """The token in ``raw``, the value of the request's header ``header`` (None if it has
+    none): under ``Authorization``, the credentials of its ``Bearer`` scheme."""
     if raw is not None and header.lower() == "authorization":
         scheme, _, credentials = raw.partition(" ")
         if scheme.lower() != "bearer" or not credentials.strip():
@@ -104,8 +117,8 @@ def _moment(query: Any, name: str) -> float | None:
     return moment.timestamp()
 
 
-async def _read_request(request: Request) -> RunRequest:
-    content_type = request.headers.get("content-type", "application/json")
+async def _read_request(request: Request, headers: dict[bytes, bytes]) -> RunRequest:
+    content_type = headers.get(b"content-type", b"application/json").decode("latin-1")
     if content_type.split(";")[0].strip().lower() not in ("application/json", ""):
         raise UnsupportedMediaType()
     body = await body_of(request)
@@ -182,10 +195,11 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-def _idempotency_key(request: Request) -> str | None:
-    key = request.headers.get("idempotency-key")
-    if key is None:
+def _idempotency_key(headers: dict[bytes, bytes]) -> str | None:
+    raw = headers.get(b"idempotency-key")
+    if raw is None:
         return None
+    key = raw.decode("latin-1")
     if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS or not key.isprintable():
         raise InvalidRequest(
             f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} printable characters"
@@ -227,13 +241,24 @@ def _run_answer(
     return json_answer(answer, 200, {"Location": location})
 
 
-async def create_run(request: Request) -> Response:
+async def create_run(request: Request, headers: dict[bytes, bytes] | None = None) -> Response:
+    """``POST /v1/runs``; ``headers``: the request's :func:`first_headers`, when the caller
+    (:class:`~relay.http.app.RequestContext`) has them already."""
+    if headers is None:
+        headers = first_headers(request.scope)
     state = state_of(request)
-    principal = authenticate(request, state)
-    key = _idempotency_key(request)
-    body = await _read_request(request)
+    header = state.settings.auth_header
+    raw = headers.get(header.lower().encode("latin-1"))
+    principal = state.tokens.authenticate(
+        token_in(None if raw is None else raw.decode("latin-1"), header)
+    )
+    # What ``authenticate`` and ``request.state`` write, written straight into the scope.
+    scope_state = request.scope.setdefault("state", {})
+    scope_state["token_name"] = principal.name
+    key = _idempotency_key(headers)
+    body = await _read_request(request, headers)
     limits: dict[str, str] = {}
-    request.state.extra_headers = limits  # the RateLimit fields, on any answer from here on
+    scope_state["extra_headers"] = limits  # the RateLimit fields, on any answer from here on
     service = state.service
     run, _created = await service.submit(principal, body, key, limits)
     if body.wait and not run.state.final:
