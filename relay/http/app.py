@@ -144,15 +144,24 @@ def _no_store(headers: list[tuple[bytes, bytes]], path: str) -> list[tuple[bytes
     """``Cache-Control: no-store`` on every answer that names no caching of its own, and on
     every answer under :data:`OUTPUT_PATHS` whatever it named: no cache between the caller
     and the relay may keep a job's output. (The MCP SDK's event streams say ``no-cache``,
-    which lets a cache store them; its ``no-transform`` is kept.)"""
-    own = [value for name, value in headers if name.lower() == b"cache-control"]
-    if not own:
-        return [*headers, (b"cache-control", b"no-store")]
-    if b"no-store" in own[0] or not path.startswith(OUTPUT_PATHS):
+    which lets a cache store them; its ``no-transform`` is kept.) ``headers`` is the
+    caller's own list: the field is added to it."""
+    own = None
+    for name, value in headers:
+        if name.lower() == b"cache-control":
+            own = value  # the first one
+            break
+    if own is None:
+        headers.append(_NO_STORE)
+        return headers
+    if b"no-store" in own or not path.startswith(OUTPUT_PATHS):
         return headers
     kept = [(name, value) for name, value in headers if name.lower() != b"cache-control"]
-    transform = b", no-transform" if b"no-transform" in own[0] else b""
+    transform = b", no-transform" if b"no-transform" in own else b""
     return [*kept, (b"cache-control", b"no-store" + transform)]
+
+
+_NO_STORE = (b"cache-control", b"no-store")
 
 
 class RequestIds:
