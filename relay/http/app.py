@@ -33,7 +33,7 @@ from relay.errors import (
     StoreUnavailable,
 )
 from relay.http.access_log import report
-from relay.http.app_state import AppState
+from relay.http.app_state import AppState, PlainState
 from relay.http.console_page import console_routes
 from relay.http.docs_page import docs_routes
 from relay.http.index_page import index_routes
@@ -360,6 +360,7 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={**HANDLERS, Exception: _unexpected},
     )
+    app.state = PlainState()
     app.add_middleware(RequestContext, max_body_bytes=settings.max_body_bytes, metrics=metrics)
     app.state.metrics = metrics
     return app
