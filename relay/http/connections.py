@@ -21,12 +21,15 @@ a small subclass of uvicorn's protocol that adds what is missing:
   what the kernel took), some of them must leave within ``write_timeout_s`` (looked at every
   quarter of it); if none did, the connection is reset, which drops them, here and in the
   kernel. A deadline on progress, not on the whole answer: a slow caller that keeps reading
-  a big answer is never cut, one that stops is cut within 1¼ of the timeout;
+  a big answer is never cut, one that stops is cut within 1¼ of the timeout, whoever
+  closed the connection meanwhile (its keep-alive, or uvicorn after a handler failed
+  mid-answer: a close waits for the caller to take what is left);
 - **connection cap**: past ``max_connections`` open connections, a new one makes room by
   closing the oldest connection with no request in flight: one still sending its headers
   (what a flood of half-sent requests is made of) or one idle between requests (HTTP lets a
-  server close it; its client retries). One with a request in flight or an answer still
-  leaving is never closed for room; if every connection has one, the new one is closed at
+  server close it; its client retries). One with a request in flight (its body still
+  coming, even after an early answer such as a 401) or an answer still leaving is never
+  closed for room; if every connection has one, the new one is closed at
   once. A fresh ``/healthz`` therefore gets in.
 
 Keep-alive between requests stays uvicorn's ``timeout_keep_alive``, timed by the same one
@@ -41,6 +44,7 @@ import contextlib
 import socket
 import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -67,13 +71,20 @@ class OneSend:
     body), a bigger answer's (joining would copy its body, for a send that is one of many),
     a ``100 Continue``, uvicorn's own ``400``. Held bytes never wait past the next write,
     nor a close (written first, as uvicorn would have). The bytes written are counted, so
-    the write deadline can tell whether the caller took any (:meth:`sent`)."""
+    the write deadline can tell whether the caller took any (:meth:`sent`); ``closed`` is
+    told of every close, uvicorn's own included (a handler that failed mid-answer)."""
 
-    __slots__ = ("answered", "held", "protocol", "transport", "written")
+    __slots__ = ("answered", "closed", "held", "protocol", "transport", "written")
 
-    def __init__(self, transport: asyncio.Transport, protocol: HttpToolsProtocol) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        protocol: HttpToolsProtocol,
+        closed: Callable[[], None] | None = None,
+    ) -> None:
         self.transport = transport
         self.protocol = protocol
+        self.closed = closed
         self.held: bytes | None = None
         self.answered: RequestResponseCycle | None = None
         """The request whose head was written last (the next write of its answer is a body)."""
@@ -117,6 +128,8 @@ class OneSend:
             self.written += len(held)
             self.transport.write(held)
         self.transport.close()
+        if self.closed is not None:
+            self.closed()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.transport, name)
@@ -144,6 +157,8 @@ def guarded_protocol(
         """When the current request deadline passes (the loop's clock); None: none runs."""
         _heading = False
         """A request's headers are being read: its header deadline runs."""
+        _receiving = False
+        """A request's body is being read (its answer may have been given before it)."""
         _write_due: float | None = None
         """When the write deadline next looks at the answer's bytes; None: none wait."""
         _write_moved_at = 0.0
@@ -154,7 +169,7 @@ def guarded_protocol(
         _timer_at = 0.0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            self._sending = OneSend(transport, self)
+            self._sending = OneSend(transport, self, self._closed)
             super().connection_made(self._sending)  # type: ignore[arg-type]
             if len(self.connections) > max_connections and not self._make_room():
                 transport.close()
@@ -174,6 +189,7 @@ def guarded_protocol(
             cycle = self.cycle
             return (
                 (cycle is None or cycle.response_complete)
+                and not self._receiving  # an early answer's caller still sends the body
                 and not self.pipeline
                 and not self._sending.unsent()
                 and not self.transport.is_closing()
@@ -264,6 +280,14 @@ def guarded_protocol(
                     connected.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
             self.transport.abort()
 
+        def _closed(self) -> None:
+            """The transport was closed, by this class or by uvicorn itself (a handler that
+            failed after its answer's head, or returned without its end; a malformed
+            request's 400): the close waits for the caller to take what is left, so those
+            bytes keep their write deadline."""
+            if self._sending.unsent():
+                self._watch_writes()
+
         def _close(self) -> None:
             self._due = None
             unoccupied.pop(self, None)
@@ -287,11 +311,13 @@ def guarded_protocol(
 
         def on_headers_complete(self) -> None:
             self._heading = False
+            self._receiving = True
             unoccupied.pop(self, None)
             self._arm(body_timeout_s)
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
+            self._receiving = False
             self._disarm()
             super().on_message_complete()
 
@@ -314,9 +340,9 @@ def guarded_protocol(
                 unoccupied[self] = None
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._stop()
             unoccupied.pop(self, None)
-            super().connection_lost(exc)
+            super().connection_lost(exc)  # closes the transport: stopped after that
+            self._stop()
 
     return GuardedProtocol
 

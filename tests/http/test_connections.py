@@ -138,3 +138,47 @@ async def test_a_caller_that_keeps_taking_a_slow_answer_is_never_cut() -> None:
     await asyncio.sleep(0.3)
     assert not transport.closed
     protocol.connection_lost(None)
+
+
+async def test_an_answer_that_fails_midway_is_dropped_at_the_write_deadline_too() -> None:
+    """uvicorn closes a connection itself when a handler fails after its answer's head (or
+    returns without its end, or a later request is malformed): that close waits for the
+    caller to take what is left, and nothing watched it, so a caller that stopped reading
+    held the connection, and a place under the cap no new caller could take, for ever."""
+    connect = _server(write_timeout_s=0.2)
+    protocol, transport = connect()
+    transport.unsent = 4096  # the kernel's buffer is full: the caller reads nothing
+    protocol.data_received(b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n")
+    await _settle()
+    assert transport.closed, "uvicorn closes the connection of an answer that failed"
+    await asyncio.sleep(0.2 * 1.25 + 0.15)
+    assert transport.reset, "the failed answer's bytes are held for a caller that left"
+    protocol.connection_lost(None)
+
+
+async def test_a_caller_still_sending_the_body_of_a_request_answered_early_is_not_cut_for_room() -> (
+    None
+):
+    """An answer given before the body is in (a 401, a 413, a 404) completes the request,
+    but its caller is still sending the body: closing that connection for room cuts it in
+    the middle of its request (a reset, its answer maybe lost), not an idle one."""
+    connect = _server(max_connections=2)
+    uploading, uploading_transport = connect()
+    uploading.data_received(
+        b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100
+    )
+    await _settle()
+    assert b"".join(uploading_transport.writes).startswith(b"HTTP/1.1 404")
+    idle, idle_transport = connect()
+    idle.data_received(GET)
+    await _settle()
+    fresh, fresh_transport = connect()
+    assert idle_transport.closed, "the idle kept-alive connection is the one to close"
+    assert not uploading_transport.closed, "cut in the middle of sending its request"
+    assert not fresh_transport.closed
+    uploading.data_received(b"x" * (100000 - 100))  # its body ends: idle from then on
+    await _settle()
+    late, late_transport = connect()
+    assert uploading_transport.closed and not late_transport.closed
+    for protocol in (uploading, idle, fresh, late):
+        protocol.connection_lost(None)
