@@ -18,10 +18,13 @@ a small subclass of uvicorn's protocol that adds what is missing:
 - **body deadline**: once the headers are in, the whole body must arrive within
   ``body_timeout_s``; otherwise the connection is closed (the handler sees a disconnect);
 - **write deadline**: while an answer's bytes wait in the transport (asyncio's buffer, past
-  what the kernel took), some of them must leave within ``write_timeout_s`` (looked at every
-  quarter of it); if none did, the connection is reset, which drops them, here and in the
-  kernel. A deadline on progress, not on the whole answer: a slow caller that keeps reading
-  a big answer is never cut, one that stops is cut within 1¼ of the timeout, whoever
+  what the kernel took), the caller must acknowledge some of the answer within
+  ``write_timeout_s`` (looked at every quarter of it; :meth:`OneSend.taken`, not what left
+  asyncio's buffer, which stands still while the kernel's megabytes drain); if it did
+  not, the connection is reset, which drops them, here and in the kernel. A deadline on
+  progress, not on the whole answer: a slow caller that keeps reading a big answer is
+  never cut (one reading less than its window's update, a few KiB, a timeout is seen as
+  stopped), one that stops is cut within 1¼ of the timeout, whoever
   closed the connection meanwhile (its keep-alive, or uvicorn after a handler failed
   mid-answer: a close waits for the caller to take what is left);
 - **connection cap**: past ``max_connections`` open connections, a new one makes room by
@@ -41,8 +44,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import socket
 import struct
+import termios
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -57,10 +62,28 @@ WRITE_LOOKS = 4
 """How many times within ``write_timeout_s`` a connection whose answer's bytes wait looks
 whether some left: a caller that reads nothing is cut within 1 + 1/4 of the timeout."""
 
+OUT_QUEUE = getattr(termios, "TIOCOUTQ", 0x5411)
+"""The ``ioctl`` that reads a socket's unacknowledged bytes (``SIOCOUTQ`` on Linux)."""
+QUEUED = bytes(4)
+"""Its argument: an int's room."""
+
 RESET = struct.pack("ii", 1, 0)
 """``SO_LINGER`` on, 0 s: the close of a connection cut at its write deadline is a reset,
 which drops what the kernel still holds for the caller, rather than an orderly close that
 would keep it until the caller reads it."""
+
+
+def _queued(transport: asyncio.BaseTransport) -> int:
+    """Bytes a connection's kernel holds that the caller has not acknowledged (Linux's
+    ``SIOCOUTQ``); 0 where it cannot tell (no socket, closed, another system)."""
+    connected = transport.get_extra_info("socket")
+    if connected is None:
+        return 0
+    try:
+        queued: int = struct.unpack("i", fcntl.ioctl(connected.fileno(), OUT_QUEUE, QUEUED))[0]
+    except (OSError, ValueError):
+        return 0
+    return queued
 
 
 class OneSend:
@@ -99,6 +122,14 @@ class OneSend:
         """Bytes the kernel took since the connection opened (it takes them as the caller
         reads, once its own buffer is full)."""
         return self.written - self.transport.get_write_buffer_size()
+
+    def taken(self) -> int:
+        """Bytes the caller's side acknowledged since the connection opened: :meth:`sent`
+        less what the kernel still holds for it. The kernel takes more of the answer only
+        once a third of its send buffer is free (megabytes, autotuned), so :meth:`sent`
+        stands still for a caller that reads steadily but slower than that in a write
+        timeout; an acknowledgement comes each time the caller's reads open its window."""
+        return self.sent() - _queued(self.transport)
 
     def write(self, data: bytes) -> None:
         held = self.held
@@ -164,7 +195,7 @@ def guarded_protocol(
         _write_moved_at = 0.0
         """When some of them were last seen to leave (or the watch began)."""
         _write_sent = 0
-        """:meth:`OneSend.sent` when last looked at."""
+        """:meth:`OneSend.taken` when last looked at."""
         _timer: asyncio.TimerHandle | None = None
         _timer_at = 0.0
 
@@ -246,7 +277,7 @@ def guarded_protocol(
             """An answer's bytes wait: from now on, some must leave every write timeout."""
             if self._write_due is None:
                 now = self._write_moved_at = self.loop.time()
-                self._write_sent = self._sending.sent()
+                self._write_sent = self._sending.taken()
                 self._write_due = now + write_timeout_s / WRITE_LOOKS
                 self._wake_by(self._write_due)
 
@@ -257,7 +288,7 @@ def guarded_protocol(
             if not sending.unsent():
                 self._write_due = None
                 return True
-            sent = sending.sent()
+            sent = sending.taken()
             if sent > self._write_sent:
                 self._write_sent = sent
                 self._write_moved_at = now

@@ -25,6 +25,8 @@ MAX_CONNECTIONS = 8
 """Its connection cap (the least the setting allows)."""
 LATE_S = 1.5
 """How long past a deadline a close may come on a loaded machine before it is a failure."""
+STEADY_READ_BYTES = 256 * 1024
+"""What the steady reader below reads every quarter of a deadline (1 MiB a second)."""
 
 
 BIG_RUN = "run_big000"
@@ -262,3 +264,29 @@ def test_idle_kept_alive_connections_filling_the_cap_do_not_lock_out_a_new_calle
     finally:
         for sock in held:
             sock.close()
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+def test_a_caller_reading_a_big_answer_steadily_through_big_buffers_is_not_cut(
+    relay: RelayProcess,
+) -> None:
+    """The write deadline looked only at the relay's own buffer, which the kernel refills
+    from only once a third of its send buffer (megabytes on a fast link) is free: a caller
+    reading a steady 1 MiB/s through a 1 MiB receive buffer was cut within two deadlines,
+    as if it had stopped. What the caller acknowledges is what counts now."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    sock.settimeout(5)
+    with contextlib.closing(sock):
+        sock.connect(("127.0.0.1", relay.port))
+        _ask_for_the_big_run(relay, sock)
+        started = time.monotonic()
+        received = 0
+        while time.monotonic() - started < 4 * DEADLINE_S:  # a third of the answer
+            time.sleep(DEADLINE_S / 4)
+            assert not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR), (
+                f"cut after {received} bytes in {time.monotonic() - started:.1f} s"
+            )
+            chunk = sock.recv(STEADY_READ_BYTES)
+            assert chunk, f"closed after {received} bytes"
+            received += len(chunk)
