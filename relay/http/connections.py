@@ -30,10 +30,10 @@ a small subclass of uvicorn's protocol that adds what is missing:
 - **connection cap**: past ``max_connections`` open connections, a new one makes room by
   closing the oldest connection with no request in flight: one still sending its headers
   (what a flood of half-sent requests is made of) or one idle between requests (HTTP lets a
-  server close it; its client retries). One with a request in flight (its body still
-  coming, even after an early answer such as a 401) or an answer still leaving is never
-  closed for room; if every connection has one, the new one is closed at
-  once. A fresh ``/healthz`` therefore gets in.
+  server close it; its client retries); one whose caller still sends the body of a request
+  answered early (a 401, a 413) only when there is no other. One with a request in flight
+  or an answer still leaving is never closed for room; if every connection has one, the
+  new one is closed at once. A fresh ``/healthz`` therefore gets in.
 
 Keep-alive between requests stays uvicorn's ``timeout_keep_alive``, timed by the same one
 timer a connection as the deadlines: it is moved only when a deadline comes sooner than it
@@ -208,19 +208,28 @@ def guarded_protocol(
             self._await_headers()
 
         def _make_room(self) -> bool:
-            """Close the oldest connection with no request in flight; False if none."""
+            """Close the oldest connection with no request in flight; False if none. One
+            whose caller still sends the body of a request answered early (a 401, a 413) is
+            cut in the middle of its upload, so it goes only when no other can; it still
+            goes then, or callers with no token could hold the cap that way."""
+            uploading: GuardedProtocol | None = None
             for oldest in unoccupied:
                 if oldest._unoccupied():
-                    oldest._close()
-                    return True
+                    if not oldest._receiving:
+                        oldest._close()
+                        return True
+                    uploading = uploading or oldest
+            if uploading is not None:
+                uploading._close()
+                return True
             return False
 
         def _unoccupied(self) -> bool:
-            """Closing it loses no request, and no answer (not even its last bytes)."""
+            """Closing it loses no request in flight, and no answer (not even its last
+            bytes); an answered request's body may still be coming."""
             cycle = self.cycle
             return (
                 (cycle is None or cycle.response_complete)
-                and not self._receiving  # an early answer's caller still sends the body
                 and not self.pipeline
                 and not self._sending.unsent()
                 and not self.transport.is_closing()

@@ -156,12 +156,13 @@ async def test_an_answer_that_fails_midway_is_dropped_at_the_write_deadline_too(
     protocol.connection_lost(None)
 
 
-async def test_a_caller_still_sending_the_body_of_a_request_answered_early_is_not_cut_for_room() -> (
+async def test_a_caller_still_sending_the_body_of_a_request_answered_early_is_cut_for_room_last() -> (
     None
 ):
     """An answer given before the body is in (a 401, a 413, a 404) completes the request,
     but its caller is still sending the body: closing that connection for room cuts it in
-    the middle of its request (a reset, its answer maybe lost), not an idle one."""
+    the middle of its request (a reset, its answer maybe lost), so an idle one goes first;
+    with none, it goes rather than the new caller (no token needed to hold it so)."""
     connect = _server(max_connections=2)
     uploading, uploading_transport = connect()
     uploading.data_received(
@@ -176,9 +177,16 @@ async def test_a_caller_still_sending_the_body_of_a_request_answered_early_is_no
     assert idle_transport.closed, "the idle kept-alive connection is the one to close"
     assert not uploading_transport.closed, "cut in the middle of sending its request"
     assert not fresh_transport.closed
-    uploading.data_received(b"x" * (100000 - 100))  # its body ends: idle from then on
+    idle.connection_lost(None)
+    fresh.data_received(GET)
     await _settle()
     late, late_transport = connect()
-    assert uploading_transport.closed and not late_transport.closed
-    for protocol in (uploading, idle, fresh, late):
+    assert fresh_transport.closed, "the idle one goes first, though it became so later"
+    assert not uploading_transport.closed and not late_transport.closed
+    fresh.connection_lost(None)
+    late.data_received(b"POST /plain HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n{")
+    last, last_transport = connect()  # the only other connection has a request in flight
+    assert uploading_transport.closed, "with no other, the uploading one makes room"
+    assert not last_transport.closed
+    for protocol in (uploading, late, last):
         protocol.connection_lost(None)
