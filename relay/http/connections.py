@@ -94,20 +94,20 @@ class OneSend:
     body), a bigger answer's (joining would copy its body, for a send that is one of many),
     a ``100 Continue``, uvicorn's own ``400``. Held bytes never wait past the next write,
     nor a close (written first, as uvicorn would have). The bytes written are counted, so
-    the write deadline can tell whether the caller took any (:meth:`sent`); ``closed`` is
+    the write deadline can tell whether the caller took any (:meth:`sent`); ``on_close`` is
     told of every close, uvicorn's own included (a handler that failed mid-answer)."""
 
-    __slots__ = ("answered", "closed", "held", "protocol", "transport", "written")
+    __slots__ = ("answered", "held", "on_close", "protocol", "transport", "written")
 
     def __init__(
         self,
         transport: asyncio.Transport,
         protocol: HttpToolsProtocol,
-        closed: Callable[[], None] | None = None,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         self.transport = transport
         self.protocol = protocol
-        self.closed = closed
+        self.on_close = on_close
         self.held: bytes | None = None
         self.answered: RequestResponseCycle | None = None
         """The request whose head was written last (the next write of its answer is a body)."""
@@ -159,8 +159,8 @@ class OneSend:
             self.written += len(held)
             self.transport.write(held)
         self.transport.close()
-        if self.closed is not None:
-            self.closed()
+        if self.on_close is not None:
+            self.on_close()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.transport, name)
