@@ -45,3 +45,35 @@ def test_post_v1_runs_answers_an_error_as_a_routed_request_does(
     assert served_body == routed_body
     names = {name for name in served.headers if name not in ("content-length", "ratelimit")}
     assert names == set(routed.headers) - {"content-length"}
+
+
+@pytest.mark.parametrize(
+    ("name", "good", "bad", "refused"),
+    [
+        ("authorization", "Bearer {token}", "Bearer rly_not_a_token", 401),
+        ("idempotency-key", "nightly-1", "x" * 256, 400),
+        ("content-type", "application/json", "text/plain", 415),
+    ],
+)
+@pytest.mark.parametrize("root_path", ["", "/relay"], ids=["served", "routed"])
+def test_post_v1_runs_reads_a_header_sent_twice_by_its_first_value_as_starlette_does(
+    tmp_path: Path, name: str, good: str, bad: str, refused: int, root_path: str
+) -> None:
+    # POST /v1/runs looks its headers up in one dict (relay/http/routes.py `first_headers`),
+    # served by the middleware or, under a root path, by the router: each must read the
+    # value Starlette's `Request.headers` reads, the first, as every other route does.
+    settings = make_settings(tmp_path)
+    token = new_token(settings.tokens_file, "ops", command=True)
+    good, bad = good.format(token=token), bad.format(token=token)
+    auth = [] if name == "authorization" else [("authorization", f"Bearer {token}")]
+    app = create_app(settings)
+    with TestClient(app, raise_server_exceptions=False, root_path=root_path) as client:
+        service = client.app.state.relay.service  # type: ignore[attr-defined]
+        service.submit = _raise(UnknownJob("no job x"))  # 422 unknown_job: it got this far
+        statuses = [
+            client.post(
+                "/v1/runs", json={"job": "echo"}, headers=[*auth, (name, first), (name, second)]
+            ).status_code
+            for first, second in ((good, bad), (bad, good))
+        ]
+    assert statuses == [422, refused]  # the first value taken: the run reached the service
