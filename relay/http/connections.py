@@ -176,9 +176,13 @@ def guarded_protocol(
     """uvicorn's httptools protocol with the deadlines and the cap above (one class per
     server: the connections it may close to make room are its own)."""
     unoccupied: OrderedDict[GuardedProtocol, None] = OrderedDict()
-    """The connections with no request in flight (waiting for one's headers, or idle between
-    requests), in the order they became so: the first is the one to close for room. One
-    whose next request began before its answer ended is here too, but is passed over."""
+    """The connections with no request in flight and no answer's bytes waiting (sending a
+    request's headers, or idle between requests), in the order they became so: the first is
+    the one to close for room. Only those, so that making room looks at one or two: one
+    passed over on every new connection made each cost the cap's worth of looks."""
+    uploading: OrderedDict[GuardedProtocol, None] = OrderedDict()
+    """As ``unoccupied``, those whose caller still sends the body of a request answered
+    early (a 401, a 413): closed for room only when no connection above is left."""
 
     class GuardedProtocol(HttpToolsProtocol):
         """One connection, with its header, body and write deadlines."""
@@ -212,16 +216,13 @@ def guarded_protocol(
             whose caller still sends the body of a request answered early (a 401, a 413) is
             cut in the middle of its upload, so it goes only when no other can; it still
             goes then, or callers with no token could hold the cap that way."""
-            uploading: GuardedProtocol | None = None
-            for oldest in unoccupied:
-                if oldest._unoccupied():
-                    if not oldest._receiving:
+            for table in (unoccupied, uploading):
+                while table:
+                    oldest = next(iter(table))
+                    if oldest._unoccupied():
                         oldest._close()
                         return True
-                    uploading = uploading or oldest
-            if uploading is not None:
-                uploading._close()
-                return True
+                    del table[oldest]  # closing already: gone soon
             return False
 
         def _unoccupied(self) -> bool:
@@ -238,7 +239,14 @@ def guarded_protocol(
         def _await_headers(self) -> None:
             self._heading = True
             self._arm(header_timeout_s)
-            unoccupied[self] = None
+            self._may_go()
+
+        def _may_go(self) -> None:
+            """List it for :meth:`_make_room` if closing it loses nothing now; if something
+            is in flight, whatever ends that lists it then (its answer's end, its body's,
+            the last of its bytes taken). Listed already, it keeps its place."""
+            if self._unoccupied():
+                (uploading if self._receiving else unoccupied)[self] = None
 
         def _arm(self, seconds: float) -> None:
             due = self._due = self.loop.time() + seconds
@@ -296,6 +304,7 @@ def guarded_protocol(
             sending = self._sending
             if not sending.unsent():
                 self._write_due = None
+                self._may_go()
                 return True
             sent = sending.taken()
             if sent > self._write_sent:
@@ -313,7 +322,7 @@ def guarded_protocol(
             """Drop the connection and the bytes waiting for it (a close would wait for
             the caller to take them)."""
             self._stop()
-            unoccupied.pop(self, None)
+            self._unlist()
             connected = self.transport.get_extra_info("socket")
             if connected is not None:
                 with contextlib.suppress(OSError):
@@ -328,9 +337,13 @@ def guarded_protocol(
             if self._sending.unsent():
                 self._watch_writes()
 
+        def _unlist(self) -> None:
+            unoccupied.pop(self, None)
+            uploading.pop(self, None)
+
         def _close(self) -> None:
             self._due = None
-            unoccupied.pop(self, None)
+            self._unlist()
             if not self.transport.is_closing():
                 self.transport.close()
             if self._sending.unsent():  # the close waits for them: they keep their deadline
@@ -352,7 +365,7 @@ def guarded_protocol(
         def on_headers_complete(self) -> None:
             self._heading = False
             self._receiving = True
-            unoccupied.pop(self, None)
+            self._unlist()
             self._arm(body_timeout_s)
             super().on_headers_complete()
 
@@ -360,6 +373,8 @@ def guarded_protocol(
             self._receiving = False
             self._disarm()
             super().on_message_complete()
+            if uploading.pop(self, None) is not None:  # answered early, its body now in
+                self._may_go()
 
         def on_response_complete(self) -> None:
             # uvicorn's (0.54), with its keep-alive timer, armed after every answer and
@@ -375,12 +390,13 @@ def guarded_protocol(
             if self.pipeline:
                 cycle, app = self.pipeline.pop()
                 self._start_asgi_task(cycle, app)
-            elif not self._heading:  # else a next request began: its header deadline holds
-                self._arm(self.timeout_keep_alive)
-                unoccupied[self] = None
+            else:
+                if not self._heading:  # else a next request began: its header deadline holds
+                    self._arm(self.timeout_keep_alive)
+                self._may_go()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            unoccupied.pop(self, None)
+            self._unlist()
             super().connection_lost(exc)  # closes the transport: stopped after that
             self._stop()
 

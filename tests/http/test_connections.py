@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
@@ -189,4 +190,35 @@ async def test_a_caller_still_sending_the_body_of_a_request_answered_early_is_cu
     assert uploading_transport.closed, "with no other, the uploading one makes room"
     assert not last_transport.closed
     for protocol in (uploading, late, last):
+        protocol.connection_lost(None)
+
+
+async def test_making_room_looks_at_a_few_connections_not_the_caps_worth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Connections whose answers' bytes still wait were listed for closing and passed over
+    by every new connection, each looking at all of them: a cap's worth of callers not
+    reading made each new connection cost the relay ~0.45 ms instead of ~0.02 ms."""
+    connect = _server(max_connections=200)
+    held = []
+    for _ in range(200):
+        protocol, transport = connect()
+        transport.unsent = 4096  # the kernel's buffer is full: the answer's end waits
+        protocol.data_received(GET)
+        held.append(protocol)
+    await _settle()
+    looks = 0
+    protocol_class = type(held[0])
+    unoccupied = protocol_class._unoccupied
+
+    def counted(self: Any) -> bool:
+        nonlocal looks
+        looks += 1
+        return bool(unoccupied(self))
+
+    monkeypatch.setattr(protocol_class, "_unoccupied", counted)
+    fresh, fresh_transport = connect()
+    assert fresh_transport.closed, "no room: every connection's answer is still leaving"
+    assert looks <= 2, f"{looks} connections looked at to make room for one"
+    for protocol in [*held, fresh]:
         protocol.connection_lost(None)
