@@ -24,9 +24,9 @@ a small subclass of uvicorn's protocol that adds what is missing:
   not, the connection is reset, which drops them, here and in the kernel. A deadline on
   progress, not on the whole answer: a slow caller that keeps reading a big answer is
   never cut (one reading less than its window's update, a few KiB, a timeout is seen as
-  stopped), one that stops is cut within 1¼ of the timeout, whoever
-  closed the connection meanwhile (its keep-alive, or uvicorn after a handler failed
-  mid-answer: a close waits for the caller to take what is left);
+  stopped), one that stops is cut within 1¼ of the timeout, whoever closed the connection
+  meanwhile (its keep-alive, or uvicorn after a handler failed mid-answer: a close waits
+  for the caller to take what is left);
 - **connection cap**: past ``max_connections`` open connections, a new one makes room by
   closing the oldest connection with no request in flight: one still sending its headers
   (what a flood of half-sent requests is made of) or one idle between requests (HTTP lets a
@@ -373,7 +373,8 @@ def guarded_protocol(
             self._receiving = False
             self._disarm()
             super().on_message_complete()
-            if uploading.pop(self, None) is not None:  # answered early, its body now in
+            if self in uploading:  # answered early, its body now in: idle from now on
+                del uploading[self]
                 self._may_go()
 
         def on_response_complete(self) -> None:

@@ -193,6 +193,26 @@ async def test_a_caller_still_sending_the_body_of_a_request_answered_early_is_cu
         protocol.connection_lost(None)
 
 
+async def test_an_early_answered_upload_whose_body_ends_goes_before_one_still_uploading() -> None:
+    """Once its body is in, a connection answered early is idle like any other: closed for
+    room before one whose caller is still sending a body."""
+    connect = _server(max_connections=2)
+    head = b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+    older, older_transport = connect()
+    older.data_received(head + b"x")
+    newer, newer_transport = connect()
+    newer.data_received(head + b"x")
+    await _settle()
+    newer.data_received(b"x" * 999)  # its body is in: idle now
+    await _settle()
+    fresh, fresh_transport = connect()
+    assert newer_transport.closed, "the idle one goes first"
+    assert not older_transport.closed, "cut in the middle of sending its request"
+    assert not fresh_transport.closed
+    for protocol in (older, newer, fresh):
+        protocol.connection_lost(None)
+
+
 async def test_making_room_looks_at_a_few_connections_not_the_caps_worth(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
