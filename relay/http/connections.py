@@ -31,9 +31,12 @@ a small subclass of uvicorn's protocol that adds what is missing:
   closing the oldest connection with no request in flight: one still sending its headers
   (what a flood of half-sent requests is made of) or one idle between requests (HTTP lets a
   server close it; its client retries); one whose caller still sends the body of a request
-  answered early (a 401, a 413) only when there is no other. One with a request in flight
-  or an answer still leaving is never closed for room; if every connection has one, the
-  new one is closed at once. A fresh ``/healthz`` therefore gets in.
+  answered early (a 401, a 413) only when there is no other; then one whose caller took
+  none of its answer since the write deadline last looked (reset, as that deadline would,
+  request in flight or not: a cap's worth of callers pipelining answers they never read
+  shut out every new one). One with a request in flight whose caller reads, or an answer
+  still leaving to it, is never closed for room; if every connection is one, the new one
+  is closed at once. A fresh ``/healthz`` therefore gets in.
 
 Keep-alive between requests stays uvicorn's ``timeout_keep_alive``, timed by the same one
 timer a connection as the deadlines: it is moved only when a deadline comes sooner than it
@@ -183,6 +186,11 @@ def guarded_protocol(
     uploading: OrderedDict[GuardedProtocol, None] = OrderedDict()
     """As ``unoccupied``, those whose caller still sends the body of a request answered
     early (a 401, a 413): closed for room only when no connection above is left."""
+    stalled: OrderedDict[GuardedProtocol, None] = OrderedDict()
+    """The connections whose answer's bytes wait and whose caller took none of them since
+    the write deadline last looked, in the order they stalled: reset for room when no
+    connection above is left, request in flight or not, as their write deadline will (a
+    caller with no token could otherwise hold the cap with answers it never reads)."""
 
     class GuardedProtocol(HttpToolsProtocol):
         """One connection, with its header, body and write deadlines."""
@@ -223,6 +231,9 @@ def guarded_protocol(
                         oldest._close()
                         return True
                     del table[oldest]  # closing already: gone soon
+            if stalled:
+                next(iter(stalled))._reset()
+                return True
             return False
 
         def _unoccupied(self) -> bool:
@@ -304,15 +315,19 @@ def guarded_protocol(
             sending = self._sending
             if not sending.unsent():
                 self._write_due = None
+                stalled.pop(self, None)
                 self._may_go()
                 return True
             sent = sending.taken()
             if sent > self._write_sent:
                 self._write_sent = sent
                 self._write_moved_at = now
+                stalled.pop(self, None)
             elif now - self._write_moved_at >= write_timeout_s:
                 self._reset()
                 return False
+            else:
+                stalled[self] = None  # listed already, it keeps its place
             self._write_due = min(
                 now + write_timeout_s / WRITE_LOOKS, self._write_moved_at + write_timeout_s
             )
@@ -340,6 +355,7 @@ def guarded_protocol(
         def _unlist(self) -> None:
             unoccupied.pop(self, None)
             uploading.pop(self, None)
+            stalled.pop(self, None)
 
         def _close(self) -> None:
             self._due = None

@@ -242,3 +242,25 @@ async def test_making_room_looks_at_a_few_connections_not_the_caps_worth(
     assert looks <= 2, f"{looks} connections looked at to make room for one"
     for protocol in [*held, fresh]:
         protocol.connection_lost(None)
+
+
+async def test_a_caller_not_reading_makes_room_before_the_cap_refuses_a_new_one() -> None:
+    """With nothing idle left, a connection whose caller took none of its answer since the
+    write deadline last looked is reset for room (its deadline would reset it anyway); one
+    whose caller keeps reading is not."""
+    connect = _server(max_connections=2, write_timeout_s=0.4)
+    reading, reading_transport = connect()
+    stopped, stopped_transport = connect()
+    for protocol, transport in ((reading, reading_transport), (stopped, stopped_transport)):
+        transport.unsent = 40_000
+        protocol.data_received(GET)
+        await _settle()
+        protocol.pause_writing()
+    for _ in range(15):  # a look every 0.1 s, a read every 0.02: each look sees one
+        await asyncio.sleep(0.02)
+        reading_transport.unsent -= 400
+    fresh, fresh_transport = connect()
+    assert stopped_transport.reset, "a caller reading nothing kept its place under the cap"
+    assert not reading_transport.closed and not fresh_transport.closed
+    for protocol in (reading, stopped, fresh):
+        protocol.connection_lost(None)
