@@ -233,8 +233,11 @@ _secrets: list[str] = []
 
 
 def redact(values: Iterable[str]) -> None:
-    """Blank these values (the settings' secrets) in every line written from now on."""
-    known = {*_secrets, *(value for value in values if len(value) >= _MIN_SECRET_CHARS)}
+    """Blank these values (the settings' secrets) in every line written from now on, as
+    they are and as a JSON line writes them: a key with a quote, a backslash or a non-ASCII
+    character is escaped there (``\\"``, ``\\u00e9``), and would not match as it is."""
+    kept = [value for value in values if len(value) >= _MIN_SECRET_CHARS]
+    known = {*_secrets, *kept, *(_json_string(value)[1:-1] for value in kept)}
     _secrets[:] = sorted(known, key=len, reverse=True)
 
 

@@ -541,3 +541,24 @@ def test_a_line_is_in_the_file_before_the_relay_moves_on(tmp_path: Path, stderr:
     assert done.returncode == 3
     [line] = [json.loads(raw) for raw in log.read_text().splitlines()]
     assert line["event"] == "written before the crash"
+
+
+def test_a_secret_with_a_quote_a_backslash_or_an_accent_is_blanked_in_json_lines_too(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A JSON line escapes those characters, so the value as it is never appears in it."""
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    secret = 'pa"ss\\wörd-42'
+    try:
+        logs.configure("info", "json")
+        logs.redact([secret])
+        logging.getLogger("relay.providers.x").info(f"the SDK said {secret} once")
+        logging.getLogger("relay.providers.x").info("bound", extra={"job": secret})
+    finally:
+        root.handlers[:], root.level = saved
+    text = capsys.readouterr().err
+    assert "42" not in text.replace("[redacted]", ""), text
+    written = [json.loads(line) for line in text.splitlines()]
+    assert written[0]["event"] == "the SDK said [redacted] once"
+    assert written[1]["job"] == "[redacted]"

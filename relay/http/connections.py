@@ -18,16 +18,25 @@ a small subclass of uvicorn's protocol that adds what is missing:
 - **body deadline**: once the headers are in, the whole body must arrive within
   ``body_timeout_s``; otherwise the connection is closed (the handler sees a disconnect);
 - **write deadline**: while an answer's bytes wait in the transport (asyncio's buffer, past
-  what the kernel took), some of them must leave within ``write_timeout_s`` (looked at every
-  quarter of it); if none did, the connection is reset, which drops them, here and in the
-  kernel. A deadline on progress, not on the whole answer: a slow caller that keeps reading
-  a big answer is never cut, one that stops is cut within 1¼ of the timeout;
+  what the kernel took), the caller must acknowledge some of the answer within
+  ``write_timeout_s`` (looked at every quarter of it; :meth:`OneSend.taken`, not what left
+  asyncio's buffer, which stands still while the kernel's megabytes drain); if it did
+  not, the connection is reset, which drops them, here and in the kernel. A deadline on
+  progress, not on the whole answer: a slow caller that keeps reading a big answer is
+  never cut (one reading less than its window's update, a few KiB, a timeout is seen as
+  stopped), one that stops is cut within 1¼ of the timeout, whoever closed the connection
+  meanwhile (its keep-alive, or uvicorn after a handler failed mid-answer: a close waits
+  for the caller to take what is left);
 - **connection cap**: past ``max_connections`` open connections, a new one makes room by
   closing the oldest connection with no request in flight: one still sending its headers
   (what a flood of half-sent requests is made of) or one idle between requests (HTTP lets a
-  server close it; its client retries). One with a request in flight or an answer still
-  leaving is never closed for room; if every connection has one, the new one is closed at
-  once. A fresh ``/healthz`` therefore gets in.
+  server close it; its client retries); one whose caller still sends the body of a request
+  answered early (a 401, a 413) only when there is no other; then one whose caller took
+  none of its answer since the write deadline last looked (reset, as that deadline would,
+  request in flight or not: a cap's worth of callers pipelining answers they never read
+  shut out every new one). One with a request in flight whose caller reads, or an answer
+  still leaving to it, is never closed for room; if every connection is one, the new one
+  is closed at once. A fresh ``/healthz`` therefore gets in.
 
 Keep-alive between requests stays uvicorn's ``timeout_keep_alive``, timed by the same one
 timer a connection as the deadlines: it is moved only when a deadline comes sooner than it
@@ -38,9 +47,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import socket
 import struct
+import termios
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -53,10 +65,28 @@ WRITE_LOOKS = 4
 """How many times within ``write_timeout_s`` a connection whose answer's bytes wait looks
 whether some left: a caller that reads nothing is cut within 1 + 1/4 of the timeout."""
 
+OUT_QUEUE = getattr(termios, "TIOCOUTQ", 0x5411)
+"""The ``ioctl`` that reads a socket's unacknowledged bytes (``SIOCOUTQ`` on Linux)."""
+QUEUED = bytes(4)
+"""Its argument: an int's room."""
+
 RESET = struct.pack("ii", 1, 0)
 """``SO_LINGER`` on, 0 s: the close of a connection cut at its write deadline is a reset,
 which drops what the kernel still holds for the caller, rather than an orderly close that
 would keep it until the caller reads it."""
+
+
+def _queued(transport: asyncio.BaseTransport) -> int:
+    """Bytes a connection's kernel holds that the caller has not acknowledged (Linux's
+    ``SIOCOUTQ``); 0 where it cannot tell (no socket, closed, another system)."""
+    connected = transport.get_extra_info("socket")
+    if connected is None:
+        return 0
+    try:
+        queued: int = struct.unpack("i", fcntl.ioctl(connected.fileno(), OUT_QUEUE, QUEUED))[0]
+    except (OSError, ValueError):
+        return 0
+    return queued
 
 
 class OneSend:
@@ -67,13 +97,20 @@ class OneSend:
     body), a bigger answer's (joining would copy its body, for a send that is one of many),
     a ``100 Continue``, uvicorn's own ``400``. Held bytes never wait past the next write,
     nor a close (written first, as uvicorn would have). The bytes written are counted, so
-    the write deadline can tell whether the caller took any (:meth:`sent`)."""
+    the write deadline can tell whether the caller took any (:meth:`sent`); ``on_close`` is
+    told of every close, uvicorn's own included (a handler that failed mid-answer)."""
 
-    __slots__ = ("answered", "held", "protocol", "transport", "written")
+    __slots__ = ("answered", "held", "on_close", "protocol", "transport", "written")
 
-    def __init__(self, transport: asyncio.Transport, protocol: HttpToolsProtocol) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        protocol: HttpToolsProtocol,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
         self.transport = transport
         self.protocol = protocol
+        self.on_close = on_close
         self.held: bytes | None = None
         self.answered: RequestResponseCycle | None = None
         """The request whose head was written last (the next write of its answer is a body)."""
@@ -88,6 +125,14 @@ class OneSend:
         """Bytes the kernel took since the connection opened (it takes them as the caller
         reads, once its own buffer is full)."""
         return self.written - self.transport.get_write_buffer_size()
+
+    def taken(self) -> int:
+        """Bytes the caller's side acknowledged since the connection opened: :meth:`sent`
+        less what the kernel still holds for it. The kernel takes more of the answer only
+        once a third of its send buffer is free (megabytes, autotuned), so :meth:`sent`
+        stands still for a caller that reads steadily but slower than that in a write
+        timeout; an acknowledgement comes each time the caller's reads open its window."""
+        return self.sent() - _queued(self.transport)
 
     def write(self, data: bytes) -> None:
         held = self.held
@@ -117,6 +162,8 @@ class OneSend:
             self.written += len(held)
             self.transport.write(held)
         self.transport.close()
+        if self.on_close is not None:
+            self.on_close()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.transport, name)
@@ -132,9 +179,18 @@ def guarded_protocol(
     """uvicorn's httptools protocol with the deadlines and the cap above (one class per
     server: the connections it may close to make room are its own)."""
     unoccupied: OrderedDict[GuardedProtocol, None] = OrderedDict()
-    """The connections with no request in flight (waiting for one's headers, or idle between
-    requests), in the order they became so: the first is the one to close for room. One
-    whose next request began before its answer ended is here too, but is passed over."""
+    """The connections with no request in flight and no answer's bytes waiting (sending a
+    request's headers, or idle between requests), in the order they became so: the first is
+    the one to close for room. Only those, so that making room looks at one or two: one
+    passed over on every new connection made each cost the cap's worth of looks."""
+    uploading: OrderedDict[GuardedProtocol, None] = OrderedDict()
+    """As ``unoccupied``, those whose caller still sends the body of a request answered
+    early (a 401, a 413): closed for room only when no connection above is left."""
+    stalled: OrderedDict[GuardedProtocol, None] = OrderedDict()
+    """The connections whose answer's bytes wait and whose caller took none of them since
+    the write deadline last looked, in the order they stalled: reset for room when no
+    connection above is left, request in flight or not, as their write deadline will (a
+    caller with no token could otherwise hold the cap with answers it never reads)."""
 
     class GuardedProtocol(HttpToolsProtocol):
         """One connection, with its header, body and write deadlines."""
@@ -144,17 +200,19 @@ def guarded_protocol(
         """When the current request deadline passes (the loop's clock); None: none runs."""
         _heading = False
         """A request's headers are being read: its header deadline runs."""
+        _receiving = False
+        """A request's body is being read (its answer may have been given before it)."""
         _write_due: float | None = None
         """When the write deadline next looks at the answer's bytes; None: none wait."""
         _write_moved_at = 0.0
         """When some of them were last seen to leave (or the watch began)."""
         _write_sent = 0
-        """:meth:`OneSend.sent` when last looked at."""
+        """:meth:`OneSend.taken` when last looked at."""
         _timer: asyncio.TimerHandle | None = None
         _timer_at = 0.0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            self._sending = OneSend(transport, self)
+            self._sending = OneSend(transport, self, self._closed)
             super().connection_made(self._sending)  # type: ignore[arg-type]
             if len(self.connections) > max_connections and not self._make_room():
                 transport.close()
@@ -162,15 +220,25 @@ def guarded_protocol(
             self._await_headers()
 
         def _make_room(self) -> bool:
-            """Close the oldest connection with no request in flight; False if none."""
-            for oldest in unoccupied:
-                if oldest._unoccupied():
-                    oldest._close()
-                    return True
+            """Close the oldest connection with no request in flight; False if none. One
+            whose caller still sends the body of a request answered early (a 401, a 413) is
+            cut in the middle of its upload, so it goes only when no other can; it still
+            goes then, or callers with no token could hold the cap that way."""
+            for table in (unoccupied, uploading):
+                while table:
+                    oldest = next(iter(table))
+                    if oldest._unoccupied():
+                        oldest._close()
+                        return True
+                    del table[oldest]  # closing already: gone soon
+            if stalled:
+                next(iter(stalled))._reset()
+                return True
             return False
 
         def _unoccupied(self) -> bool:
-            """Closing it loses no request, and no answer (not even its last bytes)."""
+            """Closing it loses no request in flight, and no answer (not even its last
+            bytes); an answered request's body may still be coming."""
             cycle = self.cycle
             return (
                 (cycle is None or cycle.response_complete)
@@ -182,7 +250,14 @@ def guarded_protocol(
         def _await_headers(self) -> None:
             self._heading = True
             self._arm(header_timeout_s)
-            unoccupied[self] = None
+            self._may_go()
+
+        def _may_go(self) -> None:
+            """List it for :meth:`_make_room` if closing it loses nothing now; if something
+            is in flight, whatever ends that lists it then (its answer's end, its body's,
+            the last of its bytes taken). Listed already, it keeps its place."""
+            if self._unoccupied():
+                (uploading if self._receiving else unoccupied)[self] = None
 
         def _arm(self, seconds: float) -> None:
             due = self._due = self.loop.time() + seconds
@@ -230,7 +305,7 @@ def guarded_protocol(
             """An answer's bytes wait: from now on, some must leave every write timeout."""
             if self._write_due is None:
                 now = self._write_moved_at = self.loop.time()
-                self._write_sent = self._sending.sent()
+                self._write_sent = self._sending.taken()
                 self._write_due = now + write_timeout_s / WRITE_LOOKS
                 self._wake_by(self._write_due)
 
@@ -240,14 +315,19 @@ def guarded_protocol(
             sending = self._sending
             if not sending.unsent():
                 self._write_due = None
+                stalled.pop(self, None)
+                self._may_go()
                 return True
-            sent = sending.sent()
+            sent = sending.taken()
             if sent > self._write_sent:
                 self._write_sent = sent
                 self._write_moved_at = now
+                stalled.pop(self, None)
             elif now - self._write_moved_at >= write_timeout_s:
                 self._reset()
                 return False
+            else:
+                stalled[self] = None  # listed already, it keeps its place
             self._write_due = min(
                 now + write_timeout_s / WRITE_LOOKS, self._write_moved_at + write_timeout_s
             )
@@ -257,16 +337,29 @@ def guarded_protocol(
             """Drop the connection and the bytes waiting for it (a close would wait for
             the caller to take them)."""
             self._stop()
-            unoccupied.pop(self, None)
+            self._unlist()
             connected = self.transport.get_extra_info("socket")
             if connected is not None:
                 with contextlib.suppress(OSError):
                     connected.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
             self.transport.abort()
 
+        def _closed(self) -> None:
+            """The transport was closed, by this class or by uvicorn itself (a handler that
+            failed after its answer's head, or returned without its end; a malformed
+            request's 400): the close waits for the caller to take what is left, so those
+            bytes keep their write deadline."""
+            if self._sending.unsent():
+                self._watch_writes()
+
+        def _unlist(self) -> None:
+            unoccupied.pop(self, None)
+            uploading.pop(self, None)
+            stalled.pop(self, None)
+
         def _close(self) -> None:
             self._due = None
-            unoccupied.pop(self, None)
+            self._unlist()
             if not self.transport.is_closing():
                 self.transport.close()
             if self._sending.unsent():  # the close waits for them: they keep their deadline
@@ -287,13 +380,18 @@ def guarded_protocol(
 
         def on_headers_complete(self) -> None:
             self._heading = False
-            unoccupied.pop(self, None)
+            self._receiving = True
+            self._unlist()
             self._arm(body_timeout_s)
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
+            self._receiving = False
             self._disarm()
             super().on_message_complete()
+            if self in uploading:  # answered early, its body now in: idle from now on
+                del uploading[self]
+                self._may_go()
 
         def on_response_complete(self) -> None:
             # uvicorn's (0.54), with its keep-alive timer, armed after every answer and
@@ -309,14 +407,15 @@ def guarded_protocol(
             if self.pipeline:
                 cycle, app = self.pipeline.pop()
                 self._start_asgi_task(cycle, app)
-            elif not self._heading:  # else a next request began: its header deadline holds
-                self._arm(self.timeout_keep_alive)
-                unoccupied[self] = None
+            else:
+                if not self._heading:  # else a next request began: its header deadline holds
+                    self._arm(self.timeout_keep_alive)
+                self._may_go()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            self._unlist()
+            super().connection_lost(exc)  # closes the transport: stopped after that
             self._stop()
-            unoccupied.pop(self, None)
-            super().connection_lost(exc)
 
     return GuardedProtocol
 

@@ -12,6 +12,7 @@ import re
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,8 @@ MAX_CONNECTIONS = 8
 """Its connection cap (the least the setting allows)."""
 LATE_S = 1.5
 """How long past a deadline a close may come on a loaded machine before it is a failure."""
+STEADY_READ_BYTES = 256 * 1024
+"""What the steady reader below reads every quarter of a deadline (1 MiB a second)."""
 
 
 BIG_RUN = "run_big000"
@@ -262,3 +265,68 @@ def test_idle_kept_alive_connections_filling_the_cap_do_not_lock_out_a_new_calle
     finally:
         for sock in held:
             sock.close()
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+def test_a_caller_reading_a_big_answer_steadily_through_big_buffers_is_not_cut(
+    relay: RelayProcess,
+) -> None:
+    """The write deadline looked only at the relay's own buffer, which the kernel refills
+    from only once a third of its send buffer (megabytes on a fast link) is free: a caller
+    reading a steady 1 MiB/s through a 1 MiB receive buffer was cut within two deadlines,
+    as if it had stopped. What the caller acknowledges is what counts now."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    sock.settimeout(5)
+    with contextlib.closing(sock):
+        sock.connect(("127.0.0.1", relay.port))
+        _ask_for_the_big_run(relay, sock)
+        started = time.monotonic()
+        received = 0
+        while time.monotonic() - started < 4 * DEADLINE_S:  # a third of the answer
+            time.sleep(DEADLINE_S / 4)
+            assert not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR), (
+                f"cut after {received} bytes in {time.monotonic() - started:.1f} s"
+            )
+            chunk = sock.recv(STEADY_READ_BYTES)
+            assert chunk, f"closed after {received} bytes"
+            received += len(chunk)
+
+
+PATIENT_WRITE_S = 8.0
+"""The write deadline of the relay below: long enough that its reset is not what lets the
+new caller in."""
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+def test_callers_pipelining_answers_they_never_read_do_not_lock_out_a_new_caller(
+    tmp_path: Path,
+) -> None:
+    """A connection with a request in flight was never closed for room, and a pipelined
+    request waiting for its caller to read the answer before it is one: a caller with no
+    token pipelining GET /openapi.json (60 KB) on the cap's worth of connections, reading
+    nothing, shut every new caller out, /healthz included, until the write deadline reset
+    them (37.5 s by default), and again as often as it reconnected."""
+    relay = RelayProcess(tmp_path, write_timeout_s=PATIENT_WRITE_S, max_connections=MAX_CONNECTIONS)
+    relay.add_token("ops")
+    relay.start()
+    held: list[socket.socket] = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", relay.port))
+            sock.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 100)
+            held.append(sock)
+        started = time.monotonic()
+        while time.monotonic() - started < PATIENT_WRITE_S * 0.75:  # before any is reset
+            with _connection(relay) as sock, contextlib.suppress(ConnectionError):
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                if _answer(sock, 1).startswith(b"HTTP/1.1 200"):
+                    return
+            time.sleep(0.2)
+        raise AssertionError("a new caller was shut out until the write deadline")
+    finally:
+        for sock in held:
+            sock.close()
+        relay.stop()
