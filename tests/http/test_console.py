@@ -433,6 +433,8 @@ def test_the_jobs_page_answers_what_is_failing(relay: RelayProcess, page: Any) -
     python.locator("td").nth(2).locator("a").click()
     expect(page.locator("select[name=state]")).to_have_value(FAILURES)
     expect(page.locator("input[name=job]")).to_have_value("python")
+    # The rows come from the page's own fetch: read them once the first is there.
+    expect(page.locator("#runs .cell-job").first).to_be_visible()
     assert set(page.locator("#runs .cell-job").all_inner_texts()) == {"python"}
     page.goto(relay.url + "/console/jobs?hours=1")  # another window
     expect(page.locator("select[name=hours]")).to_have_value("1")
