@@ -299,6 +299,11 @@ async def test_a_create_that_never_answers_is_a_timeout_and_its_vm_is_deleted_by
             async with exe.sandbox(spec("run_hung")):
                 pytest.fail("no sandbox should be yielded")
         elapsed = time.monotonic() - started
+        # The sweep goes on beside serving once the create's bound is out (the caller has its
+        # answer): its delete is waited for, not assumed done by then (a loaded machine).
+        async with asyncio.timeout(10):
+            while not fake.ledger.deleted:
+                await asyncio.sleep(0.02)
     finally:
         fake.faults.list_hang = False
         await exe.aclose()

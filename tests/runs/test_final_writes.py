@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import DBAPIError
 from starlette.testclient import TestClient
 
 from relay.auth import Principal, new_token
@@ -196,13 +197,26 @@ async def until(read: Callable[[], Awaitable[str | None]], wanted: str) -> None:
         await asyncio.sleep(0.02)
 
 
+async def refused_for_sure(rig: Rig) -> None:
+    """Make the store refuse writes, and see it refuse one of its own before going on: a
+    write that the full disk still took (SQLite reusing space its WAL holds) fills it
+    again, rather than the run's final write landing where the test means it refused."""
+    for _ in range(5):
+        rig.refusal.start()
+        try:
+            await rig.store.heartbeat(rig.service.instance_id)
+        except DBAPIError:
+            return
+    raise AssertionError("the store kept taking writes")
+
+
 async def test_a_final_write_the_store_refuses_lands_once_it_recovers(rig: Rig) -> None:
     request = RunRequest(command=["sh", "-c", WAITING_JOB], wait=False)
     row, _ = await rig.service.submit(PRINCIPAL, request, None)
     run_id = row.id
     # Running, its `running` state stored (waited for: a busy machine may take a while).
     await until(lambda: stored_state(rig, run_id), "running")
-    rig.refusal.start()
+    await refused_for_sure(rig)
     await asyncio.to_thread(release, run_id)  # the job ends only now
     # The job has ended; its final write was refused.
     await until(lambda: outcome(rig, run_id), "failed")
