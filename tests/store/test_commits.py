@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from relay.store.database import DuplicateKey, Store
+from relay.store.sqlite.group_commit import MAX_WAIT_TURNS
 from testing.rows import run_row
 
 
@@ -50,6 +51,66 @@ async def test_writes_of_one_turn_share_one_commit_and_each_returns_committed(
     assert groups(store) == before + 1
     every = {f"run_{n}" for n in range(20)}
     assert all(seen == every for seen in seen_at_return)  # nobody returned before the commit
+
+
+class Turns:
+    """Counts the turns of the event loop while it runs (a task stepping once a turn)."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(0)
+            self.now += 1
+
+    async def __aenter__(self) -> Turns:
+        self._task = asyncio.create_task(self._tick())
+        await asyncio.sleep(0)  # ticking from the next turn on
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+async def test_a_lone_write_is_committed_at_the_next_turn(store: Store) -> None:
+    before = groups(store)
+    async with Turns() as turns:
+        started = turns.now
+        await store.admit_run(run_row("run_alone"))
+        waited = turns.now - started
+    assert groups(store) == before + 1
+    assert waited <= 2  # its commit in the next turn, its caller resumed in the one after
+
+
+async def test_writes_that_keep_coming_in_later_turns_share_a_commit_that_waits_a_bounded_time(
+    store: Store,
+) -> None:
+    """Over HTTP each run writes in turns of its own: while every turn brings the open
+    group more writes, its commit waits a turn more, at most MAX_WAIT_TURNS."""
+    before = groups(store)
+    waited: dict[str, int] = {}
+
+    async def admit(run_id: str, later: int, turns: Turns) -> None:
+        for _ in range(later):
+            await asyncio.sleep(0)
+        started = turns.now
+        await store.admit_run(run_row(run_id))
+        waited[run_id] = turns.now - started
+        assert run_id in committed_ids(store)  # returned committed
+
+    async with Turns() as turns:
+        # Two in the first turn, then one in each of the next two: one commit.
+        await asyncio.gather(*(admit(f"run_a{n}", n and n - 1, turns) for n in range(4)))
+        assert groups(store) == before + 1
+        # Two in every turn for twelve turns: the commit still comes, every few turns.
+        before = groups(store)
+        runs = [(f"run_b{n}", n // 2) for n in range(24)]
+        await asyncio.gather(*(admit(run_id, later, turns) for run_id, later in runs))
+    assert 12 / (MAX_WAIT_TURNS + 1) <= groups(store) - before < 12
+    assert max(waited.values()) <= MAX_WAIT_TURNS + 2
 
 
 async def test_a_write_that_fails_is_rolled_back_alone(store: Store) -> None:
