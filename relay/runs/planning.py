@@ -34,6 +34,7 @@ from relay.runs.callback_urls import parse_callback_url
 from relay.runs.catalog import Catalog, JobSpec
 from relay.runs.models import SIZES, RunRequest, Size, path_clash
 from relay.settings import Settings
+from relay.store.records import maker
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,10 @@ def request_hash(request: RunRequest) -> str:
     unset = {"wait"} if request.artifacts else {"wait", "artifacts"}
     body = request.model_dump(mode="json", exclude=unset)
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+make_spec = maker(SandboxSpec)
+make_plan = maker(Plan)
 
 
 def image_for(
@@ -260,14 +265,12 @@ class Planner:
                     f"no job named {request.job!r}; jobs here: {', '.join(known) or 'none'} "
                     "(a job added since the last reload needs one: `relay jobs reload`, or SIGHUP)"
                 )
-            overrides = {
-                key
-                for key in OVERRIDABLE & request.model_fields_set
-                if getattr(request, key) not in (None, {}, [])
-            }
-            refused = sorted(overrides - job.allow)
-            if refused:
-                raise Forbidden(f"job {job.name!r} does not let a request set `{refused[0]}`")
+            asked = OVERRIDABLE & request.model_fields_set
+            if asked:  # most runs set none: no look at each
+                overrides = {key for key in asked if getattr(request, key) not in (None, {}, [])}
+                refused = sorted(overrides - job.allow)
+                if refused:
+                    raise Forbidden(f"job {job.name!r} does not let a request set `{refused[0]}`")
             argv, env, files = self._rendered(job, request.params)
             egress = job.egress
             base_timeout, image, size = job.timeout_s, job.image, job.size
@@ -283,8 +286,10 @@ class Planner:
             egress = narrower_egress(egress, request.egress)
         elif job is None:
             egress = ()
-        env = merged_env(env, request.env)
-        files = merged_files(files, request.files)
+        if request.env:  # else the job's own (``_rendered`` made the plan's copies)
+            env = merged_env(env, request.env)
+        if request.files:
+            files = merged_files(files, request.files)
         check_workdir(request.workdir, files)
         caps = [self.settings.max_timeout_s, base_timeout if job else self.settings.max_timeout_s]
         if principal.max_timeout_s is not None:
@@ -292,7 +297,7 @@ class Planner:
         timeout_s = min([request.timeout_s or base_timeout, *caps])
         size = request.size or size
         names = self.route_names(principal, request.provider, job)
-        shape = SandboxSpec(
+        shape = make_spec(
             run_id=run_id,
             cluster=self.settings.cluster,
             timeout_s=timeout_s,
@@ -302,11 +307,12 @@ class Planner:
             egress=self._egress(tuple(egress)),
             pip=job.pip if job else (),
             job=job.name if job else None,
+            attempt=None,
         )
         route = self.routed(principal, names, shape, job, asked_image=bool(request.image))
         stdin = request.stdin.encode("utf-8") if request.stdin is not None else None
         declared = job.artifacts if job else ()
-        return Plan(
+        return make_plan(
             job=job.name if job else None,
             provider=route[0].provider,
             argv=argv,
@@ -319,6 +325,9 @@ class Planner:
             route=route,
             retry_safe=job is not None and job.retry == "safe",
             ranking=(job.route if job is not None else None) or self.settings.route_choice,
-            artifacts=tuple(dict.fromkeys((*declared, *request.artifacts))),
+            skipped=(),
+            artifacts=tuple(dict.fromkeys((*declared, *request.artifacts)))
+            if request.artifacts
+            else declared,
             artifacts_required=job.artifacts_required if job else False,
         )

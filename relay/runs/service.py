@@ -154,12 +154,16 @@ class RunService:
             await refuse_unsafe_callback(request.callback_url, self.settings)
         now = self.clock()
         cpu, memory_mb = plan.spec.resources.cpu, plan.spec.resources.memory_mb
-        route = tuple(candidate.provider for candidate in plan.route) or (plan.provider,)
-        # Reserved at the dearest provider of its route: whichever runs it, the token's
-        # budget holds (the final cost replaces the reservation).
-        reserved = max(
-            [self.costs.cost(provider, cpu, memory_mb, plan.timeout_s) for provider in route]
-        )
+        if len(plan.route) > 1:
+            route = tuple(candidate.provider for candidate in plan.route)
+            # Reserved at the dearest provider of its route: whichever runs it, the token's
+            # budget holds (the final cost replaces the reservation).
+            reserved = max(
+                [self.costs.cost(provider, cpu, memory_mb, plan.timeout_s) for provider in route]
+            )
+        else:  # a route of one (or a plan made by hand: its provider alone)
+            route = (plan.provider,)
+            reserved = self.costs.cost(plan.provider, cpu, memory_mb, plan.timeout_s)
         # Its sandbox may take every attempt's create budget to come (one: its create).
         creating_s = self.settings.create_budget_s if len(plan.route) > 1 else None
         run = RunRecord.new(
@@ -210,15 +214,7 @@ class RunService:
         # The run's task copies this context: its log lines carry these ids too.
         logs.bind(run_id=run_id, token=principal.name, job=plan.job, provider=plan.provider)
         self.runner.start(plan, run)
-        log.info(
-            "run submitted",
-            extra={
-                "run_id": run_id,
-                "token": principal.name,
-                "job": plan.job,
-                "provider": plan.provider,
-            },
-        )
+        log.info("run submitted")  # its run_id, token, job and provider: the ids just bound
         return run, True
 
     def _placed(self, plan: Plan, run: RunRecord, provider: str) -> tuple[Plan, RunRecord]:

@@ -145,3 +145,63 @@ def test_a_requests_echo_text_is_json_dumps_for_any_params_strings_and_numbers(
     text = request.echo_text()
     assert text == json.dumps(request.echo(), separators=(",", ":"))
     assert json.loads(text)["command"] == request.command
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"job": "noop"},
+        {"job": "noop", "wait": False},
+        {"job": "noop", "provider": "memory", "stdin": ""},
+        {"job": "other", "env": {}, "files": {}, "params": {}, "artifacts": []},
+        {"command": ["true"]},
+    ],
+)
+def test_a_plain_requests_echo_made_once_is_the_text_of_each_request_like_it(
+    body: dict[str, object],
+) -> None:
+    """A request naming a job (a provider, ``wait``) and nothing else the echo shows takes
+    the text made for the first like it: the same text ``json.dumps`` writes, every time;
+    a request changed in place since is not plain, and gets its own."""
+    for _ in range(2):  # the first makes it, the second takes it made
+        request = RunRequest.model_validate_json(json.dumps(body))
+        assert request.echo_text() == json.dumps(request.echo(), separators=(",", ":"))
+    for field, value in (("env", "x"), ("files", "x"), ("params", 1)):
+        changed = RunRequest.model_validate_json(json.dumps(body))
+        getattr(changed, field)["SECRET"] = value  # one field changed in place, after it was made
+        assert changed.echo_text() == json.dumps(changed.echo(), separators=(",", ":"))
+        assert changed.echo_text() != request.echo_text()
+
+
+_A_VALUE_FOR_EACH_FIELD: dict[str, object] = {
+    "job": "other",
+    "params": {"n": 1},
+    "command": ["true"],
+    "provider": "memory",
+    "image": "python:3.12",
+    "size": "small",
+    "env": {"A": "b"},
+    "stdin": "in",
+    "files": {"a.txt": "x"},
+    "workdir": "src",
+    "timeout_s": 5,
+    "egress": ["example.com"],
+    "wait": False,
+    "callback_url": "https://example.com/hook",
+    "artifacts": ["out/*"],
+}
+
+
+@pytest.mark.parametrize("field", sorted(RunRequest.model_fields))
+def test_no_request_field_is_missed_by_the_reused_plain_echo(field: str) -> None:
+    """Every field a request can set either shows in its echo as ``json.dumps`` writes it or
+    leaves the echo alone: a field added to ``RunRequest`` that the plain check forgets would
+    hand a request the text made for another (a new field needs a value here first)."""
+    assert field in _A_VALUE_FOR_EACH_FIELD, f"give {field!r} a value in this test"
+    plain = RunRequest.model_validate_json(json.dumps({"job": "noop"}))
+    plain.echo_text()  # the plain text made and kept
+    body: dict[str, object] = {"job": "noop", field: _A_VALUE_FOR_EACH_FIELD[field]}
+    if field == "command":
+        body.pop("job")
+    request = RunRequest.model_validate_json(json.dumps(body))
+    assert request.echo_text() == json.dumps(request.echo(), separators=(",", ":"))
