@@ -10,10 +10,13 @@ the run's own task (``asyncio`` copies the context into a task when it is create
 
 from __future__ import annotations
 
+import codecs
 import contextvars
+import io
 import json
 import logging
 import math
+import os
 import sys
 import time
 import traceback
@@ -66,11 +69,17 @@ class _Bound:
         pieces = self._pieces
         if pieces is None:
             pieces = [""] * len(FIELDS)
+            fixed = True
             for key, value in self.fields.items():
                 index = _INDEX.get(key)
-                if index is not None:
-                    pieces[index] = _JSON_KEYS[index] + _json_value(value)
-            if all(type(value) is str for value in self.fields.values()):
+                if type(value) is str:
+                    if index is not None:
+                        pieces[index] = _JSON_KEYS[index] + _json_string(value)
+                else:
+                    fixed = False
+                    if index is not None:
+                        pieces[index] = _JSON_KEYS[index] + _json_value(value)
+            if fixed:
                 self._pieces = pieces
         return pieces
 
@@ -81,8 +90,11 @@ _NOTHING_BOUND = _Bound({})
 
 def bind(**fields: Any) -> None:
     """Add ids to every line logged from here on in this context (None values are skipped)."""
-    current = _context.get(_NOTHING_BOUND).fields
-    _context.set(_Bound({**current, **{k: v for k, v in fields.items() if v is not None}}))
+    bound = _context.get(_NOTHING_BOUND).fields.copy()
+    for key, value in fields.items():  # a loop, not a comprehension: no frame of its own
+        if value is not None:
+            bound[key] = value
+    _context.set(_Bound(bound))
 
 
 def fresh_context() -> contextvars.Token[_Bound]:
@@ -112,23 +124,52 @@ def _add_fields(line: dict[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
     return line
 
 
-_json_encoder = json.JSONEncoder(default=str)
+# allow_nan=False: Python's encoder would write a NaN or an infinity as the bare words
+# ``NaN`` and ``Infinity``, which no JSON parser accepts (a log pipeline drops the line).
+_json_encoder = json.JSONEncoder(default=str, allow_nan=False)
 _json_string = json.encoder.encode_basestring_ascii
 _JSON_KEYS = tuple(f", {_json_string(key)}: " for key in FIELDS)
 
 
 def _json_value(value: Any) -> str:
-    """``value`` as ``_json_encoder`` writes it inside an object: strings, plain ints and
-    finite floats as its C encoder writes them (the ascii escaper, ``int.__repr__``,
+    """``value`` as ``json.JSONEncoder(default=str)`` writes it inside an object, except a
+    float that is not a number (NaN, an infinity, anywhere in the value): ``null``, which
+    keeps the line JSON and the field's type a number or nothing. Strings, plain ints and
+    finite floats as the C encoder writes them (the ascii escaper, ``int.__repr__``,
     ``float.__repr__``), anything else by the encoder itself."""
     kind = type(value)
     if kind is str:
         return _json_string(value)
     if kind is int:
         return int.__repr__(value)
-    if kind is float and math.isfinite(value):
-        return float.__repr__(value)
-    return _json_encoder.encode(value)
+    if kind is float:
+        return float.__repr__(value) if math.isfinite(value) else "null"
+    try:
+        return _json_encoder.encode(value)
+    except ValueError:  # a NaN or an infinity inside (a circular value raises it too)
+        return _json_encoder.encode(_finite(value))
+
+
+def _finite(value: Any, depth: int = 0) -> Any:
+    """``value`` with each float that is not a number made None, through the lists, tuples
+    and dicts the encoder walks (a circular one is cut at a depth no line needs)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if depth > 32:
+        return str(value)
+    if isinstance(value, dict):  # a key is a string in JSON: a NaN one is "NaN", as it was
+        return {_key(key): _finite(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item, depth + 1) for item in value]
+    return value
+
+
+def _key(key: Any) -> Any:
+    """A dict key as the encoder wrote it before it refused NaN: a float that is not a
+    number as the text ``repr`` gives it in JSON's words (``NaN``, ``Infinity``)."""
+    if isinstance(key, float) and not math.isfinite(key):
+        return "NaN" if key != key else ("Infinity" if key > 0 else "-Infinity")
+    return key
 
 
 class LineFormatter(logging.Formatter):
@@ -157,12 +198,23 @@ class LineFormatter(logging.Formatter):
         raise NotImplementedError
 
 
+_MILLIS = tuple(f"{millis:03d}" for millis in range(1000))
+
+
 class JsonFormatter(LineFormatter):
     """Written for every line the relay logs, several per run: the timestamp's seconds are
     formatted once a second, and the line is put together from its escaped parts."""
 
     _second = -1
     _second_text = ""
+    _HEADS_KEPT = 512
+
+    def __init__(self) -> None:
+        super().__init__()
+        # The text after a line's milliseconds up to its fields, per (level, logger, event):
+        # the relay's events are a few fixed texts. One made of a message's values (another
+        # library's line) would fill it, so it starts over when full.
+        self._heads: dict[tuple[str, str, str], str] = {}
 
     def format_parts(
         self,
@@ -181,11 +233,19 @@ class JsonFormatter(LineFormatter):
         # The text json.JSONEncoder(default=str) writes for {"ts": ..., "level": ...,
         # "logger": ..., "event": ..., **fields}, built from its parts: the encoder's own
         # per-call setup cost more than the line.
-        head = (
-            f'{self._second_text}{int(msecs):03d}Z", '
-            f'"level": {_json_string(level.lower())}, "logger": {_json_string(logger)}, '
-            f'"event": {_json_string(event)}'
-        )
+        heads = self._heads
+        kept = (level, logger, event)
+        tail = heads.get(kept)
+        if tail is None:
+            if len(heads) >= self._HEADS_KEPT:
+                heads.clear()
+            tail = heads[kept] = (
+                f'Z", "level": {_json_string(level.lower())}, "logger": {_json_string(logger)}, '
+                f'"event": {_json_string(event)}'
+            )
+        millis = int(msecs)
+        millis_text = _MILLIS[millis] if 0 <= millis < 1000 else format(millis, "03d")
+        head = f"{self._second_text}{millis_text}{tail}"
         # As _add_fields: the bound ids' pieces (kept with them), each replaced by the line's
         # own value of that field; only the few own keys are looked at, not all of FIELDS.
         bound = _context.get(_NOTHING_BOUND)
@@ -288,7 +348,16 @@ else:
 
 
 _FIELD_NAMES = frozenset(FIELDS)
+_PLAIN_ENCODINGS = frozenset({"utf-8", "ascii", "iso8859-1"})
 _NO_EXTRA: dict[str, Any] = {}
+
+
+def _over_file(layer: object) -> bool:
+    """Whether ``layer`` (a text stream's buffer) writes to a file's descriptor as it is:
+    the file itself, or a write buffer over it."""
+    if type(layer) is io.BufferedWriter:
+        layer = layer.raw
+    return type(layer) is io.FileIO
 
 
 class _Sink:
@@ -298,6 +367,40 @@ class _Sink:
         self, handler: logging.StreamHandler[Any], formatter: LineFormatter, own: OwnLinesFilter
     ) -> None:
         self.handler, self.formatter, self.own = handler, formatter, own
+        # The stream _file_of last looked at, its encoding and error handler then (a
+        # ``reconfigure`` of either makes a new one), and its answer.
+        self._stream: Any = None
+        self._stream_encoding: object = None
+        self._stream_errors: object = None
+        self._file, self._encoding, self._errors = -1, "", ""
+
+    def _file_of(self, stream: object) -> int:
+        """The file descriptor a line can be written to directly, without the stream's text
+        and buffer layers, as the bytes the stream would write: its own encoding of the text
+        (one without a state or a byte-order mark) on a system whose line end is "\\n",
+        which a text file writes as it is (the relay's streams are stderr, which Python
+        opens so, and files opened with ``open``'s default; one opened with
+        ``newline="\\r\\n"`` would not be told apart). -1 for any other stream (a memory
+        one, a wrapper of another class, a text layer over a compressor or a socket): the
+        line goes through the stream."""
+        found, encoding, errors = -1, "", ""
+        if (
+            type(stream) is io.TextIOWrapper
+            and os.linesep == "\n"
+            # A file of its own descriptor, buffered or not (``python -u``'s stderr): a text
+            # layer over anything else (a compressor, ``gzip.open(path, "wt")``; a socket's
+            # file) may answer fileno() with a descriptor whose bytes are not the text's.
+            and _over_file(stream.buffer)
+        ):
+            encoding, errors = codecs.lookup(stream.encoding).name, stream.errors or "strict"
+            try:
+                found = stream.fileno() if encoding in _PLAIN_ENCODINGS else -1
+            except (OSError, ValueError):  # no descriptor (a closed stream, a memory one)
+                found = -1
+        self._stream, self._stream_encoding = stream, getattr(stream, "encoding", None)
+        self._stream_errors = getattr(stream, "errors", None)
+        self._file, self._encoding, self._errors = found, encoding, errors
+        return found
 
     def carries(self, logger: logging.Logger, level: int) -> bool:
         """Whether logging would hand a line of ``logger`` at ``level`` to this handler alone,
@@ -334,15 +437,41 @@ class _Sink:
         ``handleError`` (which reports it on stderr) and never into the caller."""
         handler = self.handler
         created, msecs = _clock()
-        handler.acquire()
+        lock = handler.lock  # what handler.acquire() takes, without its call
+        if lock is not None:
+            lock.acquire()
         try:
             text = self.formatter.format_parts(
                 logger.name, logging.getLevelName(level), created, msecs, event, own
             )
             stream = handler.stream
-            stream.write(text + handler.terminator)
-            if stream and hasattr(stream, "flush"):  # StreamHandler.flush's test
+            # Only a text file's encoding and error handler are looked at: any other
+            # stream never takes the short path, and may have neither attribute.
+            file = (
+                self._file
+                if stream is self._stream
+                and (
+                    type(stream) is not io.TextIOWrapper
+                    or (
+                        stream.encoding is self._stream_encoding
+                        and stream.errors is self._stream_errors
+                    )
+                )
+                else self._file_of(stream)
+            )
+            if file >= 0:
+                # One write(2) of the line, instead of the text layer's encode and copy into
+                # the buffer and the buffer's write of it. The flush first writes whatever
+                # another writer left in the stream's buffer (nothing, mostly: no write
+                # call), so lines keep their order with everything else written to it.
                 stream.flush()
+                data = (text + handler.terminator).encode(self._encoding, self._errors)
+                while data:  # a regular file or a pipe takes it whole, barring a signal
+                    data = data[os.write(file, data) :]
+            else:
+                stream.write(text + handler.terminator)
+                if stream and hasattr(stream, "flush"):  # StreamHandler.flush's test
+                    stream.flush()
         except RecursionError:  # as StreamHandler.emit does
             raise
         except Exception:
@@ -359,7 +488,8 @@ class _Sink:
             )
             handler.handleError(record)
         finally:
-            handler.release()
+            if lock is not None:
+                lock.release()
 
 
 class RelayLogger(logging.Logger):
@@ -382,11 +512,24 @@ class RelayLogger(logging.Logger):
         extra: Mapping[str, object] | None = None,
     ) -> None:
         """``Logger.info``, without packing and unpacking its keywords (the relay's most
-        frequent call)."""
-        if self.isEnabledFor(logging.INFO):
-            # One frame more to step over for the caller's file and line (logging's own
-            # frames are skipped, this module's are not).
-            self._log(logging.INFO, msg, args, exc_info, extra, stack_info, stacklevel + 1)
+        frequent call), and with :meth:`_log`'s test for the short path in line."""
+        if not self.isEnabledFor(logging.INFO):
+            return
+        sink = RelayLogger.sink
+        if (
+            sink is not None
+            and not args
+            and not exc_info
+            and not stack_info
+            and type(msg) is str
+            and (extra is None or (type(extra) is dict and _FIELD_NAMES.issuperset(extra)))
+            and sink.carries(self, logging.INFO)
+        ):
+            sink.write(self, logging.INFO, msg, _NO_EXTRA if extra is None else extra)
+            return
+        # One frame more to step over for the caller's file and line (logging's own frames
+        # are skipped, this module's are not).
+        super()._log(logging.INFO, msg, args, exc_info, extra, stack_info, stacklevel + 1)
 
     def _log(
         self,

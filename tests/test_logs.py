@@ -3,17 +3,22 @@ provider; the caller's X-Request-Id is honoured and returned."""
 
 from __future__ import annotations
 
+import bz2
 import concurrent.futures
+import gzip
 import io
 import json
 import logging
+import lzma
+import math
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import hypothesis
@@ -245,6 +250,29 @@ def count_records(monkeypatch: pytest.MonkeyPatch) -> list[logging.LogRecord]:
     return made
 
 
+def encode_line(line: dict[str, Any]) -> str:
+    """What a JSON line holds for ``line``: ``json.JSONEncoder(default=str)``'s text, with
+    each float that is not a number (NaN, an infinity, inside a list too) written null."""
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, list):
+            return [finite(item) for item in value]
+        return value
+
+    return json.JSONEncoder(default=str).encode({key: finite(v) for key, v in line.items()})
+
+
+def strict_json(raw: str) -> Any:
+    """``raw`` parsed as JSON proper: Python's parser takes NaN and Infinity, JSON does not."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(raw, parse_constant=refuse)
+
+
 class Shown:
     def __str__(self) -> str:
         return "shown ✓"
@@ -291,7 +319,7 @@ def test_the_short_path_writes_the_line_logging_writes(
         logger.filters.clear()
     assert short == stream.getvalue()
     if fmt == "json":  # and both are what json.JSONEncoder(default=str) makes of the dict
-        encode = json.JSONEncoder(default=str).encode
+        encode = encode_line
         bound = {"request_id": "req_1", "run_id": "run_bound", "token": "ops"}
         for raw, extra in zip(short.splitlines()[::2], extras, strict=True):
             own = {k: v for k, v in (extra or {}).items() if v is not None}
@@ -301,6 +329,145 @@ def test_the_short_path_writes_the_line_logging_writes(
             line |= {key: fields[key] for key in logs.FIELDS if key in fields}
             assert raw == encode(line).replace("sk-short-path-secret", logs.REDACTED)
     assert "sk-short-path-secret" not in short and logs.REDACTED in short
+
+
+@pytest.mark.parametrize(
+    ("fmt", "encoding", "errors"),
+    [
+        ("json", "utf-8", "strict"),
+        ("console", "utf-8", "strict"),
+        ("console", "ascii", "backslashreplace"),
+    ],
+)
+def test_a_line_written_to_the_files_descriptor_is_what_the_stream_writes_in_its_place(
+    fmt: str,
+    encoding: str,
+    errors: str,
+    configured: Callable[[str], io.StringIO],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """On a text file (stderr, a log file) the short path writes a line's bytes to the file
+    descriptor itself: the same bytes the stream's text and buffer layers write on
+    logging's own path (a secret blanked, non-ASCII text, NaN, the stream's own encoding and
+    error handler), after whatever another writer left in the stream's buffer."""
+    logger = logging.getLogger("relay.test-descriptor")
+    configured(fmt)
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    path = tmp_path / "relay.log"
+    stream = path.open("w", encoding=encoding, errors=errors)  # block-buffered
+    file = stream.fileno()
+    handler.setStream(stream)
+    monkeypatch.setattr(time, "time", lambda: FIXED_TIME)
+    logs.redact(["sk-descriptor-secret"])
+    written: list[int] = []
+    write = os.write
+
+    def counted(file: int, data: bytes) -> int:
+        written.append(file)
+        return write(file, data)
+
+    monkeypatch.setattr(os, "write", counted)
+    extras: list[dict[str, Any]] = [
+        {"run_id": "run_x", "state": "succeeded"},
+        {"job": 'quo"te é ☃ \x00', "status": float("nan"), "duration_ms": 1.5},
+        {"error_class": "key sk-descriptor-secret leaked", "attempt": 2},
+    ]
+    context = logs.fresh_context()
+    try:
+        logs.bind(request_id="req_é", token="ops")
+        for path_taken in ("short", "general"):
+            stream.write(f"{path_taken} round, not a line yet: ")  # left in the buffer
+            for extra in extras:
+                logger.info("run finished ü", extra=extra)
+            stream.write("\n")
+            logger.addFilter(lambda record: True)  # the second round: logging's own path
+    finally:
+        logs.restore(context)
+        logger.filters.clear()
+        stream.close()
+    assert written == [file] * len(extras)  # the short path's lines, each in one write
+    short, general = path.read_bytes().split(b"general round, not a line yet: ")
+    assert short.startswith(b"short round, not a line yet: ")
+    assert short.removeprefix(b"short round, not a line yet: ") == general
+    assert b"sk-descriptor-secret" not in general and logs.REDACTED.encode() in general
+    assert len(general.splitlines()) == len(extras) + 1
+
+
+class BareWriter:
+    """A stream as little as logging needs: ``write`` and ``flush``, no ``encoding`` or
+    ``errors`` (a tee or a shipper's wrapper put in place of stderr)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.parts.append(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_every_line_reaches_a_stream_that_has_no_encoding_attribute(
+    configured: Callable[[str], io.StringIO],
+) -> None:
+    """The short path looked at the stream's ``encoding`` to tell whether it changed since
+    the last line: on a stream without one, every line after the first was lost to
+    ``handleError`` (a traceback on stderr instead of the line)."""
+    logger = logging.getLogger("relay.test-bare-writer")
+    configured("json")
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    writer = BareWriter()
+    handler.setStream(writer)  # type: ignore[arg-type]
+    for attempt in range(3):
+        logger.info("line", extra={"attempt": attempt})
+    lines = [strict_json(raw) for raw in "".join(writer.parts).splitlines()]
+    assert [line["attempt"] for line in lines] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("opener", [gzip.open, bz2.open, lzma.open], ids=["gzip", "bz2", "lzma"])
+def test_lines_to_a_compressing_text_stream_are_compressed_with_the_rest(
+    opener: Callable[..., IO[str]], configured: Callable[[str], io.StringIO], tmp_path: Path
+) -> None:
+    """``gzip.open(path, "wt")`` (bz2's, lzma's) is a plain ``TextIOWrapper`` whose
+    ``fileno()`` is the compressed file's: the short path wrote each line's text straight
+    into it, and the file no longer decompressed. Only a text layer over a buffered file
+    on a descriptor of its own (stderr, ``open``) may be written past."""
+    logger = logging.getLogger("relay.test-compressed")
+    configured("json")
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    path = tmp_path / "relay.log.z"
+    with opener(path, "wt") as stream:
+        handler.setStream(stream)
+        stream.write("before\n")
+        logger.info("one")
+        logger.info("two")
+    with opener(path, "rt") as written:
+        lines = written.read().splitlines()
+    assert lines[0] == "before"
+    assert [strict_json(raw)["event"] for raw in lines[1:]] == ["one", "two"]
+
+
+def test_a_stream_reconfigured_after_a_line_writes_the_next_as_it_now_would(
+    configured: Callable[[str], io.StringIO], tmp_path: Path
+) -> None:
+    logger = logging.getLogger("relay.test-reconfigured")
+    configured("console")
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    path = tmp_path / "relay.log"
+    with path.open("w", encoding="ascii", errors="backslashreplace") as stream:
+        handler.setStream(stream)
+        logger.info("café")
+        stream.reconfigure(errors="replace")
+        logger.info("café")
+    assert path.read_text().splitlines() == [
+        "info    relay.test-reconfigured: caf\\xe9",
+        "info    relay.test-reconfigured: caf?",
+    ]
 
 
 _TEXT = st.text(
@@ -333,7 +500,7 @@ def test_a_lines_own_fields_win_over_the_bound_ones_on_either_path(
     logger = logging.getLogger("relay.test-property")
     stream = configured("json")
     monkeypatch.setattr(time, "time", lambda: FIXED_TIME)
-    encode = json.JSONEncoder(default=str).encode
+    encode = encode_line
 
     def written() -> tuple[str, list[str]]:
         expected: list[str] = []
@@ -366,6 +533,77 @@ def test_a_lines_own_fields_win_over_the_bound_ones_on_either_path(
         logger.filters.clear()
     assert short.splitlines() == expected
     assert general == short
+    for raw in expected:
+        strict_json(raw)
+
+
+def test_a_float_that_is_not_a_number_is_written_null_and_the_line_stays_json(
+    configured: Callable[[str], io.StringIO], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python's encoder writes NaN and the infinities as bare words no JSON parser takes: a
+    log pipeline would drop the line. Bound or the line's own, alone or in a list, on the
+    short path and on logging's own, they are written null."""
+    logger = logging.getLogger("relay.test-nan")
+    stream = configured("json")
+    monkeypatch.setattr(time, "time", lambda: FIXED_TIME)
+    context = logs.fresh_context()
+    try:
+        logs.bind(attempt=float("inf"), token="ops")
+        for _ in ("short", "general"):
+            logger.info("nan", extra={"duration_ms": float("nan"), "status": -float("inf")})
+            logger.info("nested", extra={"path": [1.5, float("nan"), "x"], "state": 2.5})
+            logger.addFilter(lambda record: True)  # the second round: logging's own path
+    finally:
+        logs.restore(context)
+        logger.filters.clear()
+    raws = stream.getvalue().splitlines()
+    assert raws[:2] == raws[2:]
+    first, second = (strict_json(raw) for raw in raws[:2])
+    assert (first["duration_ms"], first["status"], first["attempt"]) == (None, None, None)
+    assert (second["path"], second["state"], second["attempt"]) == ([1.5, None, "x"], 2.5, None)
+    assert raws[0].endswith('"status": null, "duration_ms": null, "attempt": null}')
+
+
+def test_a_field_whose_dict_has_a_nan_or_infinite_key_is_still_written_as_a_json_line(
+    configured: Callable[[str], io.StringIO], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float key is a string in JSON: the encoder wrote a NaN or infinite one as the key
+    ``"NaN"`` / ``"Infinity"`` (valid JSON). Refusing non-finite floats must not refuse such
+    a key too: the line was lost to ``handleError`` instead (a traceback on stderr)."""
+    logger = logging.getLogger("relay.test-nan-key")
+    stream = configured("json")
+    monkeypatch.setattr(time, "time", lambda: FIXED_TIME)
+    for _ in ("short", "general"):
+        logger.info("keys", extra={"status": {float("nan"): 1, -float("inf"): float("inf")}})
+        logger.addFilter(lambda record: True)  # the second round: logging's own path
+    logger.filters.clear()
+    raws = stream.getvalue().splitlines()
+    assert len(raws) == 2 and raws[0] == raws[1]
+    assert strict_json(raws[0])["status"] == {"NaN": 1, "-Infinity": None}
+
+
+def test_a_line_is_the_same_once_its_head_is_kept_and_after_the_kept_heads_start_over(
+    configured: Callable[[str], io.StringIO], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JSON formatter keeps each (level, logger, event)'s text; a line of a kept head,
+    and one written after so many others that they were dropped, are what the encoder
+    writes."""
+    logger = logging.getLogger("relay.test-heads")
+    stream = configured("json")
+    monkeypatch.setattr(time, "time", lambda: FIXED_TIME)
+    events = ["run finished", 'quo"te é', *(f"event {n}" for n in range(600)), "run finished"]
+    for event in events:
+        logger.info(event)
+        logger.warning(event)
+    expected = [
+        encode_line(
+            {"ts": "2023-11-14T22:13:20.123Z", "level": level, "logger": "relay.test-heads"}
+            | {"event": event}
+        )
+        for event in events
+        for level in ("info", "warning")
+    ]
+    assert stream.getvalue().splitlines() == expected
 
 
 def test_a_bound_value_that_can_change_is_written_as_it_is_at_each_line(
@@ -558,7 +796,8 @@ def test_a_secret_with_a_quote_a_backslash_or_an_accent_is_blanked_in_json_lines
     finally:
         root.handlers[:], root.level = saved
     text = capsys.readouterr().err
-    assert "42" not in text.replace("[redacted]", ""), text
+    untimed = re.sub(r'"ts": "[^"]*"', "", text)  # a time at minute 42 has a "42"
+    assert "42" not in untimed.replace("[redacted]", ""), text
     written = [json.loads(line) for line in text.splitlines()]
     assert written[0]["event"] == "the SDK said [redacted] once"
     assert written[1]["job"] == "[redacted]"
