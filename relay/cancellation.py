@@ -5,7 +5,8 @@ swallows is delivered again every turn of the loop, so an SDK that eats one stil
 the deadline) for a timer handle and a few counters, not a cancel scope, cheap enough to run
 several times a run. :func:`shielded` awaits cleanup (terminating a sandbox, a final write)
 to its end whatever cancels the caller. Ground: the providers' lifecycle, the runs and the
-HTTP layer all use them.
+HTTP layer all use them. :class:`Alarms` are the bounds many runs set alike (a caller's wait,
+the deferred `running` write), due in the order they were set, on one timer of the loop's.
 
 A deadline's timer is armed only once the task waits inside its block: a timer's callback
 cannot run while that task runs, so one armed for a block that ends without waiting (a
@@ -20,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import types
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -41,14 +42,19 @@ class Deadline:
     before. A body that swallows the cancellation and returns ends normally, as in anyio.
     """
 
-    __slots__ = ("_before", "_cancels", "_delay_s", "_due", "_handle", "_loop", "_task")
+    __slots__ = ("_before", "_cancels", "_delay_s", "_due", "_given", "_handle", "_loop", "_task")
 
-    def __init__(self, delay_s: float) -> None:
+    def __init__(self, delay_s: float, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``loop``: the loop the block runs in, when the caller holds it already (its
+        ``asyncio.get_running_loop()`` is a ``getpid`` system call on Python 3.11)."""
         self._delay_s = delay_s
         self._cancels = 0
+        self._given = loop
 
     def __enter__(self) -> Deadline:
-        loop = asyncio.get_running_loop()
+        loop = self._given
+        if loop is None:
+            loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("a Deadline needs a running task")
@@ -156,3 +162,96 @@ async def finished_within(work: asyncio.Future[T], seconds: float | None) -> boo
             timer.cancel()
         work.remove_done_callback(waiter.wake)
     return cancelled
+
+
+_ALARM_RESOLUTION_S = 0.001
+"""A loop's timer may fire this much before its time (uvloop's are whole milliseconds): an
+alarm due within it is due."""
+
+
+class Alarms:
+    """Callbacks each due a delay after it was set, on one timer of the loop's for all of
+    them, armed for the earliest: where every run sets a bound and nearly every run clears
+    it long before (a caller's wait, the deferred `running` write), a dict entry set and
+    popped costs half a timer armed and cancelled, and the loop's timer heap holds one.
+
+    With one delay they are due in the order they were set, so the timer only moves on
+    when it fires. One due before the last set gets a timer of its own. A callback runs
+    in the context it was set in, as ``call_later``'s; one that raises is reported to the
+    loop's exception handler and the others still run."""
+
+    __slots__ = ("_apart", "_last", "_loop", "_queued", "_timer")
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queued: dict[
+            Hashable, tuple[float, Callable[..., object], tuple[Any, ...], contextvars.Context]
+        ] = {}
+        self._apart: dict[Hashable, asyncio.TimerHandle] = {}
+        self._last = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def set(
+        self, key: Hashable, delay_s: float, callback: Callable[..., object], *args: Any
+    ) -> None:
+        """Call ``callback(*args)`` in ``delay_s`` unless :meth:`clear` (``key``) comes first."""
+        self.set_on(asyncio.get_running_loop(), key, delay_s, callback, *args)
+
+    def set_on(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        key: Hashable,
+        delay_s: float,
+        callback: Callable[..., object],
+        *args: Any,
+    ) -> None:
+        """:meth:`set`, from a caller running in ``loop`` that holds it already (a run's
+        task: ``asyncio.get_running_loop()`` is a ``getpid`` system call on Python 3.11)."""
+        if loop is not self._loop:  # a loop of its own (a test's): the last one's are gone
+            self._loop, self._queued, self._apart, self._timer = loop, {}, {}, None
+            self._last = 0.0
+        due = loop.time() + delay_s
+        if due < self._last:
+            self._apart[key] = loop.call_at(due, self._due_apart, key, callback, *args)
+            return
+        self._last = due
+        self._queued[key] = (due, callback, args, contextvars.copy_context())
+        if self._timer is None:
+            self._timer = loop.call_at(due, self._fire, context=_EMPTY)
+
+    def clear(self, key: Hashable) -> None:
+        """The alarm set under ``key`` is not wanted (nothing if it was not set, or rang)."""
+        if self._queued.pop(key, None) is None:
+            timer = self._apart.pop(key, None)
+            if timer is not None:
+                timer.cancel()
+
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether an alarm is set under ``key`` (not rung, not cleared)."""
+        return key in self._queued or key in self._apart
+
+    def __len__(self) -> int:
+        return len(self._queued) + len(self._apart)
+
+    def _due_apart(self, key: Hashable, callback: Callable[..., object], *args: Any) -> None:
+        self._apart.pop(key, None)
+        callback(*args)
+
+    def _fire(self) -> None:
+        loop, queued = self._loop, self._queued
+        assert loop is not None
+        self._timer = None
+        now = loop.time() + _ALARM_RESOLUTION_S
+        while queued:
+            key = next(iter(queued))
+            due, callback, args, context = queued[key]
+            if due > now:  # the next one's time (those set before it were cleared)
+                self._timer = loop.call_at(due, self._fire, context=_EMPTY)
+                return
+            del queued[key]
+            try:
+                context.run(callback, *args)
+            except Exception as exc:
+                loop.call_exception_handler(
+                    {"message": "an alarm's callback failed", "exception": exc}
+                )

@@ -8,7 +8,8 @@ going when the answer is due goes on beside serving: relay/providers/aftercare.p
 :class:`relay.errors.SandboxLost` for a sandbox killed under a command, and every SDK
 exception mapped through the provider's :data:`ErrorTable` (the capability ``check`` is
 the planner's, run once before any sandbox exists). A provider
-module is a driver: it supplies ``create``, ``destroy`` and ``list_tagged``, a sandbox
+module is a driver: it supplies ``create``, ``destroy`` (and ``destroy_now`` where it
+ends a sandbox without waiting) and ``list_tagged``, a sandbox
 class with ``write_files`` and ``run`` (and, for a run's artifacts, ``folder_entries`` and
 ``file_chunks``: its file API's listing and read), and its :data:`ErrorTable`. A job's
 environment takes one door: ``run``'s ``env``, passed with the command (a spec carries none
@@ -288,6 +289,14 @@ class SandboxProvider(ABC, Generic[S]):
     async def destroy(self, sandbox_id: str) -> None:
         """End a sandbox; one already gone may raise what maps to :class:`SandboxLost`."""
 
+    def destroy_now(self, sandbox_id: str) -> bool:
+        """End a sandbox without waiting, where the provider can (its sandboxes live in
+        this process: the memory provider's): True once ended, False to go through
+        :meth:`destroy` (the default; a provider over a network always waits). Raises as
+        :meth:`destroy` does. Lets :meth:`ended` skip the task and the wait a terminate
+        otherwise takes."""
+        return False
+
     @abstractmethod
     async def list_tagged(self) -> list[SandboxRef]:
         """Live sandboxes tagged with this relay's cluster."""
@@ -357,7 +366,15 @@ class SandboxProvider(ABC, Generic[S]):
         interrupts (raised again once done waiting), waited for at most
         :data:`~relay.providers.aftercare.TERMINATE_WAIT_S`: a provider that does not answer
         must not hold the run's answer. Still going then, it goes on beside serving (within
-        ``terminate_timeout_s``; its failure logged, the reaper retrying it)."""
+        ``terminate_timeout_s``; its failure logged, the reaper retrying it). A provider
+        that ends it without waiting (:meth:`destroy_now`) needs neither: nothing can
+        cancel or outlast a call that does not wait."""
+        try:
+            if self.destroy_now(sandbox_id):
+                return
+        except Exception as exc:
+            self._terminate_failed(sandbox_id, exc)
+            return  # already gone
         ending = asyncio.get_running_loop().create_task(self.terminate(sandbox_id))
         cancelled = await finished_within(ending, TERMINATE_WAIT_S)
         if ending.done():
@@ -454,14 +471,22 @@ class SandboxProvider(ABC, Generic[S]):
         try:
             with Deadline(self.terminate_timeout_s):
                 await self.destroy(sandbox_id)
-            return
         except TimeoutError as exc:
-            error: ProviderError = ProviderTimeout(
-                f"{self.label} did not terminate the sandbox in time"
+            self._terminate_failed(
+                sandbox_id,
+                exc,
+                ProviderTimeout(f"{self.label} did not terminate the sandbox in time"),
             )
-            cause: BaseException = exc
         except Exception as exc:
-            error, cause = self.mapped(exc, "terminating the sandbox"), exc
+            self._terminate_failed(sandbox_id, exc)
+
+    def _terminate_failed(
+        self, sandbox_id: str, cause: BaseException, error: ProviderError | None = None
+    ) -> None:
+        """A terminate that raised ``cause``: success if the sandbox was gone already, else
+        ``error`` (by default ``cause`` mapped) logged and raised (the reaper retries it)."""
+        if error is None:
+            error = self.mapped(cause, "terminating the sandbox")
             if isinstance(error, SandboxLost):
                 return  # already gone: that is what we wanted
         log.error(

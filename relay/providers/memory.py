@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import ClassVar
 
+from relay.cancellation import Alarms
 from relay.errors import (
     FileUnreadable,
     ProviderAuth,
@@ -150,7 +151,6 @@ class Box:
     ended_by: str | None = None
     """``run`` (the client that created it), ``reaper`` (another client), ``lifetime``,
     ``vanished`` (a fault)."""
-    expiry: asyncio.TimerHandle | None = None
 
 
 @dataclass(eq=False)
@@ -158,7 +158,9 @@ class Command:
     """One command running in a box: its output so far and, once ended, its exit."""
 
     chunks: list[tuple[StreamName, bytes]] = field(default_factory=list)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Event | None = None
+    """Set on output or the end, once someone follows it (a built-in that ended at once
+    is read whole: most commands never need one)."""
     ended: bool = False
     exit_code: int | None = None
     cut: bool = False
@@ -169,12 +171,14 @@ class Command:
     def write(self, stream: StreamName, data: bytes) -> None:
         if data:
             self.chunks.append((stream, data))
-            self.changed.set()
+            if self.changed is not None:
+                self.changed.set()
 
     def end(self, exit_code: int | None) -> None:
         if not self.ended:
             self.ended, self.exit_code = True, exit_code
-            self.changed.set()
+            if self.changed is not None:
+                self.changed.set()
 
 
 @dataclass
@@ -195,6 +199,8 @@ class MemoryWorld:
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _ended: collections.deque[str] = field(default_factory=collections.deque)
     _release: asyncio.Event = field(default_factory=asyncio.Event)
+    lifetimes: Alarms = field(default_factory=Alarms)
+    """Each live box's hard lifetime (one timer of the loop's for all of them)."""
 
     def alive(self) -> set[str]:
         return {box.id for box in self.boxes.values() if box.alive}
@@ -231,9 +237,7 @@ class MemoryWorld:
             f"mem-{next(self._ids)}", spec.run_id, spec.cluster, client, spec.lifetime_s, spec.tags
         )
         self.boxes[box.id] = box
-        box.expiry = asyncio.get_running_loop().call_later(
-            spec.lifetime_s, self.end, box.id, "lifetime"
-        )
+        self.lifetimes.set(box.id, spec.lifetime_s, self.end, box.id, "lifetime")
         if faults.create_delay_s:
             await asyncio.sleep(faults.create_delay_s)
         if faults.create_hang:
@@ -256,10 +260,9 @@ class MemoryWorld:
         """The box's hard lifetime ends ``lifetime_s`` from now (E2B's ``set_timeout``)."""
         self._answer(api_key)
         box = self._box(box_id)
-        if box.expiry is not None:
-            box.expiry.cancel()
+        self.lifetimes.clear(box_id)
         box.lifetime_s = time.time() - box.created_at + lifetime_s
-        box.expiry = asyncio.get_running_loop().call_later(lifetime_s, self.end, box_id, "lifetime")
+        self.lifetimes.set(box_id, lifetime_s, self.end, box_id, "lifetime")
 
     async def stalled(self, call: str) -> None:
         """A call the world does not answer until :meth:`reset` (then a 503)."""
@@ -334,6 +337,9 @@ class MemoryWorld:
                 if command.error is not None:
                     raise command.error
                 return
+            # Nothing awaits between the checks above and this wait: no change is missed.
+            if command.changed is None:
+                command.changed = asyncio.Event()
             command.changed.clear()
             await command.changed.wait()
 
@@ -342,9 +348,7 @@ class MemoryWorld:
         if box is None or not box.alive:
             return
         box.alive, box.ended_at, box.ended_by = False, time.time(), by
-        if box.expiry is not None:
-            box.expiry.cancel()
-            box.expiry = None
+        self.lifetimes.clear(box_id)
         for command in list(box.commands):
             stop(command)
         if self.history is not None:
@@ -412,6 +416,14 @@ class MemoryProvider(SandboxProvider["MemorySandbox"]):
         if self.world.faults.terminate_hang:
             await self.world.stalled("terminate")
         self.world.destroy(self._api_key, self._client, sandbox_id)
+
+    def destroy_now(self, sandbox_id: str) -> bool:
+        """The world's terminate is a call in this process: it answers at once unless a
+        fault holds it (then :meth:`destroy`, which waits)."""
+        if self.world.faults.terminate_hang:
+            return False
+        self.world.destroy(self._api_key, self._client, sandbox_id)
+        return True
 
     async def extend_lifetime(self, sandbox_id: str, lifetime_s: int) -> None:
         self.world.extend(self._api_key, sandbox_id, lifetime_s)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from relay.providers.contract import Attempt
 from relay.store.records import RunRecord
@@ -44,22 +44,47 @@ Subscriber = Callable[[RunEvent], None]
 
 
 class EventBus:
-    """Synchronous fan-out of :class:`RunEvent` to every subscriber."""
+    """Synchronous fan-out of :class:`RunEvent` to every subscriber (of its kind).
+
+    A subscriber names the kinds it wants, or takes all: a run publishes a few `state`
+    events and an output chunk each, which the metrics and the webhooks (only `finished`)
+    need not be called for. Each kind's subscribers are a tuple, replaced on a change, so
+    a publish iterates what was subscribed when it began (as a copy of a list did) without
+    copying it each time."""
 
     def __init__(self) -> None:
-        self._subscribers: list[Subscriber] = []
+        self._subscribers: list[tuple[Subscriber, frozenset[str] | None]] = []
+        self._by_kind: dict[str, tuple[Subscriber, ...]] = {}
+        self._refresh()
 
-    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
-        self._subscribers.append(subscriber)
+    def subscribe(
+        self, subscriber: Subscriber, kinds: tuple[EventKind, ...] | None = None
+    ) -> Callable[[], None]:
+        """Call ``subscriber`` with each event of ``kinds`` (None: every event) from now on;
+        returns the function that ends it."""
+        entry = (subscriber, None if kinds is None else frozenset(kinds))
+        self._subscribers.append(entry)
+        self._refresh()
 
         def unsubscribe() -> None:
-            if subscriber in self._subscribers:
-                self._subscribers.remove(subscriber)
+            if entry in self._subscribers:
+                self._subscribers.remove(entry)
+                self._refresh()
 
         return unsubscribe
 
+    def _refresh(self) -> None:
+        self._by_kind = {
+            kind: tuple(
+                subscriber
+                for subscriber, kinds in self._subscribers
+                if kinds is None or kind in kinds
+            )
+            for kind in get_args(EventKind)
+        }
+
     def publish(self, event: RunEvent) -> None:
-        for subscriber in list(self._subscribers):
+        for subscriber in self._by_kind[event.kind]:
             try:
                 subscriber(event)
             except Exception as exc:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from relay.cancellation import Deadline, shielded
+from relay.cancellation import Alarms, Deadline, shielded
 from relay.errors import RelayError
 from relay.providers.contract import Attempt, OutputSink, Provenance, Sandbox, SandboxSource
 from relay.run_state import RunState, transition
@@ -56,10 +56,15 @@ class RunTask:
         events: EventBus,
         costs: CostModel,
         record_running: Callable[[str, RunValues], None],
+        alarms: Alarms | None = None,
         artifact_store: Artifacts | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.plan = plan
         self.run = run
+        self.loop = loop
+        """The loop the steps run in, when the caller holds it (the runner, which made the
+        task on it): its bounds are set there without asking for it again."""
         self.settings = settings
         self.door = door
         """Where the run's sandbox comes from, whatever kind of source it is."""
@@ -67,6 +72,8 @@ class RunTask:
         self.costs = costs
         self.record_running = record_running
         """Stores the `running` state (the runner, which keeps track of the write)."""
+        self.alarms = alarms if alarms is not None else Alarms()
+        """Where the deferred `running` write is set (the runner's, shared by its runs)."""
         self.artifact_store = artifact_store
         """Where the run's artifacts are kept (None: they are not collected)."""
         self.sink = OutputSink(
@@ -91,6 +98,8 @@ class RunTask:
         """Run the job in a sandbox, always terminated; the state it ended in. A failure
         becomes an ``error`` state; a cancellation is raised."""
         final: RunValues = {}
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
         try:
             self.events.publish(RunEvent(self.run.id, "state", state=RunState.starting))
             # Billed from here unless a sandbox says otherwise (its create failed, say).
@@ -98,12 +107,12 @@ class RunTask:
             # A create is bounded by the provider's create_timeout_s (SandboxProvider.created).
             async with self.door.sandbox(self.plan.spec) as sandbox:  # leaving it terminates
                 self._sandbox_created(sandbox.provenance)
-                record = self._mark_running(sandbox)
+                self._mark_running(sandbox)
                 try:
                     assert self.run.started_at is not None
                     final = self.outcome = await self._run_and_keep(sandbox, self.run.started_at)
                 finally:
-                    record.cancel()
+                    self.alarms.clear(self)  # the deferred `running` write, if not done yet
                     self._ran_on(sandbox)
                 terminate_started = time.monotonic()
             self.watch.timings["terminate_ms"] = _ms_since(terminate_started)
@@ -159,11 +168,16 @@ class RunTask:
         run keeps what it wrote so far too, within :data:`CANCEL_GRACE_S` (its listing in
         :attr:`collected`, for the runner's canceled write)."""
         try:
-            final = self.outcome = await self._exec(sandbox, started_at)
+            final = await self._exec(sandbox, started_at)
         except asyncio.CancelledError:
             canceled_now: RunValues = {"state": RunState.canceled}
             await shielded(self._collect(sandbox, canceled_now, CANCEL_GRACE_S))
             raise
+        # The job's outcome stands against a cancel from here (a DELETE or a shutdown
+        # during its terminate), unless it requires its files whole: its success is not one
+        # until they are kept, and a cancel while they are collected leaves it canceled.
+        if not (self.plan.artifacts_required and final.get("state") == RunState.succeeded):
+            self.outcome = final
         return await self._collect(sandbox, final)
 
     async def _collect(
@@ -200,9 +214,9 @@ class RunTask:
         watch.timings["create_ms"] = _ms_since(watch.started)
         watch.timings["pooled"] = provenance.pooled
 
-    def _mark_running(self, sandbox: Sandbox) -> asyncio.TimerHandle:
-        """The sandbox exists: the run is running, and its deadline starts now. Returns
-        the timer of the deferred `running` write, to cancel when the run has ended."""
+    def _mark_running(self, sandbox: Sandbox) -> None:
+        """The sandbox exists: the run is running, and its deadline starts now. Its
+        `running` write is an alarm set under this task, cleared when the run has ended."""
         run, started_at = self.run, time.time()
         running: RunValues = {
             "state": transition(run, RunState.running),
@@ -218,11 +232,11 @@ class RunTask:
         self.events.publish(RunEvent(run.id, "state", state=RunState.running))
         # Stored a moment later, unless the run has ended by then: its final write then
         # carries the sandbox id, one transaction instead of two.
-        record = asyncio.get_running_loop().call_later(
-            RUNNING_WRITE_DELAY_S, self.record_running, run.id, running
+        assert self.loop is not None  # set by steps
+        self.alarms.set_on(
+            self.loop, self, RUNNING_WRITE_DELAY_S, self.record_running, run.id, running
         )
         self.run = run.changed(**running)
-        return record
 
     async def _exec(self, sandbox: Sandbox, started_at: float) -> RunValues:
         """Upload the job's files and run its command for what is left of its timeout;
@@ -232,7 +246,7 @@ class RunTask:
         # an upload must not hold the run (and its sandbox) past the job's timeout.
         # A Deadline, not asyncio.timeout: no coroutines to enter and leave, and an SDK
         # that swallows the cancellation is cancelled again.
-        deadline = Deadline(max(0.0, plan.timeout_s - (time.time() - started_at)))
+        deadline = Deadline(max(0.0, plan.timeout_s - (time.time() - started_at)), self.loop)
         result = None
         try:
             with deadline:

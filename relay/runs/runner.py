@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from relay.cancellation import shielded
+from relay.cancellation import Alarms, shielded
 from relay.providers.contract import OutputSink, SandboxSource
 from relay.runs.costs import CostModel
 from relay.runs.event_bus import EventBus, RunEvent
@@ -37,13 +37,18 @@ log = logging.getLogger("relay.service")
 
 class _Done:
     """Set once, when a run is final; carries the final record so a waiter needn't read it
-    again. Waiting is bounded by a timer of the loop's, not a cancel scope: a run answered
-    at once (``wait``) waits through this on every request."""
+    again. Waiting is bounded by an alarm (the runner's, one timer of the loop's for every
+    waiter), not a cancel scope: a run answered at once (``wait``) waits through this on
+    every request."""
 
-    def __init__(self) -> None:
+    def __init__(self, alarms: Alarms, loop: asyncio.AbstractEventLoop) -> None:
         self.run: RunRecord | None = None
         self._set = False
         self._waiters: list[asyncio.Future[None]] = []
+        self._alarms = alarms
+        # The run's loop, where it is set: a waiter from another loop could not be woken
+        # (nor was it before); held, its `get_running_loop` (a `getpid`) is saved a wait.
+        self._loop = loop
 
     def set(self) -> None:
         self._set = True
@@ -55,14 +60,14 @@ class _Done:
         """Until set, or ``timeout_s`` has passed."""
         if self._set:
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append(waiter)
-        timer = loop.call_later(timeout_s, _expire, waiter)
+        self._alarms.set_on(loop, waiter, timeout_s, _expire, waiter)
         try:
             await waiter
         finally:
-            timer.cancel()
+            self._alarms.clear(waiter)
             self._waiters.remove(waiter)
 
 
@@ -104,6 +109,10 @@ class Runner:
         # cancellation interrupts; a shield around it would cost a task per run.
         self._stepping: set[str] = set()
         self._writes: set[asyncio.Task[None]] = set()  # deferred `running` writes in flight
+        # Bounds alike for every run, each kind on one timer of the loop's, not one a run:
+        # a kind of its own each (one delay each), so each is due in the order it was set.
+        self.waits = Alarms()  # the callers' waits (the same `max_wait_s` each)
+        self.running_writes = Alarms()  # the deferred `running` writes
         # Runs this process answers for: from admission until their final state is stored
         # (or given up at shutdown). The reaper leaves them alone; any other active run
         # owned by this process is an orphan (its task died without a final write).
@@ -134,9 +143,13 @@ class Runner:
 
     def start(self, plan: Plan, run: RunRecord) -> None:
         """Run ``plan`` for the admitted ``run`` in a task of its own."""
-        self._done[run.id] = _Done()
+        # The loop is looked up once a run (on Python 3.11 each `get_running_loop`, and
+        # `asyncio.create_task`'s, is a `getpid` system call): the run's task, its waiters
+        # and its bounds are all on it.
+        loop = asyncio.get_running_loop()
+        self._done[run.id] = _Done(self.waits, loop)
         self._stepping.add(run.id)
-        self._tasks[run.id] = asyncio.create_task(self._execute(plan, run), name=run.id)
+        self._tasks[run.id] = loop.create_task(self._execute(plan, run, loop), name=run.id)
 
     def running(self, run_id: str) -> bool:
         """Whether a task of this process runs ``run_id``."""
@@ -235,16 +248,19 @@ class Runner:
             return Route(plan, self.routing)
         return self.sources[plan.provider]
 
-    async def _execute(self, plan: Plan, run: RunRecord) -> None:
-        """Run the plan for ``run`` (the run as admitted), then write its final state."""
+    async def _execute(self, plan: Plan, run: RunRecord, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the plan for ``run`` (the run as admitted) in this task on ``loop``, then
+        write its final state."""
         task = RunTask(
             plan,
             run,
+            loop=loop,
             settings=self.settings,
             door=self.door_for(plan),
             events=self.events,
             costs=self.costs,
             record_running=self._record_running,
+            alarms=self.running_writes,
             artifact_store=self.artifacts,
         )
         self._output[run.id] = task.sink
@@ -254,11 +270,11 @@ class Runner:
             final = await task.steps()
         except asyncio.CancelledError:
             reason = self._cancel_reason.get(run.id, "shutdown")
-            # Stopped by the relay's own shutdown after the job ended (during its
-            # terminate): the job's outcome stands, nobody asked to cancel it. Either way
-            # the run keeps the files it kept.
-            kept = task.outcome if reason == "shutdown" else {}
-            final = {**(kept or canceled(task.run, reason)), **task.collected}
+            # Stopped after the job ended (during its terminate), by the relay's shutdown
+            # or a DELETE that came too late to stop anything: the job's outcome stands, as
+            # a DELETE of a finished run leaves it. Either way the run keeps the files it
+            # kept.
+            final = {**(task.outcome or canceled(task.run, reason)), **task.collected}
             cancelled = True
         finally:
             # From here stop() leaves the task alone (the flag changes while this task

@@ -125,7 +125,7 @@ class WebhookDispatcher:
             limits=httpx.Limits(max_keepalive_connections=0),
             headers={"User-Agent": f"relay-webhooks/{__version__}"},
         )
-        self._unsubscribe = events.subscribe(self._on_event) if events else None
+        self._unsubscribe = events.subscribe(self._on_event, ("finished",)) if events else None
 
     def _on_event(self, event: RunEvent) -> None:
         # Only a run with a callback has a delivery to send; the rest cost nothing here.

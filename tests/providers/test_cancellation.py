@@ -40,6 +40,27 @@ async def test_a_deadline_ends_a_block_that_swallows_its_cancellation() -> None:
     assert task.cancelling() == 0
 
 
+@pytest.mark.parametrize("given", [False, True], ids=["looked-up", "given"])
+async def test_a_deadline_given_its_loop_ends_a_block_as_one_that_looks_it_up(
+    given: bool,
+) -> None:
+    """A run's task passes the loop it holds (no ``getpid`` to look it up): the same bound,
+    the same TimeoutError, the same task left behind; a block that does not wait, none."""
+    loop = asyncio.get_running_loop() if given else None
+    task = asyncio.current_task()
+    assert task is not None
+    started = time.monotonic()
+    with pytest.raises(TimeoutError), Deadline(SHORT_S, loop):
+        await swallow_then_wait()
+    assert SHORT_S - 0.01 <= time.monotonic() - started < 1.0
+    assert task.cancelling() == 0
+    with Deadline(SHORT_S, loop) as deadline:
+        pass
+    assert not deadline.expired()
+    await asyncio.sleep(SHORT_S * 2)  # its handle was cancelled: nothing lands later
+    assert task.cancelling() == 0
+
+
 async def test_a_cancellation_from_elsewhere_passes_a_deadline_as_it_came() -> None:
     async def waiting(swallow_first: bool) -> None:
         with Deadline(SHORT_S if swallow_first else LONG_S):

@@ -9,8 +9,11 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from relay.auth import Principal
 from relay.providers.memory import MemoryProvider, MemoryWorld
+from relay.runs import artifacts
 from relay.runs.catalog import Catalog
 from relay.runs.models import RunRequest
 from relay.runs.service import RunService
@@ -116,6 +119,55 @@ async def test_a_canceled_run_keeps_what_it_wrote_before_the_cancel(tmp_path: Pa
         assert run.state == "canceled"
         (kept,) = run.artifacts
         assert kept.name == "early.txt" and await _content(store, kept.sha256 or "") == b"early\n"
+    finally:
+        await service.shutdown()
+        await store.close()
+    assert world.alive() == set()
+
+
+@pytest.mark.parametrize("stop", ["delete", "shutdown"])
+async def test_a_cancel_while_a_succeeded_jobs_required_files_are_kept_does_not_read_succeeded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    """A job that requires its artifacts whole has not succeeded until they are kept: a
+    DELETE (or the relay's shutdown) that lands after its command exited 0, while its files
+    are being collected, cut the collection short, so the run may not read succeeded without
+    them (it did: the command's exit was kept as the outcome before the files were)."""
+    job = tmp_path / "jobs" / "report"
+    job.mkdir(parents=True)
+    (job / "job.toml").write_text(
+        'description = "A report it requires whole."\n'
+        'command = ["sh", "-c", "echo report > report.txt"]\n'
+        'provider = "memory"\n'
+        'artifacts = ["report.txt"]\n'
+        "artifacts_required = true\n"
+    )
+    config = make_settings(tmp_path, providers=["memory"], jobs_dir=tmp_path / "jobs", drain_s=0)
+    collecting = asyncio.Event()
+
+    async def collect_never_ends(*args: Any, **kwargs: Any) -> list[Any]:
+        collecting.set()
+        await asyncio.Event().wait()  # a sandbox whose files never come back; cancelled
+        return []
+
+    monkeypatch.setattr(artifacts, "collect", collect_never_ends)
+    world = MemoryWorld()
+    store = await Store.open(config.database_url)
+    service = RunService(
+        config, store, Catalog.load(config.jobs_dir), {"memory": MemoryProvider(config, world)}
+    )
+    try:
+        row, _ = await service.submit(PRINCIPAL, RunRequest(job="report", wait=False), None)
+        async with asyncio.timeout(10):
+            await collecting.wait()
+        if stop == "delete":
+            await service.cancel(PRINCIPAL, row.id)
+        else:
+            await service.shutdown()
+        run = run_model(await service.get(PRINCIPAL, row.id))
+        assert run.state == "canceled", (run.state, run.artifacts)
+        code = run.error.code if run.error is not None else None
+        assert code == (None if stop == "delete" else "shutting_down")
     finally:
         await service.shutdown()
         await store.close()

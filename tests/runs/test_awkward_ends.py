@@ -189,6 +189,7 @@ async def test_a_run_still_ending_after_the_shutdown_answers_its_waiter(
         await destroy(sandbox_id)
 
     monkeypatch.setattr(relay.provider.inner, "destroy", unanswered)
+    monkeypatch.setattr(relay.provider.inner, "destroy_now", lambda sandbox_id: False)
     run, _ = await relay.service.submit(PRINCIPAL, long_run(), None)
     await asyncio.sleep(0.2)  # running
     waiter = asyncio.create_task(relay.service.wait(run.id, 30))
@@ -205,6 +206,39 @@ async def test_a_run_still_ending_after_the_shutdown_answers_its_waiter(
     assert not any(box.alive for box in backend.world.boxes.values())
 
 
+async def _ended_under_a_hanging_terminate(
+    relay: Relay, backend: MemoryBackend, exit_code: int
+) -> str:
+    """A run whose command ``echo done; exit {exit_code}`` has ended while its sandbox's
+    terminate does not answer; its id."""
+    backend.world.faults.terminate_hang = True
+    run, _ = await relay.service.submit(
+        PRINCIPAL,
+        RunRequest(command=["sh", "-c", f"echo done; exit {exit_code}"], wait=False),
+        None,
+    )
+    for _ in range(100):  # the command has ended; the terminate does not answer
+        if any(c.ended for box in backend.world.boxes.values() for c in box.commands):
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    return run.id
+
+
+async def _final_once_released(store: Store, backend: MemoryBackend, run_id: str) -> Any:
+    """The run as written final (the terminate goes on, bounded, then the write), the hung
+    terminate released after."""
+    final = None
+    for _ in range(50):
+        final = await store.get_run(run_id)
+        if final is not None and final.state.final:
+            break
+        await asyncio.sleep(0.1)
+    backend.world.reset()
+    assert final is not None
+    return final
+
+
 async def test_a_job_that_ended_before_the_shutdown_keeps_its_outcome(
     world: tuple[MemoryBackend, Store, Path],
 ) -> None:
@@ -212,24 +246,29 @@ async def test_a_job_that_ended_before_the_shutdown_keeps_its_outcome(
     terminated: the run is the job's outcome (it read canceled, its exit code lost)."""
     backend, store, tmp = world
     relay = Relay(store, backend, tmp, {})  # drain_s=0: shutdown stops runs at once
-    backend.world.faults.terminate_hang = True
-    run, _ = await relay.service.submit(
-        PRINCIPAL, RunRequest(command=["sh", "-c", "echo done; exit 3"], wait=False), None
-    )
-    for _ in range(100):  # the command has ended; the terminate does not answer
-        if any(c.ended for box in backend.world.boxes.values() for c in box.commands):
-            break
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)
+    run_id = await _ended_under_a_hanging_terminate(relay, backend, 3)
     await relay.service.shutdown()
-    for _ in range(50):  # the terminate goes on past the shutdown's wait, then the write
-        final = await store.get_run(run.id)
-        if final is not None and final.state.final:
-            break
-        await asyncio.sleep(0.1)
-    backend.world.reset()
-    assert final is not None
+    final = await _final_once_released(store, backend, run_id)
     assert (final.state, final.exit_code, final.stdout) == ("failed", 3, "done\n")
+
+
+@pytest.mark.parametrize(("exit_code", "outcome"), [(0, ("succeeded", 0)), (3, ("canceled", None))])
+async def test_a_job_that_ended_before_a_delete_keeps_its_outcome(
+    world: tuple[MemoryBackend, Store, Path], exit_code: int, outcome: tuple[str, int | None]
+) -> None:
+    """A DELETE that reaches a run whose job has succeeded while its sandbox is being
+    terminated came too late to stop anything: the run is the job's success, its exit code
+    and output kept (it read canceled, the finished job's result dropped). A job that failed
+    reads canceled with its output, as one canceled through another replica does: its
+    failure may be the cancel's own doing (relay/runs/final_writes.py)."""
+    backend, store, tmp = world
+    relay = Relay(store, backend, tmp, {})
+    run_id = await _ended_under_a_hanging_terminate(relay, backend, exit_code)
+    delete = asyncio.create_task(relay.service.cancel(PRINCIPAL, run_id))
+    final = await _final_once_released(store, backend, run_id)
+    await delete
+    await relay.service.shutdown()
+    assert (final.state, final.exit_code, final.stdout) == (*outcome, "done\n")
 
 
 async def test_an_upload_that_never_answers_ends_at_the_jobs_timeout(
