@@ -206,7 +206,11 @@ class RequestContext:
 
     ``POST /v1/runs``, the request every run comes by, is served here (:meth:`create_run`)
     rather than through Starlette's exception middleware, router and route, which each
-    wrap the request again for a path and method known at once.
+    wrap the request again for a path and method known at once; and :class:`RelayApp` hands
+    it here directly (``outermost``), not through Starlette's error middleware, whose part
+    this plays for it: an error no handler answers is answered by :func:`_unexpected`'s
+    ``500`` (unless the answer had started) and raised again, after the request's line, as
+    that middleware does around every other request.
     """
 
     def __init__(self, app: ASGIApp, max_body_bytes: int, metrics: Metrics) -> None:
@@ -214,16 +218,25 @@ class RequestContext:
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(
+        self, scope: Scope, receive: Receive, send: Send, *, outermost: bool = False
+    ) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         context = logs.fresh_context()
         started = time.perf_counter()
         status = 500  # what the error middleware answers if nothing else did
+        answering = False  # the answer's head went out
         headers = dict(scope["headers"])
-        incoming = headers.get(b"x-request-id", b"").decode("latin-1")
-        request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else ""
+        incoming = headers.get(b"x-request-id")  # most requests send none: nothing to decode
+        request_id = ""
+        # ASCII only: the id goes back in the answer's header as UTF-8, and any other
+        # byte would come back as two, not the caller's own.
+        if incoming is not None and 0 < len(incoming) <= 128 and incoming.isascii():
+            text = incoming.decode("ascii")
+            if text.isprintable():
+                request_id = text
         request_id = request_id or REQUEST_IDS.new()
         scope.setdefault("state", {})["request_id"] = request_id
         logs.bind(request_id=request_id)
@@ -247,9 +260,10 @@ class RequestContext:
             return message
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, answering
             if message["type"] == "http.response.start":
                 status = message["status"]
+                answering = True
                 sent = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
                 # A handler's headers for whatever it answers, an error included (the
                 # RateLimit fields of POST /v1/runs); the answer's own win.
@@ -264,6 +278,7 @@ class RequestContext:
                 message["headers"] = _no_store(sent, scope["path"])
             await send(message)
 
+        crash: Exception | None = None
         try:
             if too_large:
                 request = Request(scope)
@@ -281,9 +296,18 @@ class RequestContext:
                 await self.create_run(scope, limited_receive, send_with_id, first)
             else:
                 await self.app(scope, limited_receive, send_with_id)
+        except Exception as exc:
+            if not outermost:
+                raise
+            crash = exc
         finally:
             report(self.metrics, scope, status, time.perf_counter() - started)
             logs.restore(context)
+        if crash is not None:  # as Starlette's error middleware does, outside the context
+            response = await _unexpected(Request(scope), crash)
+            if not answering:
+                await response(scope, receive, send)
+            raise crash
 
     @staticmethod
     async def create_run(
@@ -309,12 +333,44 @@ class RequestContext:
         await response(scope, receive, send)
 
 
+class RelayApp(Starlette):
+    """Starlette's app, handing ``POST /v1/runs`` (every run's request) to its
+    :class:`RequestContext` directly: Starlette's error middleware, outermost, would wrap the
+    request and each message of its answer once more for what the context does for it
+    (:meth:`RequestContext.__call__`, ``outermost``). Every other request goes Starlette's
+    way."""
+
+    context: RequestContext | None = None
+
+    def build_middleware_stack(self) -> ASGIApp:
+        stack = super().build_middleware_stack()
+        inner = getattr(stack, "app", None)  # the error middleware's: the first user middleware
+        self.context = inner if isinstance(inner, RequestContext) else None
+        return stack
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope["app"] = self
+        if self.middleware_stack is None:
+            self.middleware_stack = self.build_middleware_stack()
+        context = self.context
+        if (
+            context is not None
+            and scope["type"] == "http"
+            and scope["path"] == "/v1/runs"
+            and scope["method"] == "POST"
+            and not scope.get("root_path")
+        ):
+            await context(scope, receive, send, outermost=True)
+        else:
+            await self.middleware_stack(scope, receive, send)
+
+
 def create_app(
     settings: Settings,
     *,
     instance_id: str | None = None,
     providers: dict[str, Provider] | None = None,
-) -> Starlette:
+) -> RelayApp:
     """The relay app; raises ConfigError at once for a bad token file or job manifest.
 
     ``providers`` are ones already built (``relay serve`` builds them before serving, to
@@ -348,7 +404,7 @@ def create_app(
             await relay.start(contextlib.closing(live), mcp.running())
             yield {}
 
-    app = Starlette(
+    app = RelayApp(
         routes=[
             *index_routes,
             *routes,

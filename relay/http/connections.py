@@ -40,7 +40,9 @@ a small subclass of uvicorn's protocol that adds what is missing:
 
 Keep-alive between requests stays uvicorn's ``timeout_keep_alive``, timed by the same one
 timer a connection as the deadlines: it is moved only when a deadline comes sooner than it
-fires, so a kept-alive connection's requests arm and disarm theirs without a timer each.
+fires, so a kept-alive connection's requests arm and disarm theirs without a timer each;
+a request's header and body deadlines are set once the data that began them is parsed, so
+a request that comes whole in one read sets neither.
 """
 
 from __future__ import annotations
@@ -196,6 +198,9 @@ def guarded_protocol(
         """One connection, with its header, body and write deadlines."""
 
         _sending: OneSend
+        _transport: asyncio.Transport
+        """The connection's own transport (``self.transport`` is the :class:`OneSend` around
+        it, whose other methods pass through ``__getattr__``)."""
         _due: float | None = None
         """When the current request deadline passes (the loop's clock); None: none runs."""
         _heading = False
@@ -212,6 +217,7 @@ def guarded_protocol(
         _timer_at = 0.0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            self._transport = transport
             self._sending = OneSend(transport, self, self._closed)
             super().connection_made(self._sending)  # type: ignore[arg-type]
             if len(self.connections) > max_connections and not self._make_room():
@@ -243,8 +249,8 @@ def guarded_protocol(
             return (
                 (cycle is None or cycle.response_complete)
                 and not self.pipeline
-                and not self._sending.unsent()
-                and not self.transport.is_closing()
+                and not self._transport.get_write_buffer_size()
+                and not self._transport.is_closing()
             )
 
         def _await_headers(self) -> None:
@@ -373,16 +379,31 @@ def guarded_protocol(
                 self._timer.cancel()
                 self._timer = None
 
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            # The deadline of what this data began and did not finish, armed once it is
+            # parsed: a request whose headers (or body) came whole in it arms none. The
+            # loop's clock is the same all through this callback, so the deadline is the
+            # one it would have been when its first byte was parsed.
+            if self._due is None:
+                if self._heading:
+                    self._arm(header_timeout_s)
+                elif self._receiving:
+                    self._arm(body_timeout_s)
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
             if not self._heading:  # a later request on a kept-alive connection
-                self._await_headers()
+                self._heading = True
+                self._due = None  # the header deadline: armed once this data is parsed
+                if self not in unoccupied:  # listed already, it keeps its place
+                    self._may_go()
 
         def on_headers_complete(self) -> None:
             self._heading = False
             self._receiving = True
             self._unlist()
-            self._arm(body_timeout_s)
+            self._due = None  # the body deadline: armed once this data is parsed
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
@@ -398,9 +419,10 @@ def guarded_protocol(
             # canceled by the next request, replaced by this connection's one timer: idle
             # for keep-alive, until the next request's first byte arms its header deadline.
             self.server_state.total_requests += 1
-            if self._sending.unsent():  # the answer is written but not all taken yet
+            transport = self._transport
+            if transport.get_write_buffer_size():  # the answer is written but not all taken
                 self._watch_writes()
-            if self.transport.is_closing():
+            if transport.is_closing():
                 return
             self._unset_keepalive_if_required()
             self.flow.resume_reading()

@@ -65,7 +65,7 @@ from starlette.responses import Response
 
 from relay import __version__
 from relay.errors import Unauthorized
-from relay.http.metric_counts import CountedFamilies, CountedHistogram, CountedTotal
+from relay.http.metric_counts import CountedFamilies, CountedHistogram, CountedTotal, Labels
 from relay.runs.event_bus import EventBus, RunEvent
 
 if TYPE_CHECKING:
@@ -224,6 +224,7 @@ class Metrics:
         self.service: RunService | None = None
         self.reaper: Reaper | None = None
         self.pruner: Pruner | None = None
+        self._request_labels: dict[tuple[str, str, int], tuple[Labels, Labels]] = {}
         # Counted on the event loop without prometheus_client's locks and children, as
         # these classes would write them (relay/http/metric_counts.py); registered first,
         # so they lead the text as they did.
@@ -303,7 +304,7 @@ class Metrics:
             self.spend.show((name,))
             self.run_seconds.show((name,))
             self.create_seconds.show((name,))
-        return events.subscribe(self.on_event)
+        return events.subscribe(self.on_event, ("finished",))
 
     def follow(self, relay: Relay) -> None:
         """Follow a relay's runs, reaper, webhooks and pruner (before it starts: its first
@@ -334,9 +335,22 @@ class Metrics:
             self.spend.inc(provider, cost)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        method = method if method in METHODS else "other"
-        self.requests.inc((method, route, str(status)))
-        self.request_seconds.observe((method, route), seconds)
+        labels = self._request_labels.get((method, route, status))
+        if labels is None:
+            labels = self._labels_of(method, route, status)
+        self.requests.inc(labels[0])
+        self.request_seconds.observe(labels[1], seconds)
+
+    def _labels_of(self, method: str, route: str, status: int) -> tuple[Labels, Labels]:
+        """A request's two label tuples (its count's, its duration's), kept per method,
+        route template and status when the method is one of the usual seven: every key is
+        then the relay's own (a route, a status it answered), so the table stays as small
+        as its routes; a method of a client's making is labelled ``other`` afresh."""
+        label = method if method in METHODS else "other"
+        labels = ((label, route, str(status)), (label, route))
+        if label is method:
+            self._request_labels[(method, route, status)] = labels
+        return labels
 
     def webhook_delivered(self, outcome: str) -> None:
         """Count one webhook delivery attempt; ``outcome`` is a fixed word such as

@@ -373,7 +373,11 @@ def _cancel_run(common: dict[str, Any]) -> dict[str, Any]:
         "security": _AUTH,
         "parameters": [_RUN_ID],
         "responses": {
-            "200": _json("Run", "the canceled run"),
+            "200": _json(
+                "Run",
+                "the run as the cancel left it: canceled, or the job's own outcome when its "
+                "job had ended before the cancel (its sandbox still being terminated)",
+            ),
             **_errors(404, 409),
             **_STORE_DOWN,
             **common,

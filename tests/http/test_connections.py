@@ -18,7 +18,7 @@ from tests.http.test_one_send import APP, RecordingTransport
 
 GET = b"GET /plain HTTP/1.1\r\nHost: x\r\n\r\n"
 
-Connect = Callable[[], tuple[Any, RecordingTransport]]
+Connect = Callable[..., tuple[Any, RecordingTransport]]
 
 
 def _server(*, max_connections: int = 10, write_timeout_s: float = 30.0) -> Connect:
@@ -34,9 +34,9 @@ def _server(*, max_connections: int = 10, write_timeout_s: float = 30.0) -> Conn
     )
     state = ServerState()
 
-    def connect() -> tuple[Any, RecordingTransport]:
+    def connect(transport: RecordingTransport | None = None) -> tuple[Any, RecordingTransport]:
         protocol = protocol_class(config=config, server_state=state, app_state={})
-        transport = RecordingTransport()
+        transport = transport or RecordingTransport()
         protocol.connection_made(transport)
         return protocol, transport
 
@@ -244,21 +244,48 @@ async def test_making_room_looks_at_a_few_connections_not_the_caps_worth(
         protocol.connection_lost(None)
 
 
+class ReadingTransport(RecordingTransport):
+    """A caller that keeps reading: the kernel holds a little less of the answer each time
+    anyone asks, so every look of the write deadline sees bytes taken since the last one,
+    however late the event loop gets to it."""
+
+    def get_write_buffer_size(self) -> int:
+        self.unsent = max(self.unsent - 100, 1)
+        return self.unsent
+
+
+class CountingTransport(RecordingTransport):
+    """A caller that reads nothing, counting how often the write deadline looks at it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    def get_write_buffer_size(self) -> int:
+        self.asked += 1
+        return self.unsent
+
+
 async def test_a_caller_not_reading_makes_room_before_the_cap_refuses_a_new_one() -> None:
     """With nothing idle left, a connection whose caller took none of its answer since the
     write deadline last looked is reset for room (its deadline would reset it anyway); one
     whose caller keeps reading is not."""
-    connect = _server(max_connections=2, write_timeout_s=0.4)
-    reading, reading_transport = connect()
-    stopped, stopped_transport = connect()
+    # Looks every 0.5 s, resets at 2 s: the test waits for the first look, not a time, and
+    # a late event loop (a loaded machine) has 1.5 s before the deadline itself resets.
+    connect = _server(max_connections=2, write_timeout_s=2.0)
+    reading, reading_transport = connect(ReadingTransport())
+    stopped_transport = CountingTransport()
+    stopped, _ = connect(stopped_transport)
     for protocol, transport in ((reading, reading_transport), (stopped, stopped_transport)):
         transport.unsent = 40_000
         protocol.data_received(GET)
         await _settle()
         protocol.pause_writing()
-    for _ in range(15):  # a look every 0.1 s, a read every 0.02: each look sees one
-        await asyncio.sleep(0.02)
-        reading_transport.unsent -= 400
+    asked = stopped_transport.asked
+    async with asyncio.timeout(10):
+        while stopped_transport.asked == asked:  # the write deadline's first look
+            await asyncio.sleep(0.01)
+    assert not stopped_transport.reset, "the write deadline itself came first: no room made"
     fresh, fresh_transport = connect()
     assert stopped_transport.reset, "a caller reading nothing kept its place under the cap"
     assert not reading_transport.closed and not fresh_transport.closed

@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
+from relay import logs
 from relay.auth import new_token
 from relay.errors import UnknownJob
 from relay.http.app import create_app
@@ -77,3 +82,66 @@ def test_post_v1_runs_reads_a_header_sent_twice_by_its_first_value_as_starlette_
             for first, second in ((good, bad), (bad, good))
         ]
     assert statuses == [422, refused]  # the first value taken: the run reached the service
+
+
+@pytest.fixture
+def log_lines() -> Iterator[io.StringIO]:
+    """The relay's JSON lines, written to a StringIO instead of stderr; undone after."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, logs.RelayLogger.sink
+    logs.configure("info", "json")
+    stream = io.StringIO()
+    handler = root.handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(stream)
+    yield stream
+    root.handlers[:], level, logs.RelayLogger.sink = saved
+    root.setLevel(level)
+
+
+def test_a_crash_in_post_v1_runs_is_answered_logged_and_raised_as_a_routed_crash_is(
+    tmp_path: Path, log_lines: io.StringIO
+) -> None:
+    # POST /v1/runs skips Starlette's error middleware (relay/http/app.py `RelayApp`): its
+    # request context plays that part for it, and must play it the same way: the 500 with
+    # the request id, its headers, the access line then the "unhandled error" line, and the
+    # error raised on to the server.
+    settings = make_settings(tmp_path)
+    token = new_token(settings.tokens_file, "ops", command=True)
+    auth = {"Authorization": f"Bearer {token}"}
+    seen: dict[str, tuple[Any, ...]] = {}
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        service = client.app.state.relay.service  # type: ignore[attr-defined]
+        service.submit = service.list = _raise(RuntimeError("boom"))
+        for name in ("served", "routed"):
+            log_lines.seek(0)
+            log_lines.truncate()
+            if name == "served":
+                answer = client.post("/v1/runs", json={"command": ["true"]}, headers=auth)
+            else:
+                answer = client.get("/v1/runs", headers=auth)
+            lines = [json.loads(raw) for raw in log_lines.getvalue().splitlines()]
+            error = answer.json()["error"]
+            assert error.pop("request_id").startswith("req_")
+            seen[name] = (
+                answer.status_code,
+                error,
+                sorted(answer.headers),
+                [(line["event"], line.get("status"), line.get("error_class")) for line in lines],
+                [sorted(line) for line in lines],
+            )
+    assert seen["served"][0] == 500
+    assert seen["served"][3] == [("request", 500, None), ("unhandled error", None, "RuntimeError")]
+    # The routed request's access line names its route and no token (the service raised
+    # before); the run's names the token it authenticated: only those fields differ.
+    served, routed = seen["served"], seen["routed"]
+    assert served[:4] == routed[:4]
+    assert [set(keys) - {"token"} for keys in served[4]] == [
+        set(keys) - {"token"} for keys in routed[4]
+    ]
+    with (
+        TestClient(create_app(settings)) as client,
+        pytest.raises(RuntimeError, match="boom"),
+    ):
+        client.app.state.relay.service.submit = _raise(RuntimeError("boom"))  # type: ignore[attr-defined]
+        client.post("/v1/runs", json={"command": ["true"]}, headers=auth)

@@ -185,3 +185,30 @@ def test_every_bucket_edge_and_odd_value_lands_where_prometheus_client_puts_it()
     text, expected = counted(["local"], events)
     assert text.startswith(expected)
     assert 'le="+Inf"' in expected and "_sum{" in expected and "NaN" in expected
+
+
+def test_a_requests_labels_kept_for_its_route_and_status_count_as_the_first_time_did() -> None:
+    """The label tuples of a request of one of the usual seven methods are worked out once
+    per route and status and kept; a method of a client's making is labelled ``other``
+    each time and never kept (a client would fill the table). Either way, the text is the
+    reference's, the first time and every time after."""
+    requests = [
+        ("POST", "/v1/runs", 201, 0.004),
+        ("POST", "/v1/runs", 201, 0.2),
+        ("POST", "/v1/runs", 422, 0.001),
+        ("BREW", "(unmatched)", 404, 0.003),
+        ("BREW", "(unmatched)", 404, 0.03),
+        ("GET", "/v1/runs/{run_id}", 200, 7.0),
+    ]
+    text, expected = counted([], [("request", *request) for request in requests])
+    assert text.startswith(expected)
+    metrics = Metrics()
+    for request in requests:
+        metrics.observe_request(*request)
+    assert sorted(metrics._request_labels) == [
+        ("GET", "/v1/runs/{run_id}", 200),
+        ("POST", "/v1/runs", 201),
+        ("POST", "/v1/runs", 422),
+    ]
+    assert metrics.requests.totals[("other", "(unmatched)", "404")] == 2
+    assert metrics.requests.totals[("POST", "/v1/runs", "201")] == 2
