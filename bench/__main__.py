@@ -31,13 +31,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny samples, a few seconds")
     parser.add_argument("--out", type=Path, default=None, help="where to write the results")
     parser.add_argument(
-        "--seconds", type=float, default=None, help="wrk time per target and level, all rounds"
+        "--seconds",
+        type=float,
+        default=None,
+        help="wrk time per target and level, all rounds together",
     )
     parser.add_argument(
         "--overhead-rounds",
         type=int,
         default=None,
-        help="(1) rounds per level, targets alternating; --seconds is split among them",
+        help="(1) rounds, each over every level of every target; --seconds is split among them",
     )
     parser.add_argument(
         "--pin",
@@ -64,7 +67,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args.only = set(args.only or ("overhead", "waiting", "local", "admission", "bounded"))
     smoke = args.smoke
     args.seconds = args.seconds or (2.0 if smoke else 8.0)
-    args.overhead_rounds = args.overhead_rounds or (2 if smoke else 4)
+    args.overhead_rounds = args.overhead_rounds or (2 if smoke else 8)
     args.callers = args.callers or (20 if smoke else 1000)
     args.sleep_s = args.sleep_s or (2 if smoke else 20)
     args.rounds = args.rounds or (3 if smoke else 100)
@@ -172,10 +175,9 @@ def _overhead(
     args: argparse.Namespace,
     results: Results,
 ) -> None:
-    """(1) and (4): at each concurrency, ``args.overhead_rounds`` short rounds over every
-    target, the order flipped each round (bench/rounds.py); with ``args.pin`` the servers
-    on one CPU and wrk on the others."""
-    names = list(targets_by_name)
+    """(1) and (4): ``args.overhead_rounds`` short rounds, each over every level of every
+    target, the levels' order rotated and the targets' flipped each round
+    (bench/rounds.py); with ``args.pin`` the servers on one CPU and wrk on the others."""
     seconds = rounds.round_seconds(args.seconds, args.overhead_rounds)
     pids = [pid for _url, _token, pid in targets_by_name.values()]
     with rounds.pinned(pids, enabled=args.pin == "yes") as wrk_cpus:
@@ -183,26 +185,25 @@ def _overhead(
         _say("(1) overhead per run: warming up")
         for url, tok, _pid in targets_by_name.values():
             run_wrk(url + "/v1/runs", NOOP, token=tok, concurrency=10, seconds=1, wrk_cpus=wrk_cpus)
-        for level in args.levels:
-            measured: dict[str, list[LoadResult]] = {name: [] for name in names}
-            for index in range(args.overhead_rounds):
-                _say(f"(1) concurrency {level}, round {index + 1} of {args.overhead_rounds}")
-                for name in rounds.round_order(names, index):
-                    url, tok, pid = targets_by_name[name]
-                    measured[name].append(
-                        run_wrk(
-                            url + "/v1/runs",
-                            NOOP,
-                            token=tok,
-                            concurrency=level,
-                            seconds=seconds,
-                            server_pid=pid,
-                            wrk_cpus=wrk_cpus,
-                        )
-                    )
-            for name, rows in measured.items():
-                results.overhead.setdefault(name, []).append(rounds.combine(rows))
-                results.overhead_rounds.setdefault(name, {})[level] = rows
+
+        def measure(name: str, level: int) -> LoadResult:
+            url, tok, pid = targets_by_name[name]
+            return run_wrk(
+                url + "/v1/runs",
+                NOOP,
+                token=tok,
+                concurrency=level,
+                seconds=seconds,
+                server_pid=pid,
+                wrk_cpus=wrk_cpus,
+            )
+
+        measured = rounds.measure_rounds(
+            list(targets_by_name), args.levels, args.overhead_rounds, measure, _say
+        )
+    for name, by_level in measured.items():
+        results.overhead[name] = [rounds.combine(by_level[level]) for level in args.levels]
+        results.overhead_rounds[name] = by_level
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,10 @@ drop): ``bound``, the same app with no log lines and its metrics switched off (t
 methods made no-ops), and ``bare``, that and no sandbox at all (a run's steps answer success at
 once: no provider, no deadlines, no exec, no terminate). What the relay does beyond the floor
 in ``bare`` is its request side, the run's task and final write, and the events.
+
+``--budget`` reads the figure tests/test_budget.py checks, as it checks it; ``--repeat N``
+reads it N times in a row (issue 42, item 3: the evidence that it holds while the machine is
+busy with another test run), each pass's ratio, then the largest.
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ import gc
 import hashlib
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +64,9 @@ App = Callable[
 CONCURRENCY = 10
 BUDGET_ROUNDS, BUDGET_RUNS = 60, 50
 """The budget test's rounds: many short ones, so that some fall between other work."""
+BUDGET_ATTEMPTS = 4
+"""At most this many times :data:`BUDGET_ROUNDS` while the cheapest rounds read over budget."""
+BUDGET = Path(__file__).resolve().parent / "budget.toml"
 BODY = json.dumps({"job": "noop", "wait": True}).encode()
 
 
@@ -227,6 +237,68 @@ async def ratio_to_floor(rounds: int, runs: int) -> tuple[float, list[float], li
     return min(per_round["relay"]) / min(per_round["floor"]), per_round["floor"], per_round["relay"]
 
 
+def committed_budget() -> float:
+    """The ratio bench/budget.toml allows (it must say why it is what it is)."""
+    budget = tomllib.loads(BUDGET.read_text())
+    if not str(budget.get("reason", "")).strip():
+        raise ValueError(f"{BUDGET} gives no reason for its ratio")
+    return float(budget["ratio"])
+
+
+@dataclass(frozen=True)
+class BudgetReading:
+    """One pass of the budget test: the ratio of the cheapest rounds, and what it read."""
+
+    ratio: float
+    relay_ms: float
+    floor_ms: float
+    rounds: int
+    """Rounds taken each way (more while the cheapest so far read over the budget)."""
+
+
+def read_budget(allowed: float) -> BudgetReading:
+    """The budget test's figure, as tests/test_budget.py reads it: :func:`ratio_to_floor`,
+    and while the cheapest rounds so far are over ``allowed`` more rounds (at most
+    :data:`BUDGET_ATTEMPTS` times as many), the cheapest of them all counting. Other work on
+    the machine only ever makes a round dearer; a real regression is in every round."""
+    import uvloop
+
+    floor_ms: list[float] = []
+    relay_ms: list[float] = []
+    for _ in range(BUDGET_ATTEMPTS):
+        _, floor_more, relay_more = uvloop.run(ratio_to_floor(BUDGET_ROUNDS, BUDGET_RUNS))
+        floor_ms += floor_more
+        relay_ms += relay_more
+        if min(relay_ms) / min(floor_ms) <= allowed:
+            break
+    return BudgetReading(min(relay_ms) / min(floor_ms), min(relay_ms), min(floor_ms), len(relay_ms))
+
+
+def repeat_budget(times: int, allowed: float) -> int:
+    """Read the budget ``times`` times in a row, each pass's figure as it comes, then the
+    largest; 1 when any pass was over ``allowed``."""
+    ratios: list[float] = []
+    for index in range(times):
+        reading = read_budget(allowed)
+        ratios.append(reading.ratio)
+        line = (
+            f"relay {reading.relay_ms:.3f} ms vs floor {reading.floor_ms:.3f} ms a run "
+            f"(cheapest of {reading.rounds} rounds of {BUDGET_RUNS}): {reading.ratio:.2f}x"
+        )
+        if times > 1:
+            verdict = "passed" if reading.ratio <= allowed else "FAILED"
+            load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+            line = f"pass {index + 1} of {times}: {line}, {verdict} (load {load})"
+        print(line, flush=True)
+    over = sum(ratio > allowed for ratio in ratios)
+    if times > 1:
+        print(
+            f"{times - over} of {times} passed against bench/budget.toml's {allowed:.2f}x: "
+            f"max {max(ratios):.2f}x, min {min(ratios):.2f}x"
+        )
+    return 1 if over else 0
+
+
 async def _round(target: Target, runs: int) -> None:
     level = logging.WARNING if target.name in ("quiet", "bound", "bare") else logging.INFO
     logging.getLogger().setLevel(level)
@@ -263,16 +335,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the figure tests/test_budget.py checks (relay to floor, cheapest rounds)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="with --budget: read it this many times in a row, each pass's ratio and the max",
+    )
     args = parser.parse_args(argv)
-    import uvloop
-
+    if args.repeat < 1:
+        parser.error("--repeat takes 1 or more")
     if args.budget:
-        ratio, floor_ms, relay_ms = uvloop.run(ratio_to_floor(BUDGET_ROUNDS, BUDGET_RUNS))
-        print(
-            f"relay {min(relay_ms):.3f} ms vs floor {min(floor_ms):.3f} ms a run "
-            f"(cheapest of {BUDGET_ROUNDS} rounds of {BUDGET_RUNS}): {ratio:.2f}x"
-        )
-        return 0
+        return repeat_budget(args.repeat, committed_budget())
+    import uvloop
 
     floor, relay, quiet, bound, bare = uvloop.run(measure(args.rounds, args.runs))
     print("| app | runs | CPU per run | ratio to the floor |")

@@ -196,8 +196,9 @@ def render(results: Results) -> str:
         "read once it is idle again, divided by the requests wrk sent (the answered ones and "
         "those in flight when it stopped, which the server serves too): it moves less than "
         "throughput with what else the machine is doing, but it moves (bench/README.md). "
-        "Each level is measured in short rounds over every "
-        "target, the order flipped each round; a row sums its rounds' requests, time and "
+        "Each short round measures every level of every target, the levels' order "
+        "rotated and the targets' flipped each round (a server's levels read in the same "
+        "rounds, seconds apart); a row sums its rounds' requests, time and "
         "errors, and gives the median of their percentiles and of their CPU per request "
         "(max: the largest). "
         + (
@@ -276,6 +277,31 @@ def _round_ratios(results: Results) -> list[str]:
             for level, ratio in floor_ratios(results, store, floor=floor).items():
                 each = ", ".join(f"{value:.2f}x" for value in ratio.ratios)
                 lines.append(f"| {store} | {floor} | {level} | {each} | {ratio.median:.2f}x |")
+    return lines + _level_ratios(results)
+
+
+def _level_ratios(results: Results) -> list[str]:
+    """Each server's CPU per request at c=50 over its own at c=10 in the same round (both
+    levels are in every round): whether a server's CPU a run falls with concurrency, read
+    without the drift between rounds."""
+    paired = {
+        name: round_ratios(rounds[50], rounds[10])
+        for name, rounds in results.overhead_rounds.items()
+        if rounds.get(10) and rounds.get(50)
+    }
+    if not paired:
+        return []
+    lines = [
+        "",
+        "Each server's CPU per request at concurrency 50 over its own at 10, round by round "
+        "(every round measures both levels); the median.",
+        "",
+        "| server | each round | median |",
+        "|---|---|---|",
+    ]
+    for name, ratio in paired.items():
+        each = ", ".join(f"{value:.2f}x" for value in ratio.ratios)
+        lines.append(f"| {name} | {each} | {ratio.median:.2f}x |")
     return lines
 
 

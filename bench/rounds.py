@@ -1,5 +1,6 @@
-"""Overhead rounds: the targets of (1) measured in several short rounds at each concurrency,
-in alternating order, and each round's relay-to-floor ratio; the figure is their median.
+"""Overhead rounds: the targets of (1) measured in several short rounds, every level of
+every target in each round, in an order that changes round to round; each round's
+relay-to-floor ratio, and the figure their median.
 
 One long point per target read the relay over its floor 1.77x and 2.64x a minute apart on a
 quiet machine: whatever else the machine did during one target's seconds and not the
@@ -7,6 +8,12 @@ other's went into the ratio. In a round the relay and its floor are measured bac
 and the order flips every round (relay, floor, floor, relay, ...) so neither is always the
 one measured first or right after the other; the median of the rounds' ratios drops the
 round a burst of other work fell into, where one point keeps it.
+
+Every level is in every round (issue 42, fifth pass): measured level after level, a
+server's c=10 and c=50 were read minutes apart on a machine whose speed drifts by more than
+concurrency moves the CPU a run, so RESULTS.md once read the floor's CPU a run falling with
+concurrency and the relay's flat, which read back to back they do not. The levels' order
+rotates each round, so none is always first.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -26,6 +33,35 @@ def round_order(names: Sequence[str], index: int) -> list[str]:
     """The targets in round ``index``: as given in even rounds, reversed in odd ones, so two
     targets next to each other swap places every round (relay, floor, floor, relay, ...)."""
     return list(names) if index % 2 == 0 else list(reversed(names))
+
+
+def round_plan(names: Sequence[str], levels: Sequence[int], index: int) -> list[tuple[str, int]]:
+    """What round ``index`` measures, in order: every level of every target. The levels
+    rotate one place each round (the first level of one round is the last of the next), and
+    at every level the targets are in :func:`round_order`, so two targets next to each other
+    are back to back at each level and swap places every round."""
+    shift = index % len(levels) if levels else 0
+    rotated = [*levels[shift:], *levels[:shift]]
+    return [(name, level) for level in rotated for name in round_order(names, index)]
+
+
+def measure_rounds(
+    names: Sequence[str],
+    levels: Sequence[int],
+    rounds: int,
+    measure: Callable[[str, int], LoadResult],
+    say: Callable[[str], None] = lambda _message: None,
+) -> dict[str, dict[int, list[LoadResult]]]:
+    """``rounds`` rounds of :func:`round_plan`, ``measure(target, level)`` for each slot;
+    each target's rows at each level, in the order measured (round by round)."""
+    measured: dict[str, dict[int, list[LoadResult]]] = {
+        name: {level: [] for level in levels} for name in names
+    }
+    for index in range(rounds):
+        say(f"(1) round {index + 1} of {rounds}: every level of every target")
+        for name, level in round_plan(names, levels, index):
+            measured[name][level].append(measure(name, level))
+    return measured
 
 
 def round_seconds(seconds: float, rounds: int) -> int:
