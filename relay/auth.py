@@ -308,7 +308,7 @@ class TokenStore:
             if hmac.compare_digest(digest, entry.digest):
                 found = entry
         if found is None:
-            raise Unauthorized("unknown token")
+            raise Unauthorized.token_refused("unknown token")
         now = time.time()
         if not found.valid(now):
             raise found.refusal()

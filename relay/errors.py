@@ -88,13 +88,38 @@ class InvalidJson(InvalidRequest):
 
 
 class Unauthorized(RelayError):
+    """No token, or one the relay does not take. Its answer names the scheme to use in
+    ``WWW-Authenticate`` (RFC 9110 §11.6.1: every 401 carries a challenge), with
+    ``error="invalid_token"`` where a token was sent and refused (RFC 6750 §3.1): a client
+    or a proxy that reads the challenge knows to send (or renew) a bearer token."""
+
     status, code, default_message = 401, "unauthorized", "a valid token is required"
+    invalid_token: bool = False
+    """Whether a token was sent and refused (a class's own; ``token_refused`` for one)."""
+
+    @classmethod
+    def token_refused(cls, message: str) -> Unauthorized:
+        """A token was sent and is not one the relay takes."""
+        error = cls(message)
+        error.invalid_token = True
+        return error
+
+    def response_headers(self) -> dict[str, str]:
+        headers = super().response_headers()
+        challenge = CHALLENGE + (', error="invalid_token"' if self.invalid_token else "")
+        headers.setdefault("WWW-Authenticate", challenge)
+        return headers
+
+
+CHALLENGE = 'Bearer realm="relay"'
+"""What a 401 asks for: the relay's bearer token (its header aside: RELAY_AUTH_HEADER)."""
 
 
 class TokenExpired(Unauthorized):
     """A token past its ``expires``, or a rotated token's old value past its overlap."""
 
     code, default_message = "token_expired", "the token has expired"
+    invalid_token = True
 
 
 class Forbidden(RelayError):

@@ -65,6 +65,7 @@ def test_a_rotation_with_an_overlap_keeps_the_old_value_until_it_ends(relay: Rel
     refused = relay.post(old, ECHO)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "token_expired"
     assert "use the token's new value" in refused.json()["error"]["message"]
+    assert refused.headers["www-authenticate"] == 'Bearer realm="relay", error="invalid_token"'
     code, error = call(relay, old)
     assert code == 3 and "token_expired" in error and error.count("\n") == 1
     assert call(relay, new)[0] == 0

@@ -50,7 +50,7 @@ from starlette.types import Receive, Scope, Send
 from relay import __version__
 from relay.auth import Principal, TokenStore
 from relay.cancellation import shielded
-from relay.errors import InvalidRequest, RelayError, Unauthorized
+from relay.errors import InvalidRequest, RelayError
 from relay.http.app_state import AppState
 from relay.http.mcp_sessions import SessionOwners, check_origin
 from relay.http.mcp_tools import (
@@ -155,12 +155,7 @@ class McpEndpoint:
         request = Request(scope, receive)
         # Before anything else: a page elsewhere learns nothing, not even whether a token works.
         check_origin(request.headers.get("origin"), self.allowed_origins)
-        try:
-            principal = authenticate(request)
-        except Unauthorized as exc:  # the same class (token_expired stays so), with the header
-            raise type(exc)(
-                exc.message, headers={"WWW-Authenticate": 'Bearer realm="relay"'}
-            ) from None
+        principal = authenticate(request)  # a 401 carries its WWW-Authenticate challenge
         token = presented_token(request) or ""
         # What opens a session: a 2025-era POST without one (2026-era requests hold none).
         era = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)

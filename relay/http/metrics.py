@@ -367,7 +367,10 @@ class Metrics:
         scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
         given = credentials.strip().encode()
         if scheme.lower() != "bearer" or not hmac.compare_digest(given, self.token.encode()):
-            raise Unauthorized("use `Authorization: Bearer <RELAY_METRICS_TOKEN>`")
+            message = "use `Authorization: Bearer <RELAY_METRICS_TOKEN>`"
+            if scheme.lower() == "bearer" and given:  # a token, not this one
+                raise Unauthorized.token_refused(message)
+            raise Unauthorized(message)
 
 
 async def metrics_endpoint(request: Request) -> Response:

@@ -60,8 +60,18 @@ def _errors(*statuses: int) -> dict[str, Any]:
     answers = {}
     for status in statuses:
         codes = sorted({cls.code for cls in ERROR_CLASSES if cls.status == status})
-        answers[str(status)] = _json("ErrorBody", "error codes: " + ", ".join(codes))
+        headers = _CHALLENGE if status == 401 else None
+        answers[str(status)] = _json("ErrorBody", "error codes: " + ", ".join(codes), headers)
     return answers
+
+
+_CHALLENGE = {
+    "WWW-Authenticate": {
+        "schema": {"type": "string"},
+        "description": 'the scheme to use: `Bearer realm="relay"`, with `, error="invalid_token"` '
+        "where a token was sent and refused (unknown, expired)",
+    }
+}
 
 
 _AUTH: list[dict[str, list[str]]] = [{"bearer": []}]

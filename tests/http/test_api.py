@@ -76,15 +76,23 @@ def test_non_zero_exit_is_a_200_with_failed_state(relay: RelayProcess) -> None:
 
 
 def test_auth_errors(relay: RelayProcess) -> None:
+    """Every 401 names the scheme to use (RFC 9110's challenge), and says the token was
+    refused where one was sent (RFC 6750's ``invalid_token``), so a client knows to send or
+    renew a bearer token; a missing or malformed one gets the bare challenge."""
     body = {"job": "echo", "params": {"message": "x"}}
-    assert relay.post(None, body).status_code == 401
+    missing = relay.post(None, body)
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"] == 'Bearer realm="relay"'
     unknown = relay.post("rly_not-a-token", body)
     assert unknown.status_code == 401 and unknown.json()["error"]["code"] == "unauthorized"
+    assert unknown.headers["www-authenticate"] == 'Bearer realm="relay", error="invalid_token"'
     basic = httpx.post(
         relay.url + "/v1/runs", json=body, headers={"Authorization": f"Basic {ops(relay)}"}
     )
     assert basic.status_code == 401
-    assert relay.get(None, "/v1/runs").status_code == 401
+    assert basic.headers["www-authenticate"] == 'Bearer realm="relay"'
+    listed = relay.get(None, "/v1/runs")
+    assert listed.status_code == 401 and listed.headers["www-authenticate"].startswith("Bearer ")
 
 
 def test_scopes_are_enforced(relay: RelayProcess) -> None:

@@ -398,7 +398,8 @@ def test_no_token_no_session(relay: RelayProcess) -> None:
         )
         assert answer.status_code == 401
         assert answer.json()["error"]["code"] == "unauthorized"
-        assert answer.headers["www-authenticate"].startswith("Bearer")
+        challenge = 'Bearer realm="relay"' + (', error="invalid_token"' if token else "")
+        assert answer.headers["www-authenticate"] == challenge
         assert "mcp-session-id" not in answer.headers
     good = httpx.post(
         relay.url + "/mcp", json=initialize, headers=relay.headers(relay.tokens["ops"], **headers)

@@ -330,9 +330,12 @@ def test_metrics_token_guards_the_endpoint(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, metrics_token=secret)
     new_token(settings.tokens_file, "ops")
     client = TestClient(create_app(settings))
-    assert client.get("/metrics").status_code == 401
+    missing = client.get("/metrics")
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"] == 'Bearer realm="relay"'
     wrong = client.get("/metrics", headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401 and secret not in wrong.text
+    assert wrong.headers["www-authenticate"] == 'Bearer realm="relay", error="invalid_token"'
     right = client.get("/metrics", headers={"Authorization": f"Bearer {secret}"})
     assert right.status_code == 200 and "relay_http_requests_total" in right.text
     assert secret not in right.text
