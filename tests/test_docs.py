@@ -14,11 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from relay.cli.serve import DEV_TOKEN_FILE
 from relay.errors import ERROR_CLASSES
 from relay.http.openapi import document
 from relay.http.operator import operator_routes
 from relay.http.routes import routes
+from relay.providers.local.root import sandbox_root
 from relay.providers.registry import PROVIDERS
+from relay.runs.spool import RESERVE
 from relay.settings import Settings
 from relay.webhooks.dispatcher import signature_headers
 from testing.relay_server import RelayProcess
@@ -65,6 +68,32 @@ def test_every_variable_the_code_reads_is_documented() -> None:
         named |= set(re.findall(r"\bRELAY_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
     missing = sorted(n for n in named - {"RELAY_"} if not re.search(rf"^#? ?{n}=", example, re.M))
     assert not missing, f"named in relay/ but not in .env.example: {missing}"
+
+
+def test_what_make_serve_leaves_in_a_checkout_is_ignored_by_git(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Quick start's `make serve` writes its token, store, spool (a 16 MiB reserve file)
+    and sandboxes into the checkout: `git status` shows none of them, `git add -A` takes none."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    monkeypatch.chdir(REPO)
+    settings = Settings(_env_file=None)
+    made = [
+        settings.tokens_file,
+        DEV_TOKEN_FILE,
+        Path("relay.db"),
+        Path("relay.db-wal"),
+        settings.state_directory() / "spool" / RESERVE,
+        settings.state_directory() / "spool" / "run_1.json",
+        sandbox_root(settings) / "lcl-1" / "lock",
+    ]
+    for path in made:
+        relative = path.absolute().relative_to(REPO)
+        done = subprocess.run(
+            ["git", "check-ignore", "-q", "--no-index", str(relative)], cwd=REPO, check=False
+        )
+        assert done.returncode == 0, f"{relative} is not ignored by .gitignore"
 
 
 def test_readme_starts_with_the_two_commands() -> None:
