@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from relay.cli import arguments
 from relay.cli.serve import DEV_TOKEN_FILE
 from relay.errors import ERROR_CLASSES
 from relay.http.openapi import document
@@ -94,6 +95,18 @@ def test_what_make_serve_leaves_in_a_checkout_is_ignored_by_git(
             ["git", "check-ignore", "-q", "--no-index", str(relative)], cwd=REPO, check=False
         )
         assert done.returncode == 0, f"{relative} is not ignored by .gitignore"
+
+
+def test_relay_help_lists_the_readmes_exit_codes() -> None:
+    """The README says `relay --help` lists the exit codes: each one of its table is there."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## The `relay` command: for scripts and people\n")[1]
+    table = section.split("| code | meaning |\n")[1].split("\n\n")[0]
+    codes = re.findall(r"^\| (\d+) \|", table, re.M)
+    assert len(codes) >= 10, table
+    shown = arguments.parser().format_help().split("exit codes")[1]
+    listed = re.findall(r"^\s+(\d+)  ", shown, re.M)
+    assert sorted(codes, key=int) == sorted(listed, key=int), shown
 
 
 def test_readme_starts_with_the_two_commands() -> None:
