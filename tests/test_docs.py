@@ -109,6 +109,19 @@ def test_relay_help_lists_the_readmes_exit_codes() -> None:
     assert sorted(codes, key=int) == sorted(listed, key=int), shown
 
 
+def test_every_provider_is_named_where_a_newcomer_looks_for_a_probe() -> None:
+    """`relay probe --help` and the Quick start's probe line name every provider it probes."""
+    readme = (REPO / "README.md").read_text()
+    line = readme.split("Trying a provider for the first time?")[1].split("\n\n")[0]
+    shown = subprocess.run(
+        [sys.executable, "-m", "relay", "probe", "--help"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    for name in PROVIDERS.keys() - {"memory"}:  # memory: the suite's fake, not probed
+        assert f"`{name}`" in line or f"probe {name}`" in line, f"{name}: README's probe line"
+        assert re.search(rf"\b{name}\b", shown), f"{name} missing from relay probe --help"
+
+
 def test_readme_starts_with_the_two_commands() -> None:
     head = (REPO / "README.md").read_text().split("\n## ")[0]
     assert "make serve" in head and "make test" in head
