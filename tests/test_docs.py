@@ -95,6 +95,9 @@ def test_what_make_serve_leaves_in_a_checkout_is_ignored_by_git(
             ["git", "check-ignore", "-q", "--no-index", str(relative)], cwd=REPO, check=False
         )
         assert done.returncode == 0, f"{relative} is not ignored by .gitignore"
+    quick_start = (REPO / "README.md").read_text().split("## Quick start\n")[1].split("\n## ")[0]
+    for name in ("relay.db", "spool/", "sandboxes/", "RELAY_PORT=8081 make serve"):
+        assert f"`{name}`" in quick_start, f"the Quick start does not name {name}"
 
 
 def test_relay_help_lists_the_readmes_exit_codes() -> None:
