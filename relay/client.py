@@ -55,6 +55,8 @@ EXIT_UNAVAILABLE = 6
 EXIT_CANCELED = 7
 EXIT_TIMED_OUT = 124
 EXIT_INTERRUPTED = 130
+EXIT_STDOUT_CLOSED = 141
+"""As a program ended by SIGPIPE (128 + 13): the shell's own code for it."""
 EXIT_CODES = {
     0: "the job succeeded (or the command did what it was asked)",
     EXIT_USAGE: "usage: a bad argument or setting, or a request the relay refused as asked "
@@ -67,6 +69,7 @@ EXIT_CODES = {
     EXIT_CANCELED: "the run was canceled",
     EXIT_TIMED_OUT: "the job timed out",
     EXIT_INTERRUPTED: "Ctrl-C (the run goes on unless a second one canceled it)",
+    EXIT_STDOUT_CLOSED: "whoever read the output went away (relay runs list | head)",
 }
 """Exit codes by what went wrong. A job that ran and failed exits with its own code, so a
 script that must tell a job's 3 from an auth error reads the run (``--json``)."""
@@ -808,7 +811,7 @@ def stdout_closed() -> int:
     traceback, nothing more written, and the exit code of a program ended by SIGPIPE."""
     with contextlib.suppress(OSError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 141
+    return EXIT_STDOUT_CLOSED
 
 
 def main(argv: list[str] | None = None, *, prog: str = "client.py", raw: bool = False) -> int:

@@ -14,11 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from relay.cli import arguments
+from relay.cli.serve import DEV_TOKEN_FILE
 from relay.errors import ERROR_CLASSES
 from relay.http.openapi import document
 from relay.http.operator import operator_routes
 from relay.http.routes import routes
+from relay.providers.local.root import sandbox_root
 from relay.providers.registry import PROVIDERS
+from relay.runs.spool import RESERVE
 from relay.settings import Settings
 from relay.webhooks.dispatcher import signature_headers
 from testing.relay_server import RelayProcess
@@ -65,6 +69,60 @@ def test_every_variable_the_code_reads_is_documented() -> None:
         named |= set(re.findall(r"\bRELAY_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
     missing = sorted(n for n in named - {"RELAY_"} if not re.search(rf"^#? ?{n}=", example, re.M))
     assert not missing, f"named in relay/ but not in .env.example: {missing}"
+
+
+def test_what_make_serve_leaves_in_a_checkout_is_ignored_by_git(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Quick start's `make serve` writes its token, store, spool (a 16 MiB reserve file)
+    and sandboxes into the checkout: `git status` shows none of them, `git add -A` takes none."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    monkeypatch.chdir(REPO)
+    settings = Settings(_env_file=None)
+    made = [
+        settings.tokens_file,
+        DEV_TOKEN_FILE,
+        Path("relay.db"),
+        Path("relay.db-wal"),
+        settings.state_directory() / "spool" / RESERVE,
+        settings.state_directory() / "spool" / "run_1.json",
+        sandbox_root(settings) / "lcl-1" / "lock",
+    ]
+    for path in made:
+        relative = path.absolute().relative_to(REPO)
+        done = subprocess.run(
+            ["git", "check-ignore", "-q", "--no-index", str(relative)], cwd=REPO, check=False
+        )
+        assert done.returncode == 0, f"{relative} is not ignored by .gitignore"
+    quick_start = (REPO / "README.md").read_text().split("## Quick start\n")[1].split("\n## ")[0]
+    for name in ("relay.db", "spool/", "sandboxes/", "RELAY_PORT=8081 make serve"):
+        assert f"`{name}`" in quick_start, f"the Quick start does not name {name}"
+
+
+def test_relay_help_lists_the_readmes_exit_codes() -> None:
+    """The README says `relay --help` lists the exit codes: each one of its table is there."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## The `relay` command: for scripts and people\n")[1]
+    table = section.split("| code | meaning |\n")[1].split("\n\n")[0]
+    codes = re.findall(r"^\| (\d+) \|", table, re.M)
+    assert len(codes) >= 10, table
+    shown = arguments.parser().format_help().split("exit codes")[1]
+    listed = re.findall(r"^\s+(\d+)  ", shown, re.M)
+    assert sorted(codes, key=int) == sorted(listed, key=int), shown
+
+
+def test_every_provider_is_named_where_a_newcomer_looks_for_a_probe() -> None:
+    """`relay probe --help` and the Quick start's probe line name every provider it probes."""
+    readme = (REPO / "README.md").read_text()
+    line = readme.split("Trying a provider for the first time?")[1].split("\n\n")[0]
+    shown = subprocess.run(
+        [sys.executable, "-m", "relay", "probe", "--help"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    for name in PROVIDERS.keys() - {"memory"}:  # memory: the suite's fake, not probed
+        assert f"`{name}`" in line or f"probe {name}`" in line, f"{name}: README's probe line"
+        assert re.search(rf"\b{name}\b", shown), f"{name} missing from relay probe --help"
 
 
 def test_readme_starts_with_the_two_commands() -> None:

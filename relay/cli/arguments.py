@@ -233,7 +233,8 @@ def _operations(sub: Commands) -> None:
         "probe", help="create a sandbox, run `echo ok`, terminate it; print the timings"
     )
     probe.add_argument(
-        "provider", help="a provider name: local, e2b, modal, vercel, daytona, sprites, exedev"
+        "provider",
+        help="a provider name: local, e2b, modal, vercel, daytona, sprites, exedev, cloudflare",
     )
     _json_option(probe, "the result")
     probe.set_defaults(handler="probe:cmd_probe")
