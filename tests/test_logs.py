@@ -582,6 +582,38 @@ def test_a_field_whose_dict_has_a_nan_or_infinite_key_is_still_written_as_a_json
     assert strict_json(raws[0])["status"] == {"NaN": 1, "-Infinity": None}
 
 
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_a_field_holding_an_int_too_long_to_write_keeps_its_line(
+    configured: Callable[[str], io.StringIO], monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """Python writes no int past 4300 digits (``ValueError``): a line with one, bound or its
+    own, alone, in a list or as a dict key, was lost to ``handleError``. It is written, the
+    number as a marker of its size."""
+    logger = logging.getLogger("relay.test-long-int")
+    stream = configured(fmt)
+    monkeypatch.setattr(time, "time", lambda: FIXED_TIME)
+    huge = 10**5000
+    context = logs.fresh_context()
+    try:
+        logs.bind(attempt=-huge, token="ops")
+        for _ in ("short", "general"):
+            logger.info("long", extra={"status": huge, "path": [1, huge], "job": {huge: 2}})
+            logger.addFilter(lambda record: True)  # the second round: logging's own path
+    finally:
+        logs.restore(context)
+        logger.filters.clear()
+    raws = stream.getvalue().splitlines()
+    assert len(raws) == 2 and raws[0] == raws[1], raws
+    marker = "<an integer of about 5001 digits>"
+    if fmt == "console":
+        assert f"status={marker}" in raws[0] and f"path=[1, '{marker}']" in raws[0]
+        assert "attempt=<an integer" in raws[0] and "token=ops" in raws[0]
+        return
+    line = strict_json(raws[0])
+    assert (line["status"], line["path"], line["job"]) == (marker, [1, marker], {marker: 2})
+    assert (line["attempt"], line["token"]) == (marker, "ops")
+
+
 def test_a_line_is_the_same_once_its_head_is_kept_and_after_the_kept_heads_start_over(
     configured: Callable[[str], io.StringIO], monkeypatch: pytest.MonkeyPatch
 ) -> None:
