@@ -13,6 +13,7 @@ import lzma
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -125,6 +126,33 @@ def test_a_generated_request_id_is_returned_and_logged(relay: RelayProcess) -> N
     [line] = [line for line in found if line.get("request_id") == request_id]
     assert (line["route"], line["status"], line["method"]) == ("/v1/jobs", 401, "GET")
     assert "token" not in line and too_long not in relay.log()
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+@pytest.mark.parametrize(("path", "status"), [("/v1/runs", 401), ("/no/such/route", 404)])
+def test_a_websocket_attempt_is_answered_and_logged_as_any_refused_request(
+    relay: RelayProcess, path: str, status: int
+) -> None:
+    """The relay serves no WebSockets: an `Upgrade: websocket` request is the HTTP request
+    it is, refused as any other with one access line (uvicorn's WebSocket layer refused it
+    with a 403 and two info lines of its own, and no access line)."""
+    request_id = f"ws-attempt-{status}"
+    before = len(lines(relay))
+    with socket.create_connection(("127.0.0.1", relay.port), timeout=5) as sock:
+        sock.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            f"Sec-WebSocket-Version: 13\r\nX-Request-Id: {request_id}\r\n\r\n".encode()
+        )
+        answer = b""
+        while chunk := sock.recv(65536):  # the relay ends the connection with its answer
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0].startswith(f"HTTP/1.1 {status} ".encode()), head
+    assert json.loads(body)["error"]["request_id"] == request_id
+    found = wait_for(relay, lambda line: line.get("request_id") == request_id)[before:]
+    assert [(line["logger"], line["event"]) for line in found] == [("relay.access", "request")]
+    assert (found[0]["method"], found[0]["status"]) == ("GET", status)
 
 
 def test_console_format_carries_the_same_ids() -> None:
