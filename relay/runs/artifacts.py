@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from relay.cancellation import shielded
+from relay.cancellation import finished_within
 from relay.errors import FileUnreadable, ProviderError
 from relay.providers.collection import Found, found_files
 from relay.providers.contract import Sandbox
@@ -106,9 +106,18 @@ async def collected(
             budget_s=budget, into=entries,
         )  # fmt: skip
     except asyncio.CancelledError:
-        listing = await shielded(_recorded(run.id, entries, store, started))
-        if listed is not None:
-            listed["artifacts"] = listing
+        recording = asyncio.ensure_future(_recorded(run.id, entries, store, started))
+        await finished_within(recording, None)  # whatever cancels it again: raised below
+        try:
+            listing = recording.result()
+        except Exception as exc:  # the store: the cancel goes on, the run keeps its outcome
+            log.warning(
+                "artifacts: keeping a cut-short listing failed",
+                extra={"run_id": run.id, "error_class": type(exc).__name__},
+            )
+        else:
+            if listed is not None:
+                listed["artifacts"] = listing
         raise
     listing = await _recorded(run.id, entries, store, started)
     if listed is not None:

@@ -175,13 +175,17 @@ async def test_a_cancel_while_a_succeeded_jobs_required_files_are_kept_does_not_
     assert world.alive() == set()
 
 
-@pytest.mark.parametrize("stop", ["delete", "shutdown"])
+@pytest.mark.parametrize(
+    ("stop", "store_fails"), [("delete", False), ("shutdown", False), ("delete", True)]
+)
 async def test_a_cancel_while_a_succeeded_jobs_files_are_kept_lists_what_was_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: str, store_fails: bool
 ) -> None:
     """A DELETE (or the relay's shutdown) that lands after the command exited 0, while its
     optional files are read: the run keeps its success, and its listing names the file kept
-    and the one the cancel cut short (it had no listing at all: "the job made no files")."""
+    and the one the cancel cut short (it had no listing at all: "the job made no files").
+    A store that then fails to keep the listing leaves the success, unlisted (not an
+    ``internal`` error)."""
     job = tmp_path / "jobs" / "report"
     job.mkdir(parents=True)
     (job / "job.toml").write_text(
@@ -201,6 +205,12 @@ async def test_a_cancel_while_a_succeeded_jobs_files_are_kept_lists_what_was_kep
         return chunks(self, path, limit, size)
 
     monkeypatch.setattr(MemorySandbox, "file_chunks", slow_second)
+    if store_fails:
+
+        async def record_fails(*args: Any) -> None:
+            raise OSError("the store is down")
+
+        monkeypatch.setattr(Artifacts, "record", record_fails)
     world = MemoryWorld()
     store = await Store.open(config.database_url)
     service = RunService(
@@ -216,6 +226,9 @@ async def test_a_cancel_while_a_succeeded_jobs_files_are_kept_lists_what_was_kep
             await service.shutdown()
         run = run_model(await service.get(PRINCIPAL, row.id))
         assert (run.state, run.exit_code, run.error) == ("succeeded", 0, None)
+        if store_fails:
+            assert run.artifacts == []
+            return
         kept, cut = run.artifacts
         assert kept.name == "a.txt" and await _content(store, kept.sha256 or "") == b"first\n"
         assert (cut.name, cut.sha256, cut.url) == ("b.txt", None, None)
