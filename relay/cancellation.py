@@ -174,6 +174,7 @@ class Alarms:
     them, armed for the earliest: where every run sets a bound and nearly every run clears
     it long before (a caller's wait, the deferred `running` write), a dict entry set and
     popped costs half a timer armed and cancelled, and the loop's timer heap holds one.
+    A key set again replaces its alarm: it rings once, at the new time.
 
     With one delay they are due in the order they were set, so the timer only moves on
     when it fires. One due before the last set gets a timer of its own. A callback runs
@@ -210,6 +211,13 @@ class Alarms:
         if loop is not self._loop:  # a loop of its own (a test's): the last one's are gone
             self._loop, self._queued, self._apart, self._timer = loop, {}, {}, None
             self._last = 0.0
+        elif self._queued.pop(key, None) is None and self._apart:
+            # Set again: the first is replaced, not moved (a queued key would keep its place
+            # with the new time, holding back those after it, or ring twice). One lookup
+            # for a key not set, as a run's is.
+            timer = self._apart.pop(key, None)
+            if timer is not None:
+                timer.cancel()
         due = loop.time() + delay_s
         if due < self._last:
             self._apart[key] = loop.call_at(due, self._due_apart, key, callback, *args)

@@ -141,20 +141,37 @@ def _json_value(value: Any) -> str:
     if kind is str:
         return _json_string(value)
     if kind is int:
-        return int.__repr__(value)
+        try:
+            return int.__repr__(value)
+        except ValueError:  # past Python's int-to-str limit (4300 digits)
+            return _json_string(_too_long(value))
     if kind is float:
         return float.__repr__(value) if math.isfinite(value) else "null"
     try:
         return _json_encoder.encode(value)
-    except ValueError:  # a NaN or an infinity inside (a circular value raises it too)
+    except ValueError:  # a NaN, an infinity or a too long int inside (or a circular value)
         return _json_encoder.encode(_finite(value))
 
 
+def _too_long(value: int) -> str:
+    """What is written for an int past Python's int-to-str limit (``sys.int_info``'s 4300
+    digits by default), which neither ``repr`` nor the encoder will write: its size."""
+    digits = int(value.bit_length() * math.log10(2)) + 1  # the count, or one over it
+    return f"<an integer of about {digits} digits>"
+
+
 def _finite(value: Any, depth: int = 0) -> Any:
-    """``value`` with each float that is not a number made None, through the lists, tuples
-    and dicts the encoder walks (a circular one is cut at a depth no line needs)."""
+    """``value`` with each float that is not a number made None, and each int too long to
+    write made :func:`_too_long`'s text, through the lists, tuples and dicts the encoder
+    walks (a circular one is cut at a depth no line needs)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, int):
+        try:
+            int.__repr__(value)
+        except ValueError:
+            return _too_long(value)
+        return value
     if depth > 32:
         return str(value)
     if isinstance(value, dict):  # a key is a string in JSON: a NaN one is "NaN", as it was
@@ -169,7 +186,7 @@ def _key(key: Any) -> Any:
     number as the text ``repr`` gives it in JSON's words (``NaN``, ``Infinity``)."""
     if isinstance(key, float) and not math.isfinite(key):
         return "NaN" if key != key else ("Infinity" if key > 0 else "-Infinity")
-    return key
+    return _finite(key) if isinstance(key, int) else key
 
 
 class LineFormatter(logging.Formatter):
@@ -278,8 +295,17 @@ class ConsoleFormatter(LineFormatter):
         event: str,
         own: Mapping[str, Any],
     ) -> str:
-        extras = " ".join(f"{key}={value}" for key, value in _add_fields({}, own).items())
+        extras = " ".join(f"{key}={_text(value)}" for key, value in _add_fields({}, own).items())
         return _blank(f"{level.lower():7} {logger}: {event} {extras}".rstrip())
+
+
+def _text(value: Any) -> str:
+    """``value`` as a console line shows it; an int too long to write (alone or inside) as
+    :func:`_too_long` says."""
+    try:
+        return f"{value}"
+    except ValueError:
+        return f"{_finite(value)}"
 
 
 OWN_LOGGERS = ("relay", "uvicorn")

@@ -13,6 +13,7 @@ import lzma
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -125,6 +126,33 @@ def test_a_generated_request_id_is_returned_and_logged(relay: RelayProcess) -> N
     [line] = [line for line in found if line.get("request_id") == request_id]
     assert (line["route"], line["status"], line["method"]) == ("/v1/jobs", 401, "GET")
     assert "token" not in line and too_long not in relay.log()
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+@pytest.mark.parametrize(("path", "status"), [("/v1/runs", 401), ("/no/such/route", 404)])
+def test_a_websocket_attempt_is_answered_and_logged_as_any_refused_request(
+    relay: RelayProcess, path: str, status: int
+) -> None:
+    """The relay serves no WebSockets: an `Upgrade: websocket` request is the HTTP request
+    it is, refused as any other with one access line (uvicorn's WebSocket layer refused it
+    with a 403 and two info lines of its own, and no access line)."""
+    request_id = f"ws-attempt-{status}"
+    before = len(lines(relay))
+    with socket.create_connection(("127.0.0.1", relay.port), timeout=5) as sock:
+        sock.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            f"Sec-WebSocket-Version: 13\r\nX-Request-Id: {request_id}\r\n\r\n".encode()
+        )
+        answer = b""
+        while chunk := sock.recv(65536):  # the relay ends the connection with its answer
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0].startswith(f"HTTP/1.1 {status} ".encode()), head
+    assert json.loads(body)["error"]["request_id"] == request_id
+    found = wait_for(relay, lambda line: line.get("request_id") == request_id)[before:]
+    assert [(line["logger"], line["event"]) for line in found] == [("relay.access", "request")]
+    assert (found[0]["method"], found[0]["status"]) == ("GET", status)
 
 
 def test_console_format_carries_the_same_ids() -> None:
@@ -580,6 +608,38 @@ def test_a_field_whose_dict_has_a_nan_or_infinite_key_is_still_written_as_a_json
     raws = stream.getvalue().splitlines()
     assert len(raws) == 2 and raws[0] == raws[1]
     assert strict_json(raws[0])["status"] == {"NaN": 1, "-Infinity": None}
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_a_field_holding_an_int_too_long_to_write_keeps_its_line(
+    configured: Callable[[str], io.StringIO], monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """Python writes no int past 4300 digits (``ValueError``): a line with one, bound or its
+    own, alone, in a list or as a dict key, was lost to ``handleError``. It is written, the
+    number as a marker of its size."""
+    logger = logging.getLogger("relay.test-long-int")
+    stream = configured(fmt)
+    monkeypatch.setattr(time, "time", lambda: FIXED_TIME)
+    huge = 10**5000
+    context = logs.fresh_context()
+    try:
+        logs.bind(attempt=-huge, token="ops")
+        for _ in ("short", "general"):
+            logger.info("long", extra={"status": huge, "path": [1, huge], "job": {huge: 2}})
+            logger.addFilter(lambda record: True)  # the second round: logging's own path
+    finally:
+        logs.restore(context)
+        logger.filters.clear()
+    raws = stream.getvalue().splitlines()
+    assert len(raws) == 2 and raws[0] == raws[1], raws
+    marker = "<an integer of about 5001 digits>"
+    if fmt == "console":
+        assert f"status={marker}" in raws[0] and f"path=[1, '{marker}']" in raws[0]
+        assert "attempt=<an integer" in raws[0] and "token=ops" in raws[0]
+        return
+    line = strict_json(raws[0])
+    assert (line["status"], line["path"], line["job"]) == (marker, [1, marker], {marker: 2})
+    assert (line["attempt"], line["token"]) == (marker, "ops")
 
 
 def test_a_line_is_the_same_once_its_head_is_kept_and_after_the_kept_heads_start_over(

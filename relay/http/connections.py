@@ -43,6 +43,10 @@ timer a connection as the deadlines: it is moved only when a deadline comes soon
 fires, so a kept-alive connection's requests arm and disarm theirs without a timer each;
 a request's header and body deadlines are set once the data that began them is parsed, so
 a request that comes whole in one read sets neither.
+
+The relay serves no WebSockets (uvicorn's ``ws="none"``): an ``Upgrade:`` request is answered
+as the plain HTTP request it also is, with the relay's one access line, and its connection
+closed after that answer (uvicorn's parser stops at an upgrade).
 """
 
 from __future__ import annotations
@@ -434,6 +438,14 @@ def guarded_protocol(
                     self._arm(self.timeout_keep_alive)
                 self._may_go()
 
+        def _unsupported_upgrade_warning(self) -> None:
+            # An `Upgrade:` request (a WebSocket's, h2c): the relay serves none (uvicorn's
+            # ws="none", server_options), so it is answered as the plain request it also is,
+            # with its one access line, not uvicorn's warnings. The parser stops at an
+            # upgrade, so the connection ends with that answer (`Connection: close`).
+            if self.cycle is not None:
+                self.cycle.keep_alive = False
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._unlist()
             super().connection_lost(exc)  # closes the transport: stopped after that
@@ -457,4 +469,7 @@ def server_options(
         write_timeout_s=write_timeout_s,
         max_connections=max_connections,
     )
-    return {"http": protocol, "timeout_keep_alive": keep_alive_s}
+    # ws="none": the relay serves no WebSockets; an attempt is answered as the HTTP request
+    # it is (a 401, a 404: one access line), not by uvicorn's WebSocket layer, which refused
+    # it with a 403 and two info lines of its own and none of the relay's.
+    return {"http": protocol, "ws": "none", "timeout_keep_alive": keep_alive_s}

@@ -15,8 +15,10 @@ Collection then:
 - is bounded in time: ``artifacts_collect_s``, never past the sandbox's hard lifetime
   (less a margin for its terminate); what is not read by then is listed as skipped;
 - never fails the run by itself: a provider that stops answering ends the collection with
-  what was read. Only a job with ``artifacts_required = true`` fails a run whose command
-  succeeded when an artifact is missing, skipped or truncated.
+  what was read, and so does a cancel (a DELETE, the relay's shutdown) that comes while the
+  files are read: what was kept is listed, the file being read skipped with why. Only a
+  job with ``artifacts_required = true`` fails a run whose command succeeded when an
+  artifact is missing, skipped or truncated.
 
 The listing is written twice in one go: as ``run_artifacts`` rows (what a download and
 retention look up) and as the run's ``artifacts`` column (what the run's JSON shows, with
@@ -33,6 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from relay.cancellation import finished_within
 from relay.errors import FileUnreadable, ProviderError
 from relay.providers.collection import Found, found_files
 from relay.providers.contract import Sandbox
@@ -50,6 +53,7 @@ TERMINATE_MARGIN_S = 5.0
 _TYPES = mimetypes.MimeTypes()  # Python's own table: the same answer on every host
 OUT_OF_TIME = "collection ran out of time (RELAY_ARTIFACTS_COLLECT_S)"
 ANSWERLESS = "the sandbox stopped answering while its files were read"
+CUT_SHORT = "collection was cut short (the run was canceled, or the relay shut down)"
 
 
 @dataclass(frozen=True)
@@ -84,28 +88,41 @@ async def collected(
     store: Artifacts | None,
     settings: Settings,
     lifetime_left_s: float,
+    listed: RunValues | None = None,
 ) -> RunValues:
     """``final`` (the state the command ended in) with the run's artifacts: their listing,
-    and ``failed`` where the job requires them whole and they are not."""
+    and ``failed`` where the job requires them whole and they are not. ``listed`` gets the
+    listing as soon as it is recorded: a caller cancelled during the collection (a DELETE,
+    the relay's shutdown) still holds the files kept so far there, the one being read
+    listed as skipped with :data:`CUT_SHORT`, before the cancellation is raised."""
     if not plan.artifacts or store is None or not final:
         return final
     budget = min(settings.artifacts_collect_s, lifetime_left_s - TERMINATE_MARGIN_S)
     started = time.monotonic()
-    entries = await collect(
-        sandbox, plan.artifacts, workdir=plan.workdir, store=store, caps=Caps.of(settings),
-        budget_s=budget,
-    )  # fmt: skip
-    await store.record(run.id, [_stored(entry) for entry in entries])
-    log.info(
-        "artifacts collected",
-        extra={
-            "run_id": run.id,
-            "kept": sum(entry.sha256 is not None for entry in entries),
-            "bytes": sum(entry.size for entry in entries),
-            "ms": int((time.monotonic() - started) * 1000),
-        },
-    )
-    values: RunValues = {**final, "artifacts": listing_json(entries)}
+    entries: list[Entry] = []
+    try:
+        entries = await collect(
+            sandbox, plan.artifacts, workdir=plan.workdir, store=store, caps=Caps.of(settings),
+            budget_s=budget, into=entries,
+        )  # fmt: skip
+    except asyncio.CancelledError:
+        recording = asyncio.ensure_future(_recorded(run.id, entries, store, started))
+        await finished_within(recording, None)  # whatever cancels it again: raised below
+        try:
+            listing = recording.result()
+        except Exception as exc:  # the store: the cancel goes on, the run keeps its outcome
+            log.warning(
+                "artifacts: keeping a cut-short listing failed",
+                extra={"run_id": run.id, "error_class": type(exc).__name__},
+            )
+        else:
+            if listed is not None:
+                listed["artifacts"] = listing
+        raise
+    listing = await _recorded(run.id, entries, store, started)
+    if listed is not None:
+        listed["artifacts"] = listing
+    values: RunValues = {**final, "artifacts": listing}
     whole = all(entry.sha256 is not None and not entry.truncated for entry in entries)
     if plan.artifacts_required and not whole and final.get("state") == RunState.succeeded:
         incomplete = next(e for e in entries if e.sha256 is None or e.truncated)
@@ -120,6 +137,21 @@ async def collected(
     return values
 
 
+async def _recorded(run_id: str, entries: Sequence[Entry], store: Artifacts, started: float) -> str:
+    """Record the run's artifacts (rows and listing); the listing's JSON."""
+    await store.record(run_id, [_stored(entry) for entry in entries])
+    log.info(
+        "artifacts collected",
+        extra={
+            "run_id": run_id,
+            "kept": sum(entry.sha256 is not None for entry in entries),
+            "bytes": sum(entry.size for entry in entries),
+            "ms": int((time.monotonic() - started) * 1000),
+        },
+    )
+    return listing_json(entries)
+
+
 async def collect(
     sandbox: Sandbox,
     patterns: Sequence[str],
@@ -128,15 +160,19 @@ async def collect(
     store: Artifacts,
     caps: Caps,
     budget_s: float,
+    into: list[Entry] | None = None,
 ) -> list[Entry]:
     """Find and keep the files ``patterns`` name in ``sandbox`` (see the module's
-    docstring): each one's entry, in order; nothing is raised for a file or a sandbox."""
+    docstring): each one's entry, in order (added to ``into`` as it is kept, where a
+    cancelled caller finds them); nothing is raised for a file or a sandbox."""
+    entries = [] if into is None else into
     if not getattr(sandbox, "reads_files", True):
         why = "this provider cannot read a sandbox's files yet"
-        return [Entry(pattern, skipped=why) for pattern in patterns]
-    collection = _Collection(sandbox, store, caps)
+        entries.extend(Entry(pattern, skipped=why) for pattern in patterns)
+        return entries
+    collection = _Collection(sandbox, store, caps, entries)
     await collection.run(patterns, workdir, budget_s)
-    return collection.entries
+    return entries
 
 
 @dataclass(frozen=True)
@@ -170,11 +206,13 @@ def _stored(entry: Entry) -> StoredArtifact:
 class _Collection:
     """One run's collection: the entries so far and the bytes kept."""
 
-    def __init__(self, sandbox: Sandbox, store: Artifacts, caps: Caps) -> None:
+    def __init__(
+        self, sandbox: Sandbox, store: Artifacts, caps: Caps, entries: list[Entry]
+    ) -> None:
         self.sandbox = sandbox
         self.store = store
         self.caps = caps
-        self.entries: list[Entry] = []
+        self.entries = entries
         self.total = 0
         self.current: Found | None = None
 
@@ -195,6 +233,9 @@ class _Collection:
         except ProviderError as exc:
             log.warning("artifacts: provider error", extra={"error_code": exc.code})
             self._stopped(patterns, ANSWERLESS)
+        except asyncio.CancelledError:
+            self._stopped(patterns, CUT_SHORT)  # what was kept is listed all the same
+            raise
 
     async def _not_stored(
         self, name: str, kind: str, writer: BlobWriter | ObjectWriter, exc: StorageFailed

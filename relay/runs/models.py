@@ -332,7 +332,9 @@ class Artifact(BaseModel):
         None, description="The cap that cut it (`RELAY_ARTIFACTS_MAX_FILE_BYTES (…)`)."
     )
     skipped: str | None = Field(
-        None, description="Why nothing of it was kept: not found, a link, a cap reached…"
+        None,
+        description="Why nothing of it was kept: not found, a link, a cap reached, the "
+        "collection cut short…",
     )
     url: str | None = Field(
         None,

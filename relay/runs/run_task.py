@@ -92,7 +92,8 @@ class RunTask:
         self.exhausted = False
         """Every attempt failed: the run's cost is theirs alone."""
         self.collected: RunValues = {}
-        """The artifacts' listing once kept (what a canceled run's final write carries)."""
+        """The artifacts' listing once kept, or cut short by a cancel (what a canceled run's
+        final write carries)."""
 
     async def steps(self) -> RunValues:
         """Run the job in a sandbox, always terminated; the state it ended in. A failure
@@ -192,19 +193,21 @@ class RunTask:
         lifetime_left = self.plan.spec.lifetime_s - (started - watch.sandbox_started)
         if within_s is not None:
             lifetime_left = min(lifetime_left, within_s + artifacts.TERMINATE_MARGIN_S)
-        final = await artifacts.collected(
-            sandbox,
-            final,
-            plan=self.plan,
-            run=self.run,
-            store=self.artifact_store,
-            settings=self.settings,
-            lifetime_left_s=lifetime_left,
-        )
-        watch.timings["artifacts_ms"] = _ms_since(started)
-        if "artifacts" in final:
-            self.collected = {"artifacts": final["artifacts"]}
-        return final
+        try:
+            # The listing lands in `collected` once recorded, also when a cancel (a DELETE,
+            # the shutdown) cuts the collection short: the run lists what it kept.
+            return await artifacts.collected(
+                sandbox,
+                final,
+                plan=self.plan,
+                run=self.run,
+                store=self.artifact_store,
+                settings=self.settings,
+                lifetime_left_s=lifetime_left,
+                listed=self.collected,
+            )
+        finally:
+            watch.timings["artifacts_ms"] = _ms_since(started)
 
     def _sandbox_created(self, provenance: Provenance) -> None:
         """The sandbox exists: billed from when its provenance says (its create call, or

@@ -80,6 +80,32 @@ async def test_an_alarm_due_before_the_last_set_still_rings_first_and_clears() -
     assert rang == ["early", "late"]
 
 
+async def test_an_alarm_set_again_rings_once_at_its_new_time_in_its_new_place() -> None:
+    """A second set of a key replaces the first: it rings once, at the new time, and the
+    alarms set between ring at theirs (the key kept its first place with the new due time:
+    "b" rang late, behind it; one moved earlier rang twice)."""
+    loop = asyncio.get_running_loop()
+    alarms, rang = Alarms(), list[tuple[str, float]]()
+    started = loop.time()
+
+    def ring(name: str) -> None:
+        rang.append((name, loop.time() - started))
+
+    alarms.set("a", STEP_S, ring, "a")
+    alarms.set("b", STEP_S * 2, ring, "b")
+    alarms.set("a", STEP_S * 6, ring, "a")  # later: after "b"
+    alarms.set("c", STEP_S * 3, ring, "c")
+    alarms.set("c", STEP_S / 2, ring, "c")  # earlier than every other: first, once
+    while len(rang) < 3 and loop.time() - started < 1:
+        await asyncio.sleep(STEP_S / 3)
+    await asyncio.sleep(STEP_S * 2)  # nothing rings twice
+    assert [name for name, _ in rang] == ["c", "b", "a"]
+    times = dict(rang)
+    assert times["b"] < STEP_S * 5  # at its own time, not held behind "a"
+    assert times["a"] >= STEP_S * 6 - 0.002
+    assert len(alarms) == 0
+
+
 async def test_an_alarm_rings_in_the_context_it_was_set_in_and_a_failing_one_stops_none(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from relay.auth import Principal
-from relay.providers.memory import MemoryProvider, MemoryWorld
+from relay.providers.memory import MemoryProvider, MemorySandbox, MemoryWorld
 from relay.runs import artifacts
 from relay.runs.catalog import Catalog
 from relay.runs.models import RunRequest
@@ -172,3 +173,72 @@ async def test_a_cancel_while_a_succeeded_jobs_required_files_are_kept_does_not_
         await service.shutdown()
         await store.close()
     assert world.alive() == set()
+
+
+@pytest.mark.parametrize(
+    ("stop", "store_fails"), [("delete", False), ("shutdown", False), ("delete", True)]
+)
+async def test_a_cancel_while_a_succeeded_jobs_files_are_kept_lists_what_was_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: str, store_fails: bool
+) -> None:
+    """A DELETE (or the relay's shutdown) that lands after the command exited 0, while its
+    optional files are read: the run keeps its success, and its listing names the file kept
+    and the one the cancel cut short (it had no listing at all: "the job made no files").
+    A store that then fails to keep the listing leaves the success, unlisted (not an
+    ``internal`` error)."""
+    job = tmp_path / "jobs" / "report"
+    job.mkdir(parents=True)
+    (job / "job.toml").write_text(
+        'description = "Two files, the second slow to read."\n'
+        'command = ["sh", "-c", "echo first > a.txt; echo second > b.txt"]\n'
+        'provider = "memory"\n'
+        'artifacts = ["a.txt", "b.txt"]\n'
+    )
+    config = make_settings(tmp_path, providers=["memory"], jobs_dir=tmp_path / "jobs", drain_s=0)
+    reading = asyncio.Event()
+    chunks = MemorySandbox.file_chunks
+
+    def slow_second(self: MemorySandbox, path: str, limit: int, size: int | None) -> Any:
+        if path.endswith("b.txt"):
+            reading.set()
+            return _never_answers()
+        return chunks(self, path, limit, size)
+
+    monkeypatch.setattr(MemorySandbox, "file_chunks", slow_second)
+    if store_fails:
+
+        async def record_fails(*args: Any) -> None:
+            raise OSError("the store is down")
+
+        monkeypatch.setattr(Artifacts, "record", record_fails)
+    world = MemoryWorld()
+    store = await Store.open(config.database_url)
+    service = RunService(
+        config, store, Catalog.load(config.jobs_dir), {"memory": MemoryProvider(config, world)}
+    )
+    try:
+        row, _ = await service.submit(PRINCIPAL, RunRequest(job="report", wait=False), None)
+        async with asyncio.timeout(10):
+            await reading.wait()
+        if stop == "delete":
+            await service.cancel(PRINCIPAL, row.id)
+        else:
+            await service.shutdown()
+        run = run_model(await service.get(PRINCIPAL, row.id))
+        assert (run.state, run.exit_code, run.error) == ("succeeded", 0, None)
+        if store_fails:
+            assert run.artifacts == []
+            return
+        kept, cut = run.artifacts
+        assert kept.name == "a.txt" and await _content(store, kept.sha256 or "") == b"first\n"
+        assert (cut.name, cut.sha256, cut.url) == ("b.txt", None, None)
+        assert cut.skipped is not None and cut.skipped.startswith(artifacts.CUT_SHORT)
+    finally:
+        await service.shutdown()
+        await store.close()
+    assert world.alive() == set()
+
+
+async def _never_answers() -> AsyncIterator[bytes]:
+    await asyncio.Event().wait()  # a read that never answers; cancelled
+    yield b""
