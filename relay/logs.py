@@ -490,10 +490,16 @@ class _Sink:
                 # the buffer and the buffer's write of it. The flush first writes whatever
                 # another writer left in the stream's buffer (nothing, mostly: no write
                 # call), so lines keep their order with everything else written to it.
-                stream.flush()
                 data = (text + handler.terminator).encode(self._encoding, self._errors)
-                while data:  # a regular file or a pipe takes it whole, barring a signal
-                    data = data[os.write(file, data) :]
+                try:
+                    stream.flush()
+                    while data:  # a regular file or a pipe takes it whole, barring a signal
+                        data = data[os.write(file, data) :]
+                except BlockingIOError:
+                    # A pipe another process made non-blocking, its reader behind: what it
+                    # did not take waits in the stream's buffer, as the stream keeps it, and
+                    # goes first at the next flush (the next line's): no line cut or lost.
+                    stream.buffer.write(data)
             else:
                 stream.write(text + handler.terminator)
                 if stream and hasattr(stream, "flush"):  # StreamHandler.flush's test

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bz2
 import concurrent.futures
+import contextlib
 import gzip
 import io
 import json
@@ -861,3 +862,44 @@ def test_a_secret_with_a_quote_a_backslash_or_an_accent_is_blanked_in_json_lines
     written = [json.loads(line) for line in text.splitlines()]
     assert written[0]["event"] == "the SDK said [redacted] once"
     assert written[1]["job"] == "[redacted]"
+
+
+def test_a_line_to_a_pipe_that_would_block_is_kept_whole_for_the_next_write(
+    configured: Callable[[str], io.StringIO],
+) -> None:
+    """stderr a pipe another process made non-blocking (its reader slow: a log shipper, a
+    terminal multiplexer): a line the pipe takes only part of keeps the rest in the stream's
+    buffer, as the stream writes it, and goes out before the next line. No line is cut, and
+    none is glued to the next."""
+    logger = logging.getLogger("relay.test-nonblocking")
+    configured("json")
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    os.set_blocking(read_end, False)
+    stream = open(write_end, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    handler.setStream(stream)
+    try:
+        filled = 0
+        while filled < 1 << 22:  # the pipe full (64 KiB on Linux), bounded anyway
+            try:
+                filled += os.write(write_end, b"f" * 4096)
+            except BlockingIOError:
+                break
+        got = bytearray(os.read(read_end, 4096))  # room for one page: less than the line
+
+        def drain() -> None:
+            with contextlib.suppress(BlockingIOError):
+                while chunk := os.read(read_end, 65536):
+                    got.extend(chunk)
+
+        logger.info("long line", extra={"job": "x" * 6000})  # taken only in part
+        drain()
+        logger.info("next line", extra={"run_id": "run_next"})
+        drain()
+    finally:
+        stream.close()
+        os.close(read_end)
+    written = bytes(got).lstrip(b"f").splitlines()
+    assert [json.loads(line)["event"] for line in written] == ["long line", "next line"]
