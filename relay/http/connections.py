@@ -388,12 +388,19 @@ def guarded_protocol(
             # The deadline of what this data began and did not finish, armed once it is
             # parsed: a request whose headers (or body) came whole in it arms none. The
             # loop's clock is the same all through this callback, so the deadline is the
-            # one it would have been when its first byte was parsed.
-            if self._due is None:
-                if self._heading:
-                    self._arm(header_timeout_s)
-                elif self._receiving:
-                    self._arm(body_timeout_s)
+            # one it would have been when its first byte was parsed. Behind a pipelined
+            # request (uvicorn reads no more until the one before it is answered) none
+            # runs: it starts when reading does (on_response_complete).
+            if self._due is None and not self.pipeline:
+                self._arm_unfinished()
+
+        def _arm_unfinished(self) -> None:
+            """The deadline of the request being read, if its headers or body are not all
+            in yet."""
+            if self._heading:
+                self._arm(header_timeout_s)
+            elif self._receiving:
+                self._arm(body_timeout_s)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -433,6 +440,8 @@ def guarded_protocol(
             if self.pipeline:
                 cycle, app = self.pipeline.pop()
                 self._start_asgi_task(cycle, app)
+                if not self.pipeline and self._due is None:  # reading again: its deadline
+                    self._arm_unfinished()
             else:
                 if not self._heading:  # else a next request began: its header deadline holds
                     self._arm(self.timeout_keep_alive)

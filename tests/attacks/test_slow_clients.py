@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import socket
 import time
@@ -181,6 +182,34 @@ def test_pipelined_requests_are_answered_in_order_each_at_once(relay: RelayProce
                 received += chunk
         statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", received)
         assert statuses == [b"200", b"200", b"404"], received
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+def test_a_pipelined_request_read_in_part_waits_for_the_answer_before_it_without_a_deadline(
+    relay: RelayProcess,
+) -> None:
+    """A request pipelined behind one that takes longer than the body deadline (a run
+    answered when it ends), whose body came in part with the first read: the relay reads
+    no more of it until the first is answered, so its deadline starts then, not while the
+    relay itself does not read (the connection was closed at the body deadline, the first
+    request's answer lost though its run was made)."""
+    body = json.dumps({"command": ["sh", "-c", f"sleep {2 * DEADLINE_S}; echo done"]}).encode()
+    head = (
+        f"POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {relay.tokens['ops']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with _connection(relay) as sock:
+        sock.sendall(head + body + head + body[:5])  # the second's body: its first bytes
+        sock.settimeout(10)
+        received = b""
+        for answers, which in ((1, "first"), (2, "second")):
+            while received.count(b'"state":"succeeded"') < answers:
+                chunk = sock.recv(65536)
+                assert chunk, f"closed before the {which} answer: {received!r}"
+                received += chunk
+            if answers == 1:
+                sock.sendall(body[5:])  # the rest, once the first is answered
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", received) == [b"200", b"200"], received
 
 
 def _ask_for_the_big_run(relay: RelayProcess, sock: socket.socket) -> None:
