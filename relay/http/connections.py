@@ -42,7 +42,10 @@ Keep-alive between requests stays uvicorn's ``timeout_keep_alive``, timed by the
 timer a connection as the deadlines: it is moved only when a deadline comes sooner than it
 fires, so a kept-alive connection's requests arm and disarm theirs without a timer each;
 a request's header and body deadlines are set once the data that began them is parsed, so
-a request that comes whole in one read sets neither.
+a request that comes whole in one read sets neither. A request pipelined behind another
+has none while uvicorn reads nothing more of the connection (until that one is answered):
+its deadline starts when reading does, so it cannot close the connection under the answer
+before it.
 
 The relay serves no WebSockets (uvicorn's ``ws="none"``): an ``Upgrade:`` request is answered
 as the plain HTTP request it also is, with the relay's one access line, and its connection
