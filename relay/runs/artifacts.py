@@ -100,14 +100,19 @@ async def collected(
     budget = min(settings.artifacts_collect_s, lifetime_left_s - TERMINATE_MARGIN_S)
     started = time.monotonic()
     entries: list[Entry] = []
+    cancelled = False
     try:
         entries = await collect(
             sandbox, plan.artifacts, workdir=plan.workdir, store=store, caps=Caps.of(settings),
             budget_s=budget, into=entries,
         )  # fmt: skip
     except asyncio.CancelledError:
-        recording = asyncio.ensure_future(_recorded(run.id, entries, store, started))
-        await finished_within(recording, None)  # whatever cancels it again: raised below
+        cancelled = True
+    # Recorded to its end whatever cancels the caller meanwhile (also once the files are
+    # all kept: a cancel that lands as the listing is written must not lose it).
+    recording = asyncio.ensure_future(_recorded(run.id, entries, store, started))
+    cancelled = await finished_within(recording, None) or cancelled
+    if cancelled:
         try:
             listing = recording.result()
         except Exception as exc:  # the store: the cancel goes on, the run keeps its outcome
@@ -118,8 +123,8 @@ async def collected(
         else:
             if listed is not None:
                 listed["artifacts"] = listing
-        raise
-    listing = await _recorded(run.id, entries, store, started)
+        raise asyncio.CancelledError
+    listing = recording.result()
     if listed is not None:
         listed["artifacts"] = listing
     values: RunValues = {**final, "artifacts": listing}

@@ -249,14 +249,22 @@ class Artifacts:
         return BlobWriter(self.store)
 
     async def record(self, run_id: str, entries: Sequence[StoredArtifact]) -> None:
-        """Write a run's listing, in order, in one transaction (written once per run)."""
+        """Write a run's listing, in order, in one transaction, in place of any written
+        before: once per run, but a cancel that cut the first write's answer (written,
+        perhaps) has the files kept and listed again (relay/runs/run_task.py)."""
         if not entries:
             return
         rows = [
             {"run_id": run_id, "seq": seq, **{key: getattr(entry, key) for key in _FIELDS}}
             for seq, entry in enumerate(entries)
         ]
-        await self.store.write(lambda conn: conn.execute(run_artifacts.insert(), rows))
+        earlier = run_artifacts.delete().where(run_artifacts.c.run_id == run_id)
+
+        def write(conn: Connection) -> None:
+            conn.execute(earlier)
+            conn.execute(run_artifacts.insert(), rows)
+
+        await self.store.write(write)
 
     async def for_runs(self, run_ids: Sequence[str]) -> dict[str, list[StoredArtifact]]:
         """Each run's listing in order; runs without artifacts are absent."""

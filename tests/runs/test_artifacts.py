@@ -242,3 +242,42 @@ async def test_a_cancel_while_a_succeeded_jobs_files_are_kept_lists_what_was_kep
 async def _never_answers() -> AsyncIterator[bytes]:
     await asyncio.Event().wait()  # a read that never answers; cancelled
     yield b""
+
+
+async def test_a_delete_as_a_succeeded_jobs_listing_is_written_leaves_it_succeeded_and_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DELETE lands while the listing's write is awaited, after it was written (as a
+    PostgreSQL write may be, committed before its answer came): the write goes on to its
+    answer and the run lists it. The run stays the job's success, listed; it read succeeded
+    with no artifacts (the listing lost with the cancelled await)."""
+    record = Artifacts.record
+    written = asyncio.Event()
+
+    async def answered_late(self: Artifacts, run_id: str, entries: Any) -> None:
+        await record(self, run_id, entries)
+        if not written.is_set():
+            written.set()
+            await asyncio.sleep(0.5)  # written; its answer comes late, after the DELETE
+
+    monkeypatch.setattr(Artifacts, "record", answered_late)
+    config = make_settings(tmp_path, providers=["memory"])
+    world = MemoryWorld()
+    store = await Store.open(config.database_url)
+    service = RunService(
+        config, store, Catalog.load(config.jobs_dir), {"memory": MemoryProvider(config, world)}
+    )
+    try:
+        script = "echo a > a.txt"
+        request = RunRequest(command=["sh", "-c", script], artifacts=["a.txt"], wait=False)
+        row, _ = await service.submit(PRINCIPAL, request, None)
+        async with asyncio.timeout(10):
+            await written.wait()
+            await service.cancel(PRINCIPAL, row.id)
+        run = run_model(await service.get(PRINCIPAL, row.id))
+        assert (run.state, run.exit_code) == ("succeeded", 0), run.error
+        assert [entry.name for entry in run.artifacts or []] == ["a.txt"]
+    finally:
+        await service.shutdown()
+        await store.close()
+    assert world.alive() == set()
