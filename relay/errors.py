@@ -18,6 +18,7 @@ a provider's response body, headers or keys are never copied into one.
     ├── IdempotencyConflict (409 idempotency_conflict)
     ├── RunNotCancelable (409 run_finished)
     ├── BodyTooLarge (413 body_too_large)
+    ├── HeadersTooLarge (431 headers_too_large) -- answered by the connection (http/connections.py)
     ├── UnsupportedMediaType (415 unsupported_media_type)
     ├── ValidationFailed (422 validation_error)
     │   ├── UnknownJob (422 unknown_job)
@@ -153,6 +154,14 @@ class RunNotCancelable(RelayError):
 
 class BodyTooLarge(RelayError):
     status, code, default_message = 413, "body_too_large", "the request body is too large"
+
+
+class HeadersTooLarge(RelayError):
+    """A request's headers over the cap: answered by the connection before any route sees
+    the request (relay/http/connections.py)."""
+
+    status, code = 431, "headers_too_large"
+    default_message = "the request's headers are too large"
 
 
 class UnsupportedMediaType(RelayError):
@@ -306,6 +315,7 @@ ERROR_CLASSES: tuple[type[RelayError], ...] = (
     IdempotencyConflict,
     RunNotCancelable,
     BodyTooLarge,
+    HeadersTooLarge,
     UnsupportedMediaType,
     ValidationFailed,
     UnknownJob,

@@ -15,6 +15,12 @@ a small subclass of uvicorn's protocol that adds what is missing:
   of the connection opening (or of the first byte of a later request on it); otherwise
   the connection is closed. A deadline, not an idle timer, so trickling a byte at a time
   does not extend it;
+- **header cap**: a request's headers (its request line and header fields) may take at
+  most :data:`MAX_HEADER_BYTES`; past it the request is answered ``431`` and the connection
+  closed. httptools keeps a header block whole however long it is, so without a cap the
+  header deadline alone bounded it, and a cap's worth of connections could each hold what
+  they sent within it (tens of megabytes each, on loopback). Counted from the reads that
+  come after the one that began the request (at most one read more: asyncio's 256 KiB);
 - **body deadline**: once the headers are in, the whole body must arrive within
   ``body_timeout_s``; otherwise the connection is closed (the handler sees a disconnect);
 - **write deadline**: while an answer's bytes wait in the transport (asyncio's buffer, past
@@ -57,6 +63,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
+import logging
+import secrets
 import socket
 import struct
 import termios
@@ -65,6 +74,8 @@ from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from relay.errors import HeadersTooLarge
 
 JOINED_BODY_BYTES = 64 * 1024
 """The largest body an answer's head is joined to: a bigger one would be copied whole (a
@@ -178,6 +189,36 @@ class OneSend:
         return getattr(self.transport, name)
 
 
+MAX_HEADER_BYTES = 64 * 1024
+"""The most a request's headers may take, its request line included (nginx's default is
+32 KiB, Node's 16 KiB): well above any caller's, and what the relay holds for one."""
+
+log = logging.getLogger("relay.http")
+
+
+def _headers_too_large() -> tuple[bytes, str]:
+    """A ``431`` answer, whole, as the relay's error body, and its request id."""
+    request_id = f"req_{secrets.token_hex(8)}"
+    body = json.dumps(
+        {
+            "error": {
+                "code": HeadersTooLarge.code,
+                "message": f"the request's headers are over {MAX_HEADER_BYTES} bytes",
+                "request_id": request_id,
+            }
+        },
+        separators=(",", ":"),
+    ).encode()
+    head = (
+        f"HTTP/1.1 {HeadersTooLarge.status} Request Header Fields Too Large\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        f"x-request-id: {request_id}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode() + body, request_id
+
+
 def guarded_protocol(
     *,
     header_timeout_s: float,
@@ -212,6 +253,14 @@ def guarded_protocol(
         """When the current request deadline passes (the loop's clock); None: none runs."""
         _heading = False
         """A request's headers are being read: its header deadline runs."""
+        _header_bytes = 0
+        """What the reads after the one that began the request brought while its headers
+        were still being read (:data:`MAX_HEADER_BYTES`)."""
+        _header_began = False
+        _refusing = False
+        """Headers over the cap came behind a request still being answered: ``431`` after it."""
+        """The request began in the read being parsed (not counted: it may hold the end of
+        the request before it)."""
         _receiving = False
         """A request's body is being read (its answer may have been given before it)."""
         _write_due: float | None = None
@@ -388,6 +437,14 @@ def guarded_protocol(
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
+            if self._heading and not self._transport.is_closing():
+                if self._header_began:
+                    self._header_began = False
+                else:
+                    self._header_bytes += len(data)
+                    if self._header_bytes > MAX_HEADER_BYTES:
+                        self._refuse_headers()
+                        return
             # The deadline of what this data began and did not finish, armed once it is
             # parsed: a request whose headers (or body) came whole in it arms none. The
             # loop's clock is the same all through this callback, so the deadline is the
@@ -405,8 +462,33 @@ def guarded_protocol(
             elif self._receiving:
                 self._arm(body_timeout_s)
 
+        def _refuse_headers(self) -> None:
+            """The headers are over the cap: nothing more of the connection is read, and
+            it is answered ``431`` and closed (nothing of the request reached the app); after
+            the answer of a request before it still in flight, not in the middle of it."""
+            self._heading = False
+            self._transport.pause_reading()
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                self._refusing = True  # answered once the one before it is
+                self._due = None  # reading stopped: what it holds is bounded already
+                return
+            self._answer_431()
+
+        def _answer_431(self) -> None:
+            answer, request_id = _headers_too_large()
+            log.warning(
+                "request headers over %d bytes: answered 431 and closed",
+                MAX_HEADER_BYTES,
+                extra={"request_id": request_id, "status": 431},
+            )
+            self.transport.write(answer)
+            self._close()
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._header_bytes = 0
+            self._header_began = True
             if not self._heading:  # a later request on a kept-alive connection
                 self._heading = True
                 self._due = None  # the header deadline: armed once this data is parsed
@@ -433,6 +515,9 @@ def guarded_protocol(
             # canceled by the next request, replaced by this connection's one timer: idle
             # for keep-alive, until the next request's first byte arms its header deadline.
             self.server_state.total_requests += 1
+            if self._refusing:
+                self._answer_431()
+                return
             transport = self._transport
             if transport.get_write_buffer_size():  # the answer is written but not all taken
                 self._watch_writes()

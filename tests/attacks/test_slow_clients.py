@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from relay.store.database import Store
@@ -210,6 +211,58 @@ def test_a_pipelined_request_read_in_part_waits_for_the_answer_before_it_without
             if answers == 1:
                 sock.sendall(body[5:])  # the rest, once the first is answered
     assert re.findall(rb"HTTP/1\.1 (\d{3}) ", received) == [b"200", b"200"], received
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+def test_a_header_block_of_megabytes_is_cut_at_the_cap_not_kept(relay: RelayProcess) -> None:
+    """httptools keeps a header block whole however long: a 64 MiB header was answered 200,
+    +65 MiB of the relay's memory for one connection, bounded only by the header deadline
+    (a cap's worth of connections: gigabytes). Past MAX_HEADER_BYTES (and the read that began
+    the request) nothing more is read: the caller's sends fail at once, and the relay's
+    memory does not follow what it sent."""
+    server = psutil.Process(relay.process.pid if relay.process else 0)
+    before = server.memory_info().rss
+    started = time.monotonic()
+    refused = False
+    with _connection(relay) as sock:
+        try:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            for _ in range(32):
+                sock.sendall(b"a" * (1 << 20))
+            sock.sendall(b"\r\n\r\n")
+        except (ConnectionError, TimeoutError):
+            refused = True
+        received = b"" if refused else _answer(sock, 5)
+    assert refused or received.startswith(b"HTTP/1.1 431"), received[:100]
+    assert time.monotonic() - started < 4.0  # the header deadline (10 s) did not end it
+    assert server.memory_info().rss - before < 16 << 20
+    assert relay.get(None, "/healthz").status_code == 200
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+def test_headers_over_the_cap_are_answered_431_and_under_it_served(relay: RelayProcess) -> None:
+    """A header block that goes on past MAX_HEADER_BYTES in later reads is answered 431
+    with the relay's error body and its request id, and the connection closed; one of
+    40 KiB (a large cookie, say) is served as any other."""
+    piece = b"X-Pad-%d: " + b"p" * (40 << 10) + b"\r\n"
+    with _connection(relay) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        time.sleep(0.2)
+        for number in range(3):  # each its own read: 80 KiB counted by the third
+            sock.sendall(piece % number)
+            time.sleep(0.2)
+        received = _answer(sock, 5)
+        sock.settimeout(5)
+        while chunk := sock.recv(65536):
+            received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 "), received[:200]
+    error = json.loads(body)["error"]
+    assert error["code"] == "headers_too_large"
+    assert error["request_id"].encode() in head and error["request_id"].startswith("req_")
+    with _connection(relay) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + piece % 0 + b"\r\n")
+        assert _answer(sock, 5).startswith(b"HTTP/1.1 200 ")
 
 
 def _ask_for_the_big_run(relay: RelayProcess, sock: socket.socket) -> None:
