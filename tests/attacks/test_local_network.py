@@ -4,22 +4,28 @@ not its abstract unix sockets, not its interface addresses, not private or link-
 ranges.
 
 Private and link-local destinations are test hosts this module makes itself (network
-namespaces joined to the host by veth pairs); a "public" one in 198.51.100.0/24 (a
-documentation range the block list leaves open) shows that egress works at all.
+namespaces joined to the host by veth pairs); a "public" one in 198.51.100.0/24 or
+203.0.113.0/24 (documentation ranges the block list leaves open) shows that egress works
+at all. Each
+host's subnet is drawn at random among those no interface of this machine holds, so
+another run's hosts (a suite beside this one, or one killed before it cleaned up) never
+share one with these.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
 import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from pathlib import Path
 
 import pytest
@@ -98,26 +104,56 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
 
 
+def _held_networks() -> list[IPv4Network]:
+    """The IPv4 networks this machine's interfaces hold now."""
+    shown = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show"], check=True, capture_output=True, text=True
+    ).stdout
+    return [IPv4Interface(line.split()[3]).network for line in shown.splitlines()]
+
+
+def _free_plan() -> dict[str, tuple[str, str, int]]:
+    """``kind: (address, host side, prefix length)``, each in a subnet no interface holds."""
+    held = _held_networks()
+    draws: dict[str, Callable[[], IPv4Network]] = {
+        "private": lambda: IPv4Network(
+            f"10.{random.randint(200, 254)}.{random.randint(0, 255)}.0/24"
+        ),
+        "link-local": lambda: IPv4Network(f"169.254.{random.randint(1, 168)}.0/24"),
+        "public": lambda: IPv4Network(
+            f"{random.choice(('198.51.100', '203.0.113'))}.{4 * random.randint(1, 62)}/30"
+        ),
+    }
+    plan = {}
+    for kind, draw in draws.items():
+        for _ in range(100):
+            network = draw()
+            if not any(network.overlaps(other) for other in held):
+                break
+        else:
+            pytest.fail(f"no free {kind} subnet for a test host")
+        held.append(network)
+        host_side, address = str(network[1]), str(network[2])
+        plan[kind] = (address, host_side, network.prefixlen)
+    return plan
+
+
 @pytest.fixture(scope="module")
 def test_hosts() -> Iterator[dict[str, OwnHost]]:
     tag = secrets.token_hex(2)
-    plan = {
-        "private": ("10.213.0.2", "10.213.0.1"),
-        "link-local": ("169.254.213.2", "169.254.213.1"),
-        "public": ("198.51.100.2", "198.51.100.1"),
-    }
+    plan = _free_plan()
     hosts: dict[str, OwnHost] = {}
     greeters: list[subprocess.Popen[bytes]] = []
     try:
-        for index, (kind, (address, host_side)) in enumerate(plan.items()):
+        for index, (kind, (address, host_side, prefix)) in enumerate(plan.items()):
             name = f"rtn{tag}{index}"
             _ip("netns", "add", name)
             hosts[kind] = OwnHost(name, address, host_side)
             _ip("link", "add", f"{name}h", "type", "veth", "peer", "name", f"{name}n")
             _ip("link", "set", f"{name}n", "netns", name)
-            _ip("addr", "add", f"{host_side}/24", "dev", f"{name}h")
+            _ip("addr", "add", f"{host_side}/{prefix}", "dev", f"{name}h")
             _ip("link", "set", f"{name}h", "up")
-            _ip("-n", name, "addr", "add", f"{address}/24", "dev", f"{name}n")
+            _ip("-n", name, "addr", "add", f"{address}/{prefix}", "dev", f"{name}n")
             _ip("-n", name, "link", "set", f"{name}n", "up")
             _ip("-n", name, "link", "set", "lo", "up")
             greeter = subprocess.Popen(
@@ -240,6 +276,33 @@ def test_the_hosts_own_addresses_are_unreachable(
     finally:
         listener.close()
     assert all(result.startswith("refused") for result in results.values()), results
+    assert listener.accepted == 0
+
+
+def test_an_address_the_host_holds_twice_is_unreachable(relay: RelayProcess) -> None:
+    # One address on two interfaces (a VIP, an anycast address, another suite's test
+    # hosts) is listed twice in the kernel's table: every open-egress run failed with
+    # "could not set up the sandbox's limits".
+    held = _held_networks()
+    address = next(
+        f"203.0.113.{last}"
+        for last in random.sample(range(1, 255), 254)
+        if not any(IPv4Network(f"203.0.113.{last}/32").overlaps(other) for other in held)
+    )
+    pair = f"rtd{secrets.token_hex(2)}"
+    listener = Listener(socket.AF_INET, ("0.0.0.0", 0))
+    port = listener.socket.getsockname()[1]
+    try:
+        _ip("link", "add", f"{pair}a", "type", "veth", "peer", "name", f"{pair}b")
+        for end in ("a", "b"):
+            _ip("addr", "add", f"{address}/32", "dev", f"{pair}{end}")
+            _ip("link", "set", f"{pair}{end}", "up")
+        assert private_network.host_addresses().count(IPv4Address(address)) == 1
+        results = probe(relay, f"{address}:{port}")
+    finally:
+        subprocess.run(["ip", "link", "del", f"{pair}a"], check=False, capture_output=True)
+        listener.close()
+    assert results[f"{address}:{port}"].startswith("refused"), results
     assert listener.accepted == 0
 
 

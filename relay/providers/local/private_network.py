@@ -106,13 +106,30 @@ def available(choice: str = "auto", search_path: str | None = None) -> NetworkTo
 
 def host_addresses() -> list[IPv4Address]:
     """The IPv4 addresses of this host's interfaces (the kernel's local routes)."""
-    found: set[IPv4Address] = set()
-    previous = ""
     with contextlib.suppress(OSError):
-        for line in Path("/proc/net/fib_trie").read_text().splitlines():
-            if line.strip() == "/32 host LOCAL":
-                found.add(IPv4Address(previous.split()[-1]))
-            previous = line
+        return local_addresses(Path("/proc/net/fib_trie").read_text())
+    return []
+
+
+def local_addresses(fib_trie: str) -> list[IPv4Address]:
+    """The addresses ``/proc/net/fib_trie`` lists as ``/32 host LOCAL``.
+
+    An entry follows the ``|-- ADDRESS`` line of its key, and one key may list several
+    (an address on two interfaces lists ``/32 host LOCAL`` twice): each belongs to the key
+    above it, never to the line just before it."""
+    found: set[IPv4Address] = set()
+    key: IPv4Address | None = None
+    for line in fib_trie.splitlines():
+        text = line.strip()
+        if text.startswith("|-- "):
+            try:
+                key = IPv4Address(text[4:].strip())
+            except ValueError:
+                key = None
+        elif text.startswith(("+-- ", "Main:", "Local:")) or text.endswith(":"):
+            key = None
+        elif text == "/32 host LOCAL" and key is not None:
+            found.add(key)
     return sorted(found)
 
 
