@@ -96,3 +96,24 @@ def test_reap_dry_run_leaves_a_dead_relays_sandbox_running_and_reap_ends_it(
         for group in groups.values():
             if group.exists:
                 group.remove()
+
+
+async def test_a_live_relays_sandbox_is_never_listed_abandoned(tmp_path: Path) -> None:
+    """Another relay on the root (`relay reap`, a probe) sees a sandbox whose relay lives as
+    that relay's: its group is there, but so is the lock, and nothing ends it."""
+    from relay.providers.contract import SandboxSpec
+    from relay.providers.local.provider import LocalProvider
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, local_isolation="bwrap")
+    serving = LocalProvider(settings)
+    reaping = LocalProvider.for_reaper(settings)
+    try:
+        async with serving.sandbox(SandboxSpec("run_live", "test", 30)) as box:
+            assert box.group is not None and box.group.exists
+            [ref] = await reaping.list_owned()
+            assert (ref.sandbox_id, ref.run_id, ref.abandoned) == (box.id, "run_live", False)
+        assert await reaping.list_owned() == []
+    finally:
+        await reaping.aclose()
+        await serving.aclose()
