@@ -20,7 +20,9 @@ async def _reap(settings: Settings, dry_run: bool, now: bool = False) -> int:
     from relay.runs.reaper import Reaper
 
     store = await open_store(settings.database_url)
-    providers = load_providers(settings)
+    # Built to end nothing as they come up: in a dry run nothing is ended at all, and what
+    # a relay's start would end (local's leftovers) is the sweep's to end and print.
+    providers = load_providers(settings, for_reaper=True)
     # One sweep from cron: the store was just reached, so the replicas' beats are judged.
     # This process holds no run, so every active run it finds is another replica's.
     reaper = Reaper(

@@ -102,7 +102,7 @@ class _LiveCollector(Collector):
             "relay_reaper_terminations",
             "Sandboxes the reaper terminated, by reason (run_final, run_expired, "
             "run_orphaned, unknown_expired, probe_expired, pool_orphaned, pool_ended, "
-            "pool_unknown_expired).",
+            "pool_unknown_expired, abandoned).",
             labels=("reason",),
         )
         for reason, count in sorted((reaper.terminated_by_reason if reaper else {}).items()):

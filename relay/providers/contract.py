@@ -153,6 +153,9 @@ class SandboxRef:
     sandbox_id: str
     run_id: str | None
     created_at: datetime | None = None
+    abandoned: bool = False
+    """No relay holds it any more, yet it may still run (``local``: a group of a relay that
+    died, whose lock nobody holds): the reaper ends it whatever its run says."""
 
 
 @dataclass(frozen=True)

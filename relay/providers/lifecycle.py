@@ -29,7 +29,7 @@ import types
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import ClassVar, Generic, Protocol, TypeVar
+from typing import ClassVar, Generic, Protocol, Self, TypeVar
 
 from relay.cancellation import Deadline, finished_within, shielded
 from relay.errors import (
@@ -54,7 +54,7 @@ from relay.providers.contract import (
     SandboxRef,
     SandboxSpec,
 )
-from relay.settings import ProviderSettings
+from relay.settings import ProviderSettings, Settings
 
 log = logging.getLogger("relay.providers")
 
@@ -273,6 +273,15 @@ class SandboxProvider(ABC, Generic[S]):
     run): a job with ``warm = N`` on it loads, keeps no sandbox, is shown as skipped with
     this reason, and its runs take the cold path (relay/runs/pools.py). None: pools help,
     the create is the wait."""
+
+    @classmethod
+    def for_reaper(cls, settings: Settings) -> Self:
+        """The provider built for ``relay reap``, which lists and terminates and creates
+        nothing: coming up it ends nothing. What its start would end for a relay that
+        serves (``local``: what a relay that died left), its listing names ``abandoned``
+        for the reaper's sweep, which ends it, or in a dry run says it would. Built as for
+        serving by default: making a client ends nothing."""
+        return cls(settings)  # type: ignore[call-arg]
 
     # -- what a provider supplies -----------------------------------------------------------
 

@@ -58,8 +58,9 @@ def provider_variables(name: str) -> set[str] | None:
     return {f"{prefix}{field.upper()}" for field in model.model_fields}
 
 
-def load_provider(name: str, settings: Settings) -> Provider:
-    """Build one provider, or a :class:`ConfigError` that says what to install or set."""
+def load_provider(name: str, settings: Settings, *, for_reaper: bool = False) -> Provider:
+    """Build one provider, or a :class:`ConfigError` that says what to install or set;
+    ``for_reaper``: as ``relay reap`` needs it (``SandboxProvider.for_reaper``)."""
     entry = PROVIDERS.get(name)
     if entry is None:
         raise ConfigError(f"RELAY_PROVIDERS: unknown provider {name!r}; known: {sorted(PROVIDERS)}")
@@ -72,7 +73,8 @@ def load_provider(name: str, settings: Settings) -> Provider:
         hint = f"pip install 'sandbox-relay{extra}'"
         raise ConfigError(f"provider {name!r} needs its SDK: {hint}") from exc
     try:
-        provider: Provider = getattr(module, class_name)(settings)
+        built = getattr(module, class_name)
+        provider: Provider = built.for_reaper(settings) if for_reaper else built(settings)
     except ValidationError as exc:
         # Field and reason only: the input may be a key.
         problems = "; ".join(
@@ -86,5 +88,8 @@ def load_provider(name: str, settings: Settings) -> Provider:
     return provider
 
 
-def load_providers(settings: Settings) -> dict[str, Provider]:
-    return {name: load_provider(name, settings) for name in dict.fromkeys(settings.providers)}
+def load_providers(settings: Settings, *, for_reaper: bool = False) -> dict[str, Provider]:
+    return {
+        name: load_provider(name, settings, for_reaper=for_reaper)
+        for name in dict.fromkeys(settings.providers)
+    }

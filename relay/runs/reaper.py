@@ -23,7 +23,10 @@ Each sweep (at startup and every ``RELAY_REAP_INTERVAL_S``):
    one an older relay made) is left alone, counted (``relay_reaper_unknown_age_total``)
    and logged; its own hard lifetime ends it. A provider with no hard lifetime of its own
    (Sprites: its ``limits`` say ``hard_lifetime: false``) relies on this step alone:
-   nothing else ever deletes a sandbox a crashed relay left there.
+   nothing else ever deletes a sandbox a crashed relay left there. A sandbox the provider
+   lists as ``abandoned`` (``local``: a group of a relay that died, its lock free; a
+   relay's start ends them, ``relay reap`` leaves them to this step) → terminated
+   (``abandoned``), whatever its run says.
 
 Warm pools' sandboxes (run tag ``pool_…``, relay/runs/pools.py) are judged by their rows
 in the store (relay/store/pools.py), not by a run: the rows of a replica that died (on
@@ -325,7 +328,10 @@ class Reaper:
             ending: list[Awaitable[bool]] = []
             for ref in owned:
                 record: PoolRecord | None = None
-                if (ref.run_id or "").startswith(POOL_PREFIX):
+                why: str | None
+                if ref.abandoned:  # its relay died (local's start would have ended it)
+                    known, why = runs.get(ref.run_id or ""), "abandoned"
+                elif (ref.run_id or "").startswith(POOL_PREFIX):
                     record = pooled.get(ref.run_id or "")
                     known = runs.get(record.run_id or "") if record is not None else None
                     why = self._pooled_reason(ref, record, known, now)

@@ -79,8 +79,11 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
     """Measured by ``python -m bench.pools`` (bench/README.md, (5)): a pooled run was no
     faster, and up to 1.45x slower on a loaded machine."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, reaping: bool = False) -> None:
         self.cluster = settings.cluster
+        self.reaping = reaping
+        """Built for ``relay reap`` (:meth:`for_reaper`): what an earlier relay left is not
+        swept at start but listed ``abandoned``, and no sandbox is created."""
         self.settings = settings
         self.create_timeout_s = settings.create_timeout_s
         self.explicit_none = settings.local_isolation == "none"
@@ -125,7 +128,8 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
         if self.budget.lowered is not None:
             log.warning(self.budget.lowered)
         self.uids: uids.UidRange | None = None
-        """A root relay's sandbox uids (set below, once an earlier relay's leftovers are gone)."""
+        """A root relay's sandbox uids (set below, once an earlier relay's leftovers are
+        gone; none when reaping, which creates nothing)."""
         self._held: dict[str, uids.HeldUid] = {}
         """The uid each sandbox runs as, released once its cleanup succeeded."""
         self._live: dict[str, LocalSandbox] = {}
@@ -156,11 +160,18 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
             )
         else:
             self.setup_steps.append(_join_group)
-            self._sweep_leftovers()
+            if not reaping:
+                self._sweep_leftovers()
+        if reaping:
+            return
         # After the sweep: a sandbox a relay killed with SIGKILL left running still holds
         # its uid, and is no other program's use of the range.
         self.uids = uids.for_sandboxes(settings.local_uids, self.max_sandboxes + settings.pool_max)
         self.setup_steps.append(_attach_network)
+
+    @classmethod
+    def for_reaper(cls, settings: Settings) -> LocalProvider:
+        return cls(settings, reaping=True)
 
     def start_command(self) -> None:
         """Count a sandbox's command in, or refuse it past ``max_sandboxes``: the host's
@@ -218,14 +229,26 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
             return "the sandbox root has another owner or group/other permissions"
         return None
 
+    def _leftovers(self) -> set[str]:
+        """The sandbox groups an earlier relay on this root left (a sandbox whose lock
+        nobody holds, or whose folder is gone): its processes may still run. Only looks."""
+        tree = self.tree
+        if tree is None:
+            return set()
+        # A terminate removes the group before it lets go of the lock: a group still there
+        # once its lock is free is no live relay's.
+        return {
+            name
+            for name in tree.names()
+            if not lock_held(self.root / name) and tree.group(name).exists
+        }
+
     def _sweep_leftovers(self) -> None:
-        """Kill what an earlier relay on this root left in its sandbox groups (a sandbox
-        whose lock nobody holds, or whose folder is gone)."""
+        """Kill what an earlier relay on this root left in its sandbox groups, before the
+        uids are checked (:meth:`_leftovers`; ``relay reap`` lists them instead)."""
         assert self.tree is not None
         swept = 0
-        for sandbox_id in self.tree.names():
-            if lock_held(self.root / sandbox_id):
-                continue
+        for sandbox_id in self._leftovers():
             try:
                 self.tree.group(sandbox_id).remove()
                 swept += 1
@@ -261,6 +284,8 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
             )
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
+        if self.reaping:
+            raise ProviderError("the local provider built for the reaper creates no sandbox")
         sandbox_id = f"lcl-{spec.run_id.removeprefix('run_')}-{secrets.token_hex(3)}"
         box = LocalSandbox(self, sandbox_id, spec)
         self._live[sandbox_id] = box
@@ -302,14 +327,24 @@ class LocalProvider(SandboxProvider[LocalSandbox]):
                 raise ProviderError("could not create the sandbox's cgroup") from exc
 
     async def list_tagged(self) -> list[SandboxRef]:
-        owned = []
+        """This cluster's sandboxes under the root, and the groups an earlier relay left
+        (``abandoned``; one whose folder is gone, with no run)."""
+        left = self._leftovers()
+        owned, others = [], set()
         for home in self.root.iterdir():
             with contextlib.suppress(OSError, ValueError):
                 tags = json.loads((home / TAGS_FILE).read_text())
-                if tags.get(TAG_CLUSTER) == self.cluster:
-                    stamp = tags.get("created_at")
-                    created = None if stamp is None else datetime.fromtimestamp(stamp, UTC)
-                    owned.append(SandboxRef(home.name, tags.get(TAG_RUN), created_at=created))
+                if tags.get(TAG_CLUSTER) != self.cluster:
+                    others.add(home.name)
+                    continue
+                stamp = tags.get("created_at")
+                created = None if stamp is None else datetime.fromtimestamp(stamp, UTC)
+                ref = SandboxRef(
+                    home.name, tags.get(TAG_RUN), created_at=created, abandoned=home.name in left
+                )
+                owned.append(ref)
+        listed = {ref.sandbox_id for ref in owned} | others
+        owned += [SandboxRef(name, None, abandoned=True) for name in sorted(left - listed)]
         return owned
 
     async def destroy(self, sandbox_id: str) -> None:
