@@ -25,6 +25,12 @@ a small subclass of uvicorn's protocol that adds what is missing:
   trailers included; past it, answered ``431`` and closed as above. A field costs uvicorn,
   Starlette and every lookup of a header far more than its bytes: 13,000 tiny ones fit
   under the byte cap;
+- **framing cap**: once the headers are in, reads in a row that bring no body bytes (a
+  chunked body's size lines, extensions and trailers: httptools keeps a trailer whole, and
+  uvicorn each trailer field) may take at most :data:`MAX_HEADER_BYTES` (the read the
+  headers ended in aside); past it the connection is closed, answered ``431`` first if the
+  request was not answered yet (its handler sees a disconnect). Else only the body
+  deadline bounded them, megabytes a second on loopback;
 - **body deadline**: once the headers are in, the whole body must arrive within
   ``body_timeout_s``; otherwise the connection is closed (the handler sees a disconnect);
 - **write deadline**: while an answer's bytes wait in the transport (asyncio's buffer, past
@@ -196,7 +202,9 @@ class OneSend:
 
 MAX_HEADER_BYTES = 64 * 1024
 """The most a request's headers may take, its request line included (nginx's default is
-32 KiB, Node's 16 KiB): well above any caller's, and what the relay holds for one."""
+32 KiB, Node's 16 KiB): well above any caller's, and what the relay holds for one. A
+chunked body's framing with no body bytes in between (size lines, extensions, trailers) is
+held to it too."""
 
 MAX_HEADER_FIELDS = 256
 """The most header fields a request may have, its trailers included (Apache's default is
@@ -282,6 +290,13 @@ def guarded_protocol(
         with this message."""
         _receiving = False
         """A request's body is being read (its answer may have been given before it)."""
+        _body_began = False
+        """The request's headers ended in the read being parsed (not counted as framing)."""
+        _body_came = False
+        """The read being parsed brought body bytes."""
+        _framing_bytes = 0
+        """What the reads in a row since the request's last body bytes brought (chunk size
+        lines, extensions, trailers), once its headers are in (:data:`MAX_HEADER_BYTES`)."""
         _write_due: float | None = None
         """When the write deadline next looks at the answer's bytes; None: none wait."""
         _write_moved_at = 0.0
@@ -455,6 +470,7 @@ def guarded_protocol(
                 self._timer = None
 
         def data_received(self, data: bytes) -> None:
+            self._body_came = False
             over = self._parse(data)
             if over is not None:
                 self._refuse(over)
@@ -466,6 +482,19 @@ def guarded_protocol(
                     self._header_bytes += len(data)
                     if self._header_bytes > MAX_HEADER_BYTES:
                         self._refuse(f"the request's headers are over {MAX_HEADER_BYTES} bytes")
+                        return
+            elif self._receiving and not self._transport.is_closing():
+                if self._body_began:
+                    self._body_began = False
+                elif self._body_came:
+                    self._framing_bytes = 0
+                else:
+                    self._framing_bytes += len(data)
+                    if self._framing_bytes > MAX_HEADER_BYTES:
+                        self._refuse(
+                            f"the request's chunked framing (size lines, extensions, trailers)"
+                            f" is over {MAX_HEADER_BYTES} bytes with no body bytes"
+                        )
                         return
             # The deadline of what this data began and did not finish, armed once it is
             # parsed: a request whose headers (or body) came whole in it arms none. The
@@ -560,10 +589,15 @@ def guarded_protocol(
 
         def on_headers_complete(self) -> None:
             self._heading = False
-            self._receiving = True
+            self._receiving = self._body_began = True
+            self._framing_bytes = 0
             self._unlist()
             self._due = None  # the body deadline: armed once this data is parsed
             super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            self._body_came = True
+            super().on_body(body)
 
         def on_message_complete(self) -> None:
             self._receiving = False
