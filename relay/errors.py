@@ -157,8 +157,9 @@ class BodyTooLarge(RelayError):
 
 
 class HeadersTooLarge(RelayError):
-    """A request's headers over the cap: answered by the connection before any route sees
-    the request (relay/http/connections.py)."""
+    """A request's headers over a cap (their bytes, their fields, a chunked body's framing
+    with no body bytes): answered by the connection, not by a route
+    (relay/http/connections.py)."""
 
     status, code = 431, "headers_too_large"
     default_message = "the request's headers are too large"

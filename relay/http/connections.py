@@ -21,6 +21,16 @@ a small subclass of uvicorn's protocol that adds what is missing:
   header deadline alone bounded it, and a cap's worth of connections could each hold what
   they sent within it (tens of megabytes each, on loopback). Counted from the reads that
   come after the one that began the request (at most one read more: asyncio's 256 KiB);
+- **field cap**: a request may have at most :data:`MAX_HEADER_FIELDS` header fields, its
+  trailers included; past it, answered ``431`` and closed as above. A field costs uvicorn,
+  Starlette and every lookup of a header far more than its bytes: 13,000 tiny ones fit
+  under the byte cap;
+- **framing cap**: once the headers are in, reads in a row that bring no body bytes (a
+  chunked body's size lines, extensions and trailers: httptools keeps a trailer whole, and
+  uvicorn each trailer field) may take at most :data:`MAX_HEADER_BYTES` (the read the
+  headers ended in aside); past it the connection is closed, answered ``431`` first if the
+  request was not answered yet (its handler sees a disconnect). Else only the body
+  deadline bounded them, megabytes a second on loopback;
 - **body deadline**: once the headers are in, the whole body must arrive within
   ``body_timeout_s``; otherwise the connection is closed (the handler sees a disconnect);
 - **write deadline**: while an answer's bytes wait in the transport (asyncio's buffer, past
@@ -73,6 +83,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from relay.errors import HeadersTooLarge
@@ -191,19 +202,32 @@ class OneSend:
 
 MAX_HEADER_BYTES = 64 * 1024
 """The most a request's headers may take, its request line included (nginx's default is
-32 KiB, Node's 16 KiB): well above any caller's, and what the relay holds for one."""
+32 KiB, Node's 16 KiB): well above any caller's, and what the relay holds for one. A
+chunked body's framing with no body bytes in between (size lines, extensions, trailers) is
+held to it too."""
+
+MAX_HEADER_FIELDS = 256
+"""The most header fields a request may have, its trailers included (Apache's default is
+100): well above any caller's (a browser sends a dozen or two)."""
+
+
+class _TooManyFields(Exception):
+    """Raised from the parser's callback at the field past :data:`MAX_HEADER_FIELDS`, which
+    stops the parse there (httptools has no pause): :meth:`GuardedProtocol._parse` tells it
+    from a malformed request."""
+
 
 log = logging.getLogger("relay.http")
 
 
-def _headers_too_large() -> tuple[bytes, str]:
+def _headers_too_large(message: str) -> tuple[bytes, str]:
     """A ``431`` answer, whole, as the relay's error body, and its request id."""
     request_id = f"req_{secrets.token_hex(8)}"
     body = json.dumps(
         {
             "error": {
                 "code": HeadersTooLarge.code,
-                "message": f"the request's headers are over {MAX_HEADER_BYTES} bytes",
+                "message": message,
                 "request_id": request_id,
             }
         },
@@ -257,12 +281,22 @@ def guarded_protocol(
         """What the reads after the one that began the request brought while its headers
         were still being read (:data:`MAX_HEADER_BYTES`)."""
         _header_began = False
-        _refusing = False
-        """Headers over the cap came behind a request still being answered: ``431`` after it."""
         """The request began in the read being parsed (not counted: it may hold the end of
         the request before it)."""
+        _fields = 0
+        """The request's header fields so far, its trailers' included."""
+        _refusing: str | None = None
+        """Headers over a cap came behind a request still being answered: ``431`` after it,
+        with this message."""
         _receiving = False
         """A request's body is being read (its answer may have been given before it)."""
+        _body_began = False
+        """The request's headers ended in the read being parsed (not counted as framing)."""
+        _body_came = False
+        """The read being parsed brought body bytes."""
+        _framing_bytes = 0
+        """What the reads in a row since the request's last body bytes brought (chunk size
+        lines, extensions, trailers), once its headers are in (:data:`MAX_HEADER_BYTES`)."""
         _write_due: float | None = None
         """When the write deadline next looks at the answer's bytes; None: none wait."""
         _write_moved_at = 0.0
@@ -436,14 +470,31 @@ def guarded_protocol(
                 self._timer = None
 
         def data_received(self, data: bytes) -> None:
-            super().data_received(data)
+            self._body_came = False
+            over = self._parse(data)
+            if over is not None:
+                self._refuse(over)
+                return
             if self._heading and not self._transport.is_closing():
                 if self._header_began:
                     self._header_began = False
                 else:
                     self._header_bytes += len(data)
                     if self._header_bytes > MAX_HEADER_BYTES:
-                        self._refuse_headers()
+                        self._refuse(f"the request's headers are over {MAX_HEADER_BYTES} bytes")
+                        return
+            elif self._receiving and not self._transport.is_closing():
+                if self._body_began:
+                    self._body_began = False
+                elif self._body_came:
+                    self._framing_bytes = 0
+                else:
+                    self._framing_bytes += len(data)
+                    if self._framing_bytes > MAX_HEADER_BYTES:
+                        self._refuse(
+                            f"the request's chunked framing (size lines, extensions, trailers)"
+                            f" is over {MAX_HEADER_BYTES} bytes with no body bytes"
+                        )
                         return
             # The deadline of what this data began and did not finish, armed once it is
             # parsed: a request whose headers (or body) came whole in it arms none. The
@@ -462,24 +513,59 @@ def guarded_protocol(
             elif self._receiving:
                 self._arm(body_timeout_s)
 
-        def _refuse_headers(self) -> None:
-            """The headers are over the cap: nothing more of the connection is read, and
-            it is answered ``431`` and closed (nothing of the request reached the app); after
-            the answer of a request before it still in flight, not in the middle of it."""
-            self._heading = False
-            self._transport.pause_reading()
-            cycle = self.cycle
-            if cycle is not None and not cycle.response_complete:
-                self._refusing = True  # answered once the one before it is
-                self._due = None  # reading stopped: what it holds is bounded already
-                return
-            self._answer_431()
+        def _parse(self, data: bytes) -> str | None:
+            """uvicorn's ``data_received`` (0.54), but a request past the field cap is told
+            from a malformed one (its ``400``): what it was refused for, then."""
+            self._unset_keepalive_if_required()
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError as error:
+                if isinstance(error.__context__, _TooManyFields):
+                    return str(error.__context__)
+                message = "Invalid HTTP request received."
+                self.logger.warning(message)
+                self.send_400_response(message)
+            except httptools.HttpParserUpgrade:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+            return None
 
-        def _answer_431(self) -> None:
-            answer, request_id = _headers_too_large()
+        def _refuse(self, message: str) -> None:
+            """The request is over a cap: nothing more of the connection is read, and it is
+            closed. Nothing of it reached the app (its headers not all in, or it waits behind
+            a pipelined request): answered ``431``, after the answer of a request before it
+            still in flight, not in the middle of it. Its body being read, it is answered
+            ``431`` only if its handler answered nothing yet; the handler sees a disconnect,
+            and what it answers goes nowhere."""
+            self._transport.pause_reading()
+            cycle = self.cycle  # the newest request: the one over the cap once its headers are in
+            if self._heading or self.pipeline:
+                self._heading = self._receiving = False
+                if cycle is not None and not cycle.response_complete:
+                    self._refusing = message  # answered once the one before it is
+                    self._due = None  # reading stopped: what it holds is bounded already
+                    return
+                self._answer_431(message)
+                return
+            self._receiving = False
+            if cycle is None or cycle.response_complete:
+                self._close()
+                return
+            answered = cycle.response_started
+            cycle.disconnected = True  # as uvicorn's connection_lost will, but at once
+            cycle.message_event.set()
+            if answered:
+                self._close()
+            else:
+                self._answer_431(message)
+
+        def _answer_431(self, message: str) -> None:
+            answer, request_id = _headers_too_large(message)
             log.warning(
-                "request headers over %d bytes: answered 431 and closed",
-                MAX_HEADER_BYTES,
+                "%s: answered 431 and closed",
+                message,
                 extra={"request_id": request_id, "status": 431},
             )
             self.transport.write(answer)
@@ -487,7 +573,7 @@ def guarded_protocol(
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._header_bytes = 0
+            self._header_bytes = self._fields = 0
             self._header_began = True
             if not self._heading:  # a later request on a kept-alive connection
                 self._heading = True
@@ -495,12 +581,23 @@ def guarded_protocol(
                 if self not in unoccupied:  # listed already, it keeps its place
                     self._may_go()
 
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._fields += 1
+            if self._fields > MAX_HEADER_FIELDS:
+                raise _TooManyFields(f"the request has over {MAX_HEADER_FIELDS} header fields")
+            super().on_header(name, value)
+
         def on_headers_complete(self) -> None:
             self._heading = False
-            self._receiving = True
+            self._receiving = self._body_began = True
+            self._framing_bytes = 0
             self._unlist()
             self._due = None  # the body deadline: armed once this data is parsed
             super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            self._body_came = True
+            super().on_body(body)
 
         def on_message_complete(self) -> None:
             self._receiving = False
@@ -515,8 +612,8 @@ def guarded_protocol(
             # canceled by the next request, replaced by this connection's one timer: idle
             # for keep-alive, until the next request's first byte arms its header deadline.
             self.server_state.total_requests += 1
-            if self._refusing:
-                self._answer_431()
+            if self._refusing is not None:
+                self._answer_431(self._refusing)
                 return
             transport = self._transport
             if transport.get_write_buffer_size():  # the answer is written but not all taken

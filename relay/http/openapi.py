@@ -184,7 +184,7 @@ E2B, Modal, Vercel, Daytona, Sprites…) and answers with JSON. The provider key
 @cache
 def document() -> dict[str, Any]:
     """The whole document; cached, since it depends on code only."""
-    common = _errors(401, 405, 431, 500)  # 431: headers over the cap (connections.py)
+    common = _errors(401, 405, 431, 500)  # 431: headers over a cap (connections.py)
     paths: dict[str, Any] = {
         "/v1/runs": {"post": _create_run(common), "get": _list_runs(common)},
         "/v1/runs/{run_id}": {"get": _get_run(common), "delete": _cancel_run(common)},

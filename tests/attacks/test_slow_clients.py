@@ -265,6 +265,145 @@ def test_headers_over_the_cap_are_answered_431_and_under_it_served(relay: RelayP
         assert _answer(sock, 5).startswith(b"HTTP/1.1 200 ")
 
 
+def _chunked_run(relay: RelayProcess) -> bytes:
+    """A run's request whose body comes in chunks: its handler waits for the body's end."""
+    token = relay.tokens["ops"]
+    return (
+        f"POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _fields(count: int) -> bytes:
+    return b"".join(b"X-F-%d: v\r\n" % number for number in range(count))
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+def test_more_header_fields_than_the_cap_are_answered_431_and_fewer_served(
+    relay: RelayProcess,
+) -> None:
+    """Tiny header fields cost the relay far more per byte than one big one (13,000 fit
+    under the byte cap; each is a tuple in uvicorn and a step of every header lookup): past
+    MAX_HEADER_FIELDS, even in one read well under the byte cap, the request is answered
+    431 with the relay's error body and the connection closed; 200 are served. A chunked
+    body's trailer fields count too (uvicorn adds them to the request's headers)."""
+    with _connection(relay) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + _fields(300) + b"\r\n")
+        received = _answer(sock, 5)
+        sock.settimeout(5)
+        while chunk := sock.recv(65536):
+            received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 "), received[:200]
+    error = json.loads(body)["error"]
+    assert error["code"] == "headers_too_large"
+    assert "256 header fields" in error["message"]
+    with _connection(relay) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + _fields(200) + b"\r\n")
+        assert _answer(sock, 5).startswith(b"HTTP/1.1 200 ")
+    with _connection(relay) as sock:
+        body = _chunk(b'{"job": "nosuchjob"}') + b"0\r\n" + _fields(300) + b"\r\n"
+        sock.sendall(_chunked_run(relay) + body)
+        assert _answer(sock, 5).startswith(b"HTTP/1.1 431 ")
+
+
+TRAILER_LINE = b"X-T: " + b"t" * 1017 + b"\r\n"
+"""One trailer field of 1 KiB."""
+
+
+ENDLESS = {
+    "trailer_value": (b"0\r\nX-T: ", b"t" * 1024),
+    "trailer_fields": (b"0\r\n", TRAILER_LINE),
+    "chunk_extension": (b"1;e=", b"e" * 1024),
+}
+"""What comes after a chunked body's first bytes, then again and again (1 KiB each)."""
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+@pytest.mark.parametrize("shape", ENDLESS)
+def test_endless_chunked_framing_is_cut_at_the_cap_not_kept(
+    relay: RelayProcess, shape: str
+) -> None:
+    """A chunked body whose framing never ends, with no body bytes: a trailer's value that
+    httptools kept whole, trailer fields uvicorn kept each, an extension nothing kept. The
+    relay read on and held what it kept, bounded only by the body deadline (megabytes a
+    second). Past MAX_HEADER_BYTES with no body bytes nothing more is read and the
+    connection is closed: the caller's sends fail at once, or it is answered 431."""
+    start, again = ENDLESS[shape]
+    server = psutil.Process(relay.process.pid if relay.process else 0)
+    assert relay.get(None, "/healthz").status_code == 200
+    before = most = server.memory_info().rss
+    refused = False
+    received = b""
+    with _connection(relay) as sock:
+        try:
+            sock.sendall(_chunked_run(relay) + _chunk(b'{"job": ') + start)
+            for sent in range(10 << 10):  # 10 MiB
+                sock.sendall(again)
+                if sent % 64 == 0:  # what the relay holds while it reads (freed once closed)
+                    most = max(most, server.memory_info().rss)
+            received = _answer(sock, 5)
+        except ConnectionError:
+            refused = True
+    assert most - before < 4 << 20
+    assert refused or received.startswith(b"HTTP/1.1 431 "), received[:100]
+    assert relay.get(None, "/healthz").status_code == 200
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+def test_trailers_over_the_cap_are_answered_431_and_a_small_trailer_served(
+    relay: RelayProcess,
+) -> None:
+    """Trailer fields past MAX_HEADER_BYTES, in reads that bring no body, are answered 431
+    (the run's handler still waited for its body) and the connection closed; a chunked run
+    with a small trailer is read whole and answered as any other (its job named back)."""
+    with _connection(relay) as sock:
+        sock.sendall(_chunked_run(relay) + _chunk(b'{"job": "nosuchjob"}') + b"0\r\n")
+        time.sleep(0.2)
+        sock.sendall(TRAILER_LINE * 65)  # 65 KiB: over the cap at its last byte
+        received = _answer(sock, 5)
+        sock.settimeout(5)
+        while chunk := sock.recv(65536):
+            received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 "), received[:200]
+    error = json.loads(body)["error"]
+    assert error["code"] == "headers_too_large"
+    assert error["request_id"].encode() in head
+    with _connection(relay) as sock:
+        sock.sendall(
+            _chunked_run(relay)
+            + _chunk(b'{"job": ')
+            + _chunk(b'"nosuchjob"}')
+            + b"0\r\nX-Checksum: abc\r\n\r\n"
+        )
+        received = _answer(sock, 10)
+    assert received.startswith(b"HTTP/1.1 422 "), received[:200]
+    assert b"nosuchjob" in received
+
+
+@pytest.mark.slow  # needs a relay process: seconds
+def test_trailers_over_the_cap_after_an_early_answer_only_close(relay: RelayProcess) -> None:
+    """A request answered before its body ended (a 401) whose trailers go on past the cap:
+    its connection is closed, with no second answer after the one it had."""
+    with _connection(relay) as sock:
+        sock.sendall(_chunked_run(relay).replace(b"Bearer ", b"Bearer x") + _chunk(b"{}"))
+        received = _answer(sock, 5)
+        assert received.startswith(b"HTTP/1.1 401 "), received[:200]
+        sock.sendall(b"0\r\n")
+        time.sleep(0.2)
+        sock.sendall(TRAILER_LINE * 65)
+        sock.settimeout(5)
+        with contextlib.suppress(ConnectionError):
+            while chunk := sock.recv(65536):
+                received += chunk
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", received) == [b"401"], received
+
+
 def _ask_for_the_big_run(relay: RelayProcess, sock: socket.socket) -> None:
     token = relay.tokens["ops"]
     sock.sendall(
