@@ -89,7 +89,17 @@ def _install_server() -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for argv in (
         ["apt-get", "update", "-qq"],
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql"],
+        # Another apt (unattended upgrades) is waited for, not failed on.
+        [
+            "apt-get",
+            "-o",
+            f"DPkg::Lock::Timeout={INSTALL_TIMEOUT_S}",
+            "install",
+            "-y",
+            "-qq",
+            "--no-install-recommends",
+            "postgresql",
+        ],
     ):
         result = subprocess.run(
             argv, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False
@@ -103,15 +113,21 @@ def _server_or_skip() -> Path:
     bin_dir = find_server()
     if bin_dir is not None:
         return bin_dir
-    # Test workers (pytest -n) may all get here at once; apt-get takes one at a time.
-    with _one_process_at_a_time("install"):
+    # Test workers (pytest -n) may all get here at once, and another copy of the suite, or
+    # its scripts/system-deps.sh: apt-get takes one at a time.
+    with _one_process_at_a_time(APT_LOCK):
         return _installed_server_or_skip()
 
 
+APT_LOCK = Path("/tmp/relay-apt.lock")
+"""Whose holder may run apt-get: every copy of the suite on the host, scripts/system-deps.sh
+too (only root installs)."""
+
+
 @contextlib.contextmanager
-def _one_process_at_a_time(what: str) -> Iterator[None]:
-    """A lock on a file in the temp folder, held while the block runs."""
-    with (temp_base() / f"relay-test-postgres-{what}.lock").open("a") as lock:
+def _one_process_at_a_time(path: Path) -> Iterator[None]:
+    """A lock on ``path``, held while the block runs."""
+    with path.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -157,7 +173,7 @@ def _free_port() -> int:
 
 def _service_user_or_skip() -> str:
     """As root, the server must run as another user; make sure it exists."""
-    with _one_process_at_a_time("user"):
+    with _one_process_at_a_time(temp_base() / "relay-test-postgres-user.lock"):
         _make_service_user()
     return SERVICE_USER
 
