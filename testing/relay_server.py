@@ -67,7 +67,7 @@ the suite runs in parallel workers on a shared machine, where a start can wait l
 core. Waiting is polling /healthz, so a long bound costs nothing when the start is quick."""
 
 
-_PR_SET_PDEATHSIG = 1
+_PR_SET_PDEATHSIG, _SIGTERM = 1, int(signal.SIGTERM)
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
 """Looked up before any fork: a child only calls it."""
 
@@ -83,7 +83,7 @@ def tied_to_this_process() -> Callable[[], None] | None:
     parent = os.getpid()
 
     def tie() -> None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        _prctl(_PR_SET_PDEATHSIG, _SIGTERM)
         if os.getppid() != parent:  # it died before the tie was made
             os._exit(1)
 
