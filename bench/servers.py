@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from testing.relay_server import REPO, RelayProcess, free_port
+from testing.relay_server import REPO, RelayProcess, free_port, tied_to_this_process
 
 BENCH_JOBS = {
     "noop": """
@@ -98,6 +98,7 @@ def _server(module: str, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], 
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        preexec_fn=tied_to_this_process(),
     )
     try:
         deadline = time.monotonic() + 20

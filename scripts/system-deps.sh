@@ -32,8 +32,15 @@ fi
 [ ${#packages[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing ${packages[*]} (Debian packages)"
+    # apt takes one at a time, and another copy of the suite (another clone) may install at
+    # once: `apt-get update` refuses a held lock outright, so the suites take turns on a
+    # lock of their own (testing/postgres.py's install too); `install` waits for any other
+    # apt (unattended upgrades) up to 10 minutes.
+    exec 9>/tmp/relay-apt.lock
+    flock 9
     apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+        --no-install-recommends "${packages[@]}" >/dev/null
 else
     echo "note: not installed: ${packages[*]} (run as root, or install them, to use them)" >&2
 fi

@@ -4,7 +4,10 @@ The server is Debian's (``/usr/lib/postgresql/<version>/bin``). When it is missi
 tests run as root (CI, a developer's container), ``apt-get install postgresql`` brings it in.
 Each start gets its own data directory in a temp folder, listens on 127.0.0.1 on a free port
 (its unix socket in that temp folder too, so it never touches a system cluster), trusts
-loopback connections, and is stopped and deleted afterwards.
+loopback connections, and is stopped and deleted afterwards. The server is a daemon, which
+outlives a test process killed outright: its folder names that process (``owner``), and the
+next start on this host stops and deletes every server whose owner is gone (never another
+live run's).
 
 When no server can be had (not root and none installed, or the install fails) the tests
 that asked for one are *skipped with the reason* — never passed silently. Two environment
@@ -86,7 +89,17 @@ def _install_server() -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for argv in (
         ["apt-get", "update", "-qq"],
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql"],
+        # Another apt (unattended upgrades) is waited for, not failed on.
+        [
+            "apt-get",
+            "-o",
+            f"DPkg::Lock::Timeout={INSTALL_TIMEOUT_S}",
+            "install",
+            "-y",
+            "-qq",
+            "--no-install-recommends",
+            "postgresql",
+        ],
     ):
         result = subprocess.run(
             argv, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False
@@ -100,15 +113,21 @@ def _server_or_skip() -> Path:
     bin_dir = find_server()
     if bin_dir is not None:
         return bin_dir
-    # Test workers (pytest -n) may all get here at once; apt-get takes one at a time.
-    with _one_process_at_a_time("install"):
+    # Test workers (pytest -n) may all get here at once, and another copy of the suite, or
+    # its scripts/system-deps.sh: apt-get takes one at a time.
+    with _one_process_at_a_time(APT_LOCK):
         return _installed_server_or_skip()
 
 
+APT_LOCK = Path("/tmp/relay-apt.lock")
+"""Whose holder may run apt-get: every copy of the suite on the host, scripts/system-deps.sh
+too (only root installs)."""
+
+
 @contextlib.contextmanager
-def _one_process_at_a_time(what: str) -> Iterator[None]:
-    """A lock on a file in the temp folder, held while the block runs."""
-    with (temp_base() / f"relay-test-postgres-{what}.lock").open("a") as lock:
+def _one_process_at_a_time(path: Path) -> Iterator[None]:
+    """A lock on ``path``, held while the block runs."""
+    with path.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -154,7 +173,7 @@ def _free_port() -> int:
 
 def _service_user_or_skip() -> str:
     """As root, the server must run as another user; make sure it exists."""
-    with _one_process_at_a_time("user"):
+    with _one_process_at_a_time(temp_base() / "relay-test-postgres-user.lock"):
         _make_service_user()
     return SERVICE_USER
 
@@ -270,6 +289,63 @@ class _Server:
             os.kill(pid, signal.SIGKILL)
 
 
+OWNER = "owner"
+"""In a server's folder: ``PID START`` of the process it serves (``psutil`` create time)."""
+
+
+def _claim(root: Path) -> None:
+    """Name this process the owner of the server in ``root``."""
+    me = psutil.Process()
+    (root / OWNER).write_text(f"{me.pid} {me.create_time()!r}\n")
+
+
+def _owner_alive(root: Path) -> bool:
+    """Whether the process that started the server in ``root`` still runs (a folder with
+    no owner yet is being made: alive)."""
+    try:
+        pid, started = (root / OWNER).read_text().split()
+        return abs(psutil.Process(int(pid)).create_time() - float(started)) < 0.5
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError, psutil.Error):
+        return False
+
+
+def sweep_leftovers() -> list[Path]:
+    """Stop and delete the servers of test processes that are gone (a run killed outright
+    left them running, each holding its memory and port); those of live processes, this
+    run's or another's, are left alone. Returns the folders removed."""
+    removed = []
+    for root in temp_base().glob("relay-pg-*"):
+        if not root.is_dir() or _owner_alive(root):
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError, psutil.Error):
+            pid = int((root / "data" / "postmaster.pid").read_text().splitlines()[0])
+            postmaster = psutil.Process(pid)
+            if str(root / "data") in postmaster.cmdline():  # its own, not a reused pid
+                _stop_abandoned(postmaster)
+        shutil.rmtree(root, ignore_errors=True)
+        removed.append(root)
+    return removed
+
+
+def _stop_abandoned(postmaster: psutil.Process) -> None:
+    """An immediate shutdown (SIGQUIT: its backends end and its shared memory goes), thawed
+    first (a test that froze it may have been killed); SIGKILL if it does not end."""
+    for each in [postmaster, *postmaster.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            each.resume()
+    postmaster.send_signal(signal.SIGQUIT)
+    try:
+        postmaster.wait(START_TIMEOUT_S)
+    except psutil.TimeoutExpired:
+        postmaster.kill()
+
+
+_swept: list[bool] = []
+"""Whether this process swept already (once is enough: what it starts, it stops)."""
+
+
 def _last_lines(text: str, count: int = 5) -> str:
     return " | ".join(text.strip().splitlines()[-count:])
 
@@ -357,7 +433,11 @@ def own_postgres() -> Iterator[tuple[Outage, str]]:
         pytest.fail("a test that starts PostgreSQL is marked so: @pytest.mark.postgres")
     bin_dir = _server_or_skip()
     run_as = _service_user_or_skip() if _is_root() else None
+    if not _swept:
+        _swept.append(True)
+        sweep_leftovers()
     root = Path(tempfile.mkdtemp(prefix="relay-pg-", dir=temp_base()))
+    _claim(root)
     server = _Server(bin_dir, root, run_as)
     started = False
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 import shutil
@@ -9,7 +10,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,29 @@ START_TIMEOUT_S = 60.0
 """How long a start may take before it is a failure: a relay is up in ~1.5 s of CPU, but
 the suite runs in parallel workers on a shared machine, where a start can wait long for a
 core. Waiting is polling /healthz, so a long bound costs nothing when the start is quick."""
+
+
+_PR_SET_PDEATHSIG, _SIGTERM = 1, int(signal.SIGTERM)
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+"""Looked up before any fork: a child only calls it."""
+
+
+def tied_to_this_process() -> Callable[[], None] | None:
+    """A ``preexec_fn`` by which the child gets SIGTERM when the test process that starts
+    it dies (``PR_SET_PDEATHSIG``), also when it is killed outright: a relay or server a
+    killed run started does not live on with its runs, sandboxes and memory (it shuts down
+    as on any SIGTERM). ``None`` outside the main thread: the kernel sends the signal when
+    the starting *thread* ends."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    parent = os.getpid()
+
+    def tie() -> None:
+        _prctl(_PR_SET_PDEATHSIG, _SIGTERM)
+        if os.getppid() != parent:  # it died before the tie was made
+            os._exit(1)
+
+    return tie
 
 
 def free_port() -> int:
@@ -145,7 +171,11 @@ class RelayProcess:
         self.env["RELAY_PORT"] = str(port)
 
     def _start_once(self, timeout_s: float, open_files: int | None) -> RelayProcess:
-        def limit_files() -> None:
+        tie = tied_to_this_process()
+
+        def prepare() -> None:
+            if tie is not None:
+                tie()
             if open_files is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
 
@@ -156,7 +186,7 @@ class RelayProcess:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=limit_files if open_files is not None else None,
+                preexec_fn=prepare,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

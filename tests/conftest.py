@@ -8,7 +8,10 @@ many), so a test never assumes it is the only one running:
   network namespace or address that another test could use at the same time;
 - a port comes from the kernel (bind port 0, or :func:`testing.relay_server.free_port` with
   a retry when a start finds it taken); what it checks on the host (process table, temp
-  folder, cgroups) it finds by a marker of its own, not by counting everything there;
+  folder, cgroups) it finds by a marker of its own, not by counting everything there (a job's
+  process by a :func:`testing.host.sleep_marker`); sandbox uids come from
+  :func:`testing.host.uid_range`. Another copy of the suite (another clone) may run beside
+  it, and a killed run's leftovers may still be there;
 - a session fixture is per worker: ``postgres_url`` is a server of the worker's own;
 - tests that share a module- or class-scoped fixture (a relay process, a fake provider)
   run in one worker, in order (they get an ``xdist_group`` of their module below); the

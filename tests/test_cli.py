@@ -21,7 +21,7 @@ import pytest
 from relay.auth import TokenStore
 from relay.cli.runs import COLUMNS
 from relay.client import parse_params
-from testing.relay_server import RelayProcess, free_port
+from testing.relay_server import RelayProcess, free_port, tied_to_this_process
 
 # A `python -m relay` process (~1.5 s of CPU) per command, many of them.
 pytestmark = pytest.mark.slow
@@ -152,7 +152,7 @@ def test_serve_dev_prints_a_curl_that_works(tmp_path: Path) -> None:
     with out.open("w") as handle:
         process = subprocess.Popen(
             [".venv/bin/relay", "serve", "--dev"], cwd=tmp_path, env=env,
-            stdout=handle, stderr=subprocess.STDOUT,
+            stdout=handle, stderr=subprocess.STDOUT, preexec_fn=tied_to_this_process(),
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 20
@@ -700,7 +700,7 @@ def test_serve_dev_with_no_jobs_says_so_instead_of_a_curl(tmp_path: Path) -> Non
     process = subprocess.Popen(
         [sys.executable, "-m", "relay", "serve", "--dev"], cwd=tmp_path,
         env={"PATH": os.environ["PATH"], **env}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
+        stderr=subprocess.STDOUT, text=True, preexec_fn=tied_to_this_process(),
     )  # fmt: skip
     try:
         said = read_until(process.stdout, "The console")

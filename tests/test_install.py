@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from testing.relay_server import free_port
+from testing.relay_server import free_port, tied_to_this_process
 from tests.conftest import REPO
 
 DISTRIBUTION = "sandbox-relay"
@@ -198,7 +198,8 @@ def test_pip_install_then_relay_init_then_serve_and_run(installed: Path, tmp_pat
            "RELAY_PORT": port, "RELAY_URL": f"http://127.0.0.1:{port}"}  # fmt: skip
     with (tmp_path / "serve.log").open("w") as log:
         server = subprocess.Popen(["relay", "serve", "--dev"], cwd=app, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT)  # fmt: skip
+                                  stderr=subprocess.STDOUT,
+                                  preexec_fn=tied_to_this_process())  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and server.poll() is None:

@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 
+from testing import postgres
 from testing.postgres import start_postgres, temp_base
+from testing.settings import REPO
 
 pytestmark = pytest.mark.postgres
 
@@ -86,3 +90,56 @@ def test_required_postgres_fails_instead_of_skipping(monkeypatch: pytest.MonkeyP
     failed = pytest.raises(pytest.fail.Exception, match=r"RELAY_TEST_REQUIRE_POSTGRES=1")
     with failed, start_postgres():
         pytest.fail("yielded a URL without a server")
+
+
+A_RUN = """
+import os, signal, sys
+from testing.postgres import own_postgres
+with own_postgres() as (_, url):
+    print(url, flush=True)
+    if sys.argv[1] == "killed":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.stdin.read()  # a live run: until the test lets it go
+"""
+
+
+def _listening(url: str) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", urlsplit(url).port or 0)) == 0
+
+
+@pytest.mark.slow  # starts three servers, two in processes of their own
+def test_a_killed_runs_server_is_stopped_by_the_next_start_and_a_live_runs_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server is a daemon: a test process killed outright left it running (memory,
+    200 connections' worth of shared state, a port) with its folder, run after run."""
+    if "RELAY_TEST_POSTGRES_URL" in os.environ:
+        pytest.skip("RELAY_TEST_POSTGRES_URL is set: no server of our own is started")
+    argv = [sys.executable, "-c", A_RUN]
+    killed = subprocess.run(
+        [*argv, "killed"], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert killed.returncode == -9, killed.stderr
+    left = killed.stdout.strip()
+    assert _listening(left)  # what the killed run left
+    [left_root] = [
+        d for d in _server_dirs() if (d / "sockets" / f".s.PGSQL.{urlsplit(left).port}").exists()
+    ]
+    live = subprocess.Popen(
+        [*argv, "live"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert live.stdin is not None and live.stdout is not None
+    try:
+        other = live.stdout.readline().strip()  # another run's, beside this one
+        monkeypatch.setattr(
+            postgres, "_swept", [], raising=False
+        )  # as in a process starting its first
+        with start_postgres() as url:
+            assert _listening(url) and _listening(other)
+            assert not _listening(left) and not left_root.exists()
+    finally:
+        live.stdin.close()
+        assert live.wait(60) == 0
+        live.stdout.close()
+    assert not _listening(other)

@@ -23,6 +23,7 @@ import pytest
 
 from relay.providers.local import cgroups
 from relay.providers.local.invocation import bwrap_blocks_userns, bwrap_works
+from testing.host import sleep_marker
 from testing.relay_server import RelayProcess
 
 pytestmark = [
@@ -138,7 +139,7 @@ def test_a_sandbox_of_a_root_relay_is_not_root_on_the_host(relay: RelayProcess) 
     """bubblewrap maps the sandbox's user to the user that starts it: a relay running as
     root must start it as a uid of the sandbox's own, or an escaped job would be the
     host's root."""
-    marker = f"3.{int.from_bytes(os.urandom(3), 'big'):08d}"  # a duration nobody else sleeps
+    marker = sleep_marker(3)
     body = {"command": ["sleep", marker]}
     answer: dict[str, Any] = {}
     waiter = threading.Thread(

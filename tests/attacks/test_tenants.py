@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import textwrap
 import threading
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from relay.providers.local.invocation import bwrap_works
+from testing.host import sleep_marker, uid_range
 from testing.relay_server import RelayProcess
 
 pytestmark = [
@@ -27,7 +29,8 @@ pytestmark = [
 ]  # needs a relay process: seconds
 
 MEMORY_MB, DISK_MB, PIDS, OPEN_FILES, SLOTS = 64, 16, 32, 64, 8
-FIRST_UID, LAST_UID = 710_000_000, 710_000_015
+FIRST_UID, LAST_UID = uid_range(16)
+"""Of this run's own: the checks below find every process and lock of the range."""
 LIMITS = {
     "local_isolation": "bwrap",
     "local_max_memory_mb": MEMORY_MB,
@@ -188,8 +191,8 @@ def _uids_in_use() -> set[int]:
 def test_each_sandbox_has_a_uid_no_other_process_can_read_it_with(relay: RelayProcess) -> None:
     """Every sandbox of a root relay ran as the host's nobody (65534): any nobody process
     read a live sandbox's environment and files, and sandboxes shared per-user limits."""
-    stamp = int.from_bytes(os.urandom(3), "big")
-    markers = [f"4.{stamp:08d}1", f"4.{stamp:08d}2"]
+    stamp = secrets.token_hex(4)
+    markers = [sleep_marker(4), sleep_marker(4)]
     threads = [_sleeping(relay, marker, f"secret-{n}-{stamp}") for n, marker in enumerate(markers)]
     try:
         (first, first_uid), (second, second_uid) = map(_job_process, markers)

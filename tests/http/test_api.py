@@ -13,6 +13,7 @@ import httpx
 import psutil
 import pytest
 
+from testing.host import sleep_marker
 from testing.relay_server import SECRET_CANARY, RelayProcess
 
 pytestmark = pytest.mark.slow  # needs a relay process: seconds
@@ -124,7 +125,8 @@ def test_a_wait_past_max_wait_turns_into_202(relay: RelayProcess) -> None:
 
 
 def test_timeout_kills_everything_including_setsid_children(relay: RelayProcess) -> None:
-    script = "setsid sleep 347 & (sleep 348 &) ; echo started; sleep 349"
+    markers = [sleep_marker(seconds) for seconds in (347, 348, 349)]
+    script = "setsid sleep {} & (sleep {} &) ; echo started; sleep {}".format(*markers)
     run = relay.post(ops(relay), {"command": ["sh", "-c", script], "timeout_s": 1}).json()
     assert run["state"] == "timed_out" and run["stdout"] == "started\n"
     time.sleep(0.5)
@@ -133,7 +135,7 @@ def test_timeout_kills_everything_including_setsid_children(relay: RelayProcess)
         for p in psutil.process_iter(["cmdline"])
         if p.info["cmdline"]
         and p.info["cmdline"][:1] == ["sleep"]
-        and p.info["cmdline"][1:2] in (["347"], ["348"], ["349"])
+        and p.info["cmdline"][1:2] in ([marker] for marker in markers)
     ]
     assert leftovers == []
 
@@ -218,16 +220,15 @@ def test_a_disconnected_caller_does_not_stop_its_run(relay: RelayProcess) -> Non
 
 
 def test_cancel_terminates_a_running_run(relay: RelayProcess) -> None:
-    run = relay.post(ops(relay), {"command": ["sleep", "351"], "wait": False}).json()
+    sleeping = ["sleep", sleep_marker(351)]
+    run = relay.post(ops(relay), {"command": sleeping, "wait": False}).json()
     for _ in range(50):
         if relay.get(ops(relay), f"/v1/runs/{run['id']}").json()["state"] == "running":
             break
         time.sleep(0.1)
     canceled = relay.delete(ops(relay), f"/v1/runs/{run['id']}")
     assert canceled.status_code == 200 and canceled.json()["state"] == "canceled"
-    assert not [
-        p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "351"]
-    ]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == sleeping]
     again = relay.delete(ops(relay), f"/v1/runs/{run['id']}")
     assert again.status_code == 409 and again.json()["error"]["code"] == "run_finished"
 
@@ -328,13 +329,14 @@ def test_sigterm_drains_then_cancels(tmp_path: Path) -> None:
     token = server.add_token("t", command=True)
     server.start()
     quick = server.post(token, {"command": ["sh", "-c", "sleep 1; echo drained"], "wait": False})
-    slow = server.post(token, {"command": ["sleep", "352"], "wait": False})
+    marker = sleep_marker(352)
+    slow = server.post(token, {"command": ["sleep", marker], "wait": False})
     time.sleep(0.3)
     assert server.stop() == 0  # a clean shutdown
 
     def sleeping() -> list[object]:
         return [
-            p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "352"]
+            p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", marker]
         ]
 
     for _ in range(30):  # the kernel may take a moment to reap a killed namespace

@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from relay.runs.catalog import Catalog
+from testing.host import sleep_marker
 from testing.relay_server import RelayProcess
 from tests.conftest import REPO
 
@@ -34,6 +35,8 @@ CLIENT = REPO / "tests" / "mcp_client"
 README_HOST = "https://relay.your-domain"
 """The relay's URL as the README's MCP examples write it."""
 NPM_TIMEOUT_S = 600
+CANCELED_SLEEP = sleep_marker(364)
+"""The seconds check.mjs's canceled run sleeps: its process is found by them."""
 
 pytestmark = pytest.mark.node  # the official TypeScript SDK and the Inspector, on Node
 
@@ -91,6 +94,7 @@ def node_env(relay: RelayProcess, **extra: str) -> dict[str, str]:
         "HOME": str(relay.root),  # npm's cache and config, the Inspector's files: not ours
         "RELAY_MCP_URL": relay.url + "/mcp",
         "RELAY_TOKENS": json.dumps(relay.tokens),
+        "RELAY_CANCELED_SLEEP": CANCELED_SLEEP,
         "npm_config_yes": "false",  # npx: what is not in node_modules is not downloaded
         "npm_config_update_notifier": "false",
         **extra,
@@ -201,7 +205,7 @@ def test_the_typescript_sdk_reads_every_answer_and_every_refusal(
     assert len(canceled) == 1, canceled
     run = relay.get(relay.tokens["ops"], f"/v1/runs/{canceled[0]['id']}").json()
     assert run["stdout"] == "up\n" and run["exit_code"] is None
-    assert sandbox_processes("364") == []
+    assert sandbox_processes(CANCELED_SLEEP) == []
 
 
 def readme_mcp_section() -> str:

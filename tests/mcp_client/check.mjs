@@ -5,7 +5,8 @@
 // tests/http/test_mcp_clients.py judges it. Nothing here knows the relay's answers.
 //
 // Environment: RELAY_MCP_URL (the /mcp URL), RELAY_TOKENS (JSON: token name -> value, for the
-// names used below). One line in between: {"waiting": "shrink"} on stdout, after which the
+// names used below), RELAY_CANCELED_SLEEP (the seconds the canceled run sleeps: the test finds
+// its process by them, so no other run on the host sleeps them). One line in between: {"waiting": "shrink"} on stdout, after which the
 // test takes the job "sleep" from the token "shrinking" and answers with a line on stdin.
 
 import { createInterface } from "node:readline";
@@ -15,6 +16,7 @@ import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/
 
 const url = new URL(process.env.RELAY_MCP_URL);
 const tokens = JSON.parse(process.env.RELAY_TOKENS);
+const canceledSleep = process.env.RELAY_CANCELED_SLEEP;
 const report = { protocolVersion: null, tools: {}, calls: {} };
 const stdin = createInterface({ input: process.stdin })[Symbol.asyncIterator]();
 
@@ -68,7 +70,7 @@ const script = "for i in 1 2 3; do echo line$i; sleep 0.2; done";
 // Canceled at its first output, as a user stopping the host would; the test then finds the
 // run canceled and its sandbox gone.
 const controller = new AbortController();
-await call("canceled", ops.client, "run_command", { command: ["sh", "-c", "echo up; sleep 364"] }, {
+await call("canceled", ops.client, "run_command", { command: ["sh", "-c", `echo up; sleep ${canceledSleep}`] }, {
   signal: controller.signal,
   onprogress: () => controller.abort("the user stopped it"),
 });

@@ -26,13 +26,13 @@ import pytest
 from relay.providers.contract import SANDBOX_MARKER
 from relay.providers.local.invocation import bwrap_works
 from relay.providers.local.provider import LocalProvider
+from testing.host import uid_range
 from testing.settings import REPO, make_settings
 
 KILLS = 30
-_BASE = 731_000_000 + secrets.randbelow(1000) * 1000
-UIDS = (_BASE, _BASE + 999)
-"""A uid range of this run's own: tests/providers/test_local_tenancy.py starts processes as
-730_000_xxx uids, and another run of this test (another worktree) uses a range of its own."""
+UIDS = uid_range()
+"""A uid range of this run's own: other tests start processes as uids of theirs, and another
+run of this test (another worktree) uses a range of its own."""
 SETTLE_S = 20.0
 """What is tied to a killed relay is gone in milliseconds; waited for until it is gone, at
 most this long (a busy machine schedules the deathwatch late)."""

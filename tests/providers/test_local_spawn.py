@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import secrets
 import shutil
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from relay.providers.local.invocation import HOST_ENV, base_rlimits, bwrap_works
 from relay.providers.local.provider import LocalProvider
 from relay.providers.local.root import marked_pids
 from relay.providers.local.sandbox import LocalSandbox
+from testing.host import sleep_marker
 from testing.relay_server import RelayProcess
 from tests.conftest import make_settings
 
@@ -120,7 +120,7 @@ async def test_a_spawn_cancelled_midway_leaves_no_process_and_no_pipe(
     # A DELETE (or shutdown) can land while the child's pipes are being handed to the
     # loop; cancelling after `steps` loop turns covers every await in spawn().
     # A duration no other process on the machine uses: the child is found by it alone.
-    sleeping = f"sleep 30.{secrets.randbelow(10**6):06d}"
+    sleeping = f"sleep {sleep_marker(30)}"
     argv = ["sh", "-c", f"exec {sleeping}"]
     ours = {child.pid for child in psutil.Process().children()}
     task = asyncio.create_task(spawn.spawn(argv, stdin=True, env={}, cwd=None, preexec_fn=None))

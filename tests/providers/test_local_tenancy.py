@@ -18,10 +18,13 @@ from relay.providers.local import file_table, uids
 from relay.providers.local.invocation import bwrap_works
 from relay.providers.local.provider import LocalProvider
 from relay.providers.local.sandbox import LocalSandbox
+from testing.host import uid_range
 from tests.conftest import make_settings
 
 needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap missing or not working")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="only root switches uids")
+FIRST, _ = uid_range()
+"""Of this run's own: another copy of the suite holds and runs as uids of its own."""
 
 
 def test_numbers_within_a_quarter_of_the_file_table_stand() -> None:
@@ -92,9 +95,9 @@ async def test_the_provider_runs_no_more_sandboxes_than_budgeted(tmp_path: Path)
 
 
 def test_a_uid_is_held_by_one_relay_at_a_time_and_free_once_released() -> None:
-    first, second = uids.UidRange(730_000_000, 730_000_001), uids.UidRange(730_000_000, 730_000_001)
+    first, second = uids.UidRange(FIRST, FIRST + 1), uids.UidRange(FIRST, FIRST + 1)
     held = [first.take(), first.take()]
-    assert {uid.uid for uid in held} == {730_000_000, 730_000_001}
+    assert {uid.uid for uid in held} == {FIRST, FIRST + 1}
     with pytest.raises(ProviderRateLimited):  # another relay on the host, the same range
         second.take()
     held[0].release()
@@ -137,7 +140,7 @@ async def test_a_uid_a_stray_process_runs_as_is_held_back_and_the_relay_starts(
     to start ("uid N is used by process P, which is no relay's sandbox"), so a job could
     stop every restart. It starts, says so in one line, and gives that uid to no sandbox
     while the process lives; once it is gone, the uid is given again."""
-    first = 730_000_400
+    first = FIRST + 400
     stranger = _running_as(first)
     try:
         settings = make_settings(
@@ -189,19 +192,14 @@ def test_a_relay_that_is_not_root_names_who_else_shares_its_sandboxes_uid(
 ) -> None:
     """Not root, the relay cannot switch uids: its sandboxes run as its own, which it
     should have to itself. A process sharing it is named in one warning line."""
-    sharer = subprocess.Popen(
-        ["setpriv", "--reuid=730000300", "--regid=730000300", "--clear-groups", "sleep", "30"]
-    )
+    own = FIRST + 300
+    sharer = _running_as(own)
     try:
-        deadline = time.monotonic() + 5
-        while Path(f"/proc/{sharer.pid}").stat().st_uid != 730_000_300:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        monkeypatch.setattr(os, "geteuid", lambda: 730_000_300)
+        monkeypatch.setattr(os, "geteuid", lambda: own)
         with caplog.at_level(logging.WARNING, "relay.providers.local"):
-            assert uids.for_sandboxes((730_000_000, 730_000_099), 8) is None
+            assert uids.for_sandboxes((FIRST, FIRST + 99), 8) is None
         [line] = [r.getMessage() for r in caplog.records]
-        assert "own uid 730000300" in line and f"{sharer.pid} (sleep)" in line
+        assert f"own uid {own}" in line and f"{sharer.pid} (sleep)" in line
     finally:
         sharer.kill()
         sharer.wait()

@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from testing.host import sleep_marker
 from testing.postgres import own_postgres
 from testing.relay_server import RelayProcess
 from tests.conftest import new_database
@@ -36,11 +37,12 @@ def pair(tmp_path: Path, postgres_url: str) -> Iterator[tuple[RelayProcess, Rela
     second.stop()
 
 
-def sleeping(marker: int) -> list[str]:
-    return ["sleep", str(marker)]
+def sleeping(marker: str) -> list[str]:
+    return ["sleep", marker]
 
 
-def alive(marker: int) -> bool:
+def alive(marker: str) -> bool:
+    """Whether a job sleeps ``marker`` (a :func:`sleep_marker`: no other run's does)."""
     return any(p.info["cmdline"] == sleeping(marker) for p in psutil.process_iter(["cmdline"]))
 
 
@@ -68,15 +70,17 @@ def test_a_run_is_read_and_canceled_through_the_other(
 ) -> None:
     first, second = pair
     token = first.tokens["ops"]
-    run = first.post(token, {"command": sleeping(361), "wait": False}).json()
+    marker = sleep_marker(361)
+    run = first.post(token, {"command": sleeping(marker), "wait": False}).json()
     for _ in range(100):
-        if second.get(token, f"/v1/runs/{run['id']}").json()["state"] == "running" and alive(361):
+        state = second.get(token, f"/v1/runs/{run['id']}").json()["state"]
+        if state == "running" and alive(marker):
             break
         time.sleep(0.1)
     canceled = second.delete(token, f"/v1/runs/{run['id']}")
     assert canceled.status_code == 200 and canceled.json()["state"] == "canceled"
     time.sleep(0.5)
-    assert not alive(361)
+    assert not alive(marker)
     assert first.wait_final(token, run["id"])["state"] == "canceled"
 
 
@@ -85,11 +89,10 @@ def test_a_dead_replicas_runs_are_reaped_by_the_other(
 ) -> None:
     first, second = pair
     token = first.tokens["ops"]
-    runs = [
-        first.post(token, {"command": sleeping(362 + i), "wait": False}).json() for i in range(3)
-    ]
+    markers = [sleep_marker(362 + i) for i in range(3)]
+    runs = [first.post(token, {"command": sleeping(m), "wait": False}).json() for m in markers]
     for _ in range(100):
-        if all(alive(362 + i) for i in range(3)):
+        if all(map(alive, markers)):
             break
         time.sleep(0.1)
     first.kill()
@@ -101,7 +104,7 @@ def test_a_dead_replicas_runs_are_reaped_by_the_other(
             break
         time.sleep(0.25)
     assert states == {"lost"}
-    assert not any(alive(362 + i) for i in range(3))
+    assert not any(map(alive, markers))
     sandboxes = first.root.parent / "sandboxes"
     assert not any(sandboxes.iterdir()), "the dead replica's sandbox folders were not reaped"
 
@@ -109,10 +112,11 @@ def test_a_dead_replicas_runs_are_reaped_by_the_other(
 def test_limits_hold_across_replicas(pair: tuple[RelayProcess, RelayProcess]) -> None:
     first, second = pair
     token = first.tokens["capped"]
+    marker = sleep_marker(370)
 
     def send(i: int) -> int:
         server = first if i % 2 else second
-        return server.post(token, {"command": sleeping(370), "wait": False}).status_code
+        return server.post(token, {"command": sleeping(marker), "wait": False}).status_code
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         statuses = list(pool.map(send, range(8)))
@@ -142,12 +146,13 @@ def test_a_database_outage_kills_no_healthy_run(tmp_path: Path) -> None:
         first.start()
         second.start()
         try:
+            markers = [sleep_marker(380 + i) for i in range(4)]
             runs = [
-                server.post(token, {"command": sleeping(380 + i), "wait": False}).json()
-                for i, server in enumerate([first, second] * 2)
+                server.post(token, {"command": sleeping(m), "wait": False}).json()
+                for m, server in zip(markers, [first, second] * 2, strict=True)
             ]
             for _ in range(100):
-                if all(alive(380 + i) for i in range(4)):
+                if all(map(alive, markers)):
                     break
                 time.sleep(0.1)
             time.sleep(0.5)  # the `running` writes are stored
@@ -155,7 +160,7 @@ def test_a_database_outage_kills_no_healthy_run(tmp_path: Path) -> None:
             time.sleep(6)  # longer than 3 missed beats (1 s each) and a second
             outage.start()
             time.sleep(8)  # several sweeps on both replicas
-            assert all(alive(380 + i) for i in range(4)), "a healthy run was killed"
+            assert all(map(alive, markers)), "a healthy run was killed"
             states = {first.get(token, f"/v1/runs/{r['id']}").json()["state"] for r in runs}
             assert states == {"running"}
             for run in runs:
