@@ -535,13 +535,16 @@ def guarded_protocol(
         def _refuse(self, message: str) -> None:
             """The request is over a cap: nothing more of the connection is read, and it is
             closed. Nothing of it reached the app (its headers not all in, or it waits behind
-            a pipelined request): answered ``431``, after the answer of a request before it
-            still in flight, not in the middle of it. Its body being read, it is answered
+            a pipelined request): answered ``431``, after the answers of the requests before
+            it (in flight, or pipelined and read whole: each is still served), not in the
+            middle of one. Its body being read, it is answered
             ``431`` only if its handler answered nothing yet; the handler sees a disconnect,
             and what it answers goes nowhere."""
             self._transport.pause_reading()
             cycle = self.cycle  # the newest request: the one over the cap once its headers are in
             if self._heading or self.pipeline:
+                if not self._heading and self.pipeline[0][0] is cycle:
+                    self.pipeline.popleft()  # it waited behind another (its trailers): never run
                 self._heading = self._receiving = False
                 if cycle is not None and not cycle.response_complete:
                     self._refusing = message  # answered once the one before it is
@@ -612,8 +615,9 @@ def guarded_protocol(
             # canceled by the next request, replaced by this connection's one timer: idle
             # for keep-alive, until the next request's first byte arms its header deadline.
             self.server_state.total_requests += 1
-            if self._refusing is not None:
-                self._answer_431(self._refusing)
+            refusing = self._refusing
+            if refusing is not None and not self.pipeline:  # the ones before it answered
+                self._answer_431(refusing)
                 return
             transport = self._transport
             if transport.get_write_buffer_size():  # the answer is written but not all taken
@@ -621,7 +625,8 @@ def guarded_protocol(
             if transport.is_closing():
                 return
             self._unset_keepalive_if_required()
-            self.flow.resume_reading()
+            if refusing is None:  # else nothing more is read: the parser stopped at it
+                self.flow.resume_reading()
             if self.pipeline:
                 cycle, app = self.pipeline.pop()
                 self._start_asgi_task(cycle, app)

@@ -311,6 +311,33 @@ def test_more_header_fields_than_the_cap_are_answered_431_and_fewer_served(
         assert _answer(sock, 5).startswith(b"HTTP/1.1 431 ")
 
 
+@pytest.mark.slow  # needs a relay process: seconds
+@pytest.mark.parametrize("where", ["headers", "trailers"])
+def test_requests_pipelined_before_one_over_the_field_cap_are_each_answered(
+    relay: RelayProcess, where: str
+) -> None:
+    """Three requests in one send, the third over MAX_HEADER_FIELDS (in its headers, or its
+    trailers): the second, read whole and waiting behind the first, is answered, then the
+    third is refused. The 431 came right after the first answer, in the second's place (a
+    caller took it for the second's), and the second was never run."""
+    if where == "headers":
+        refused = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + _fields(300) + b"\r\n"
+    else:
+        body = _chunk(b'{"job": "nosuchjob"}') + b"0\r\n" + _fields(300) + b"\r\n"
+        refused = _chunked_run(relay) + body
+    with _connection(relay) as sock:
+        sock.sendall(
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n" + refused
+        )
+        sock.settimeout(5)
+        received = b""
+        with contextlib.suppress(ConnectionError):
+            while chunk := sock.recv(65536):
+                received += chunk
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", received) == [b"200", b"404", b"431"], received
+
+
 TRAILER_LINE = b"X-T: " + b"t" * 1017 + b"\r\n"
 """One trailer field of 1 KiB."""
 
