@@ -117,3 +117,36 @@ async def test_a_live_relays_sandbox_is_never_listed_abandoned(tmp_path: Path) -
     finally:
         await reaping.aclose()
         await serving.aclose()
+
+
+async def test_a_live_sandbox_whose_lock_cannot_be_looked_at_is_not_abandoned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The serving relay's own reaper lists its groups every sweep and ends an `abandoned`
+    one whatever its run says: a relay out of file descriptors for a moment (a cap's worth
+    of connections, a sandbox's uploads in a thread) could not open a live sandbox's lock
+    file, took that for a free lock, and its next sweep killed the healthy run."""
+    import errno
+
+    from relay.providers.contract import SandboxSpec
+    from relay.providers.local.provider import LocalProvider
+    from tests.conftest import make_settings
+
+    opened = os.open
+
+    def out_of_fds(path: str | os.PathLike[str], flags: int, *args: int) -> int:
+        if Path(path).name == LOCK_FILE and not flags & os.O_CREAT:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return opened(path, flags, *args)
+
+    settings = make_settings(tmp_path, local_isolation="bwrap")
+    serving = LocalProvider(settings)
+    try:
+        async with serving.sandbox(SandboxSpec("run_live", "test", 30)) as box:
+            assert box.group is not None and box.group.exists
+            with monkeypatch.context() as patched:
+                patched.setattr(os, "open", out_of_fds)
+                [ref] = await serving.list_owned()
+            assert (ref.sandbox_id, ref.run_id, ref.abandoned) == (box.id, "run_live", False)
+    finally:
+        await serving.aclose()

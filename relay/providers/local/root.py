@@ -86,11 +86,16 @@ def marked_pids(sandbox_id: str) -> list[int]:
 
 
 def lock_held(home: Path) -> bool:
-    """True while some relay (this one included) keeps the sandbox's lock."""
+    """True while some relay (this one included) keeps the sandbox's lock, and when it
+    cannot tell (out of file descriptors, a lock file it may not open): only a lock file
+    that is gone, or that it could take, is free. A serving relay's reaper ends a sandbox
+    whose lock is free (``abandoned``), so a doubt must keep it, not end a live run."""
     try:
         fd = os.open(home / LOCK_FILE, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
+    except OSError:
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
