@@ -25,7 +25,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+from ipaddress import IPv4Interface, IPv4Network
 from pathlib import Path
 
 import pytest
@@ -268,7 +268,11 @@ def test_the_hosts_own_addresses_are_unreachable(
     listener = Listener(socket.AF_INET6, ("::", 0))
     port = listener.socket.getsockname()[1]
     try:
-        addresses = [str(a) for a in private_network.host_addresses() if not a.is_loopback]
+        addresses = [
+            str(network.network_address)
+            for network in private_network.host_addresses()
+            if network.prefixlen == 32 and not network.is_loopback
+        ]
         addresses += _host_ipv6_addresses()
         assert test_hosts["public"].host_side in addresses  # public, yet the host's own
         targets = [f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in addresses]
@@ -297,12 +301,45 @@ def test_an_address_the_host_holds_twice_is_unreachable(relay: RelayProcess) -> 
         for end in ("a", "b"):
             _ip("addr", "add", f"{address}/32", "dev", f"{pair}{end}")
             _ip("link", "set", f"{pair}{end}", "up")
-        assert private_network.host_addresses().count(IPv4Address(address)) == 1
+        assert private_network.host_addresses().count(IPv4Network(f"{address}/32")) == 1
         results = probe(relay, f"{address}:{port}")
     finally:
         subprocess.run(["ip", "link", "del", f"{pair}a"], check=False, capture_output=True)
         listener.close()
     assert results[f"{address}:{port}"].startswith("refused"), results
+    assert listener.accepted == 0
+
+
+def test_every_address_of_a_network_the_host_answers_for_whole_is_unreachable(
+    relay: RelayProcess,
+) -> None:
+    # A local route for a whole network (an address on lo with its prefix, `ip route add
+    # local`: AnyIP) makes the host answer at every address of it, listed once as
+    # "/30 host LOCAL": only "/32 host LOCAL" was read, so the host's listeners were open to
+    # every open-egress sandbox at the network's other addresses.
+    held = _held_networks()
+    network = next(
+        candidate
+        for candidate in (
+            IPv4Network(f"203.0.113.{4 * last}/30") for last in random.sample(range(1, 63), 62)
+        )
+        if not any(candidate.overlaps(other) for other in held)
+    )
+    pair = f"rtl{secrets.token_hex(2)}"
+    listener = Listener(socket.AF_INET, ("0.0.0.0", 0))
+    port = listener.socket.getsockname()[1]
+    target = f"{network[2]}:{port}"  # no interface's address: the local route's alone
+    try:
+        _ip("link", "add", f"{pair}a", "type", "veth", "peer", "name", f"{pair}b")
+        _ip("addr", "add", f"{network[1]}/30", "dev", f"{pair}a")  # the network shows held
+        _ip("link", "set", f"{pair}a", "up")
+        _ip("route", "add", "local", str(network), "dev", f"{pair}a", "table", "local")
+        assert network in private_network.host_addresses()
+        results = probe(relay, target)
+    finally:
+        subprocess.run(["ip", "link", "del", f"{pair}a"], check=False, capture_output=True)
+        listener.close()
+    assert results[target].startswith("refused"), results
     assert listener.accepted == 0
 
 

@@ -10,8 +10,9 @@ the sandbox reaches what the host reaches, minus what this module closes:
   gateway-to-host-loopback mapping (``--no-map-gw``, ``--disable-host-loopback``) or
   port forwarding;
 - private, link-local (cloud metadata), CGNAT, multicast and reserved IPv4 ranges, and
-  every address of the host's own interfaces: policy rules in the sandbox's namespace
-  (``ip rule … unreachable``), looked up before any route. The relay adds them with
+  every address of the host's own interfaces (a whole network, where a local route makes
+  the host answer for all of it): policy rules in the sandbox's namespace (``ip rule …
+  unreachable``), looked up before any route. The relay adds them with
   ``nsenter ip -batch``; the job cannot remove them, for bubblewrap drops every
   capability and the namespace belongs to bubblewrap's user namespace, not the job's.
 - the host's abstract unix sockets: they belong to a network namespace, and this is
@@ -104,23 +105,27 @@ def available(choice: str = "auto", search_path: str | None = None) -> NetworkTo
     return None
 
 
-def host_addresses() -> list[IPv4Address]:
-    """The IPv4 addresses of this host's interfaces (the kernel's local routes)."""
+def host_addresses() -> list[IPv4Network]:
+    """What this host's interfaces answer for (the kernel's local routes): an address each,
+    or a whole network a local route holds."""
     with contextlib.suppress(OSError):
         return local_addresses(Path("/proc/net/fib_trie").read_text())
     return []
 
 
-def local_addresses(fib_trie: str) -> list[IPv4Address]:
-    """The addresses ``/proc/net/fib_trie`` lists as ``/32 host LOCAL``.
+def local_addresses(fib_trie: str) -> list[IPv4Network]:
+    """What ``/proc/net/fib_trie`` lists as ``LOCAL`` routes: ``/32`` an address, shorter
+    a network the host answers for whole (an address on ``lo`` with its prefix, ``ip route
+    add local …``: any address in it reaches the host's listeners).
 
-    An entry follows the ``|-- ADDRESS`` line of its key, and one key may list several
-    (an address on two interfaces lists ``/32 host LOCAL`` twice): each belongs to the key
-    above it, never to the line just before it."""
-    found: set[IPv4Address] = set()
+    An entry (``/LEN SCOPE TYPE`` and maybe `` tos=N``) follows the ``|-- ADDRESS`` line of
+    its key, and one key may list several (an address on two interfaces lists ``/32 host
+    LOCAL`` twice): each belongs to the key above it, never to the line just before it."""
+    found: set[IPv4Network] = set()
     key: IPv4Address | None = None
     for line in fib_trie.splitlines():
         text = line.strip()
+        fields = text.split()
         if text.startswith("|-- "):
             try:
                 key = IPv4Address(text[4:].strip())
@@ -128,8 +133,9 @@ def local_addresses(fib_trie: str) -> list[IPv4Address]:
                 key = None
         elif text.startswith(("+-- ", "Main:", "Local:")) or text.endswith(":"):
             key = None
-        elif text == "/32 host LOCAL" and key is not None:
-            found.add(key)
+        elif key is not None and len(fields) >= 3 and text.startswith("/") and fields[2] == "LOCAL":
+            with contextlib.suppress(ValueError):
+                found.add(IPv4Network(f"{key}{fields[0]}", strict=False))
     return sorted(found)
 
 
@@ -137,9 +143,9 @@ def rules(tool: NetworkTool, allow: Sequence[IPv4Network]) -> str:
     """The ``ip -batch`` script of policy rules that closes the sandbox's namespace."""
     lines = [f"rule add to {tool.dns} ipproto udp dport 53 lookup main pref {_PREF_DNS}"]
     lines += [
-        f"rule add to {address} unreachable pref {_PREF_HOST}"
-        for address in host_addresses()
-        if address not in LOOPBACK  # the sandbox's own loopback answers for these
+        f"rule add to {network} unreachable pref {_PREF_HOST}"
+        for network in host_addresses()
+        if not network.subnet_of(LOOPBACK)  # the sandbox's own loopback answers for these
     ]
     lines += [f"rule add to {network} lookup main pref {_PREF_ALLOW}" for network in allow]
     lines += [f"rule add to {network} unreachable pref {_PREF_BLOCK}" for network in BLOCKED]
