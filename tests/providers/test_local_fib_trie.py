@@ -117,3 +117,30 @@ def test_networks_a_local_route_holds_whole_are_closed_not_only_addresses(
         assert f"rule add to {closed} unreachable pref 200\n" in script, script
     assert "127.0.0.1/32" not in script  # the sandbox's own loopback answers for these
     assert "127.0.0.0/8 unreachable pref 200" not in script
+
+
+# As Linux 6.18 prints a transparent proxy's table (`ip rule add fwmark 1 lookup 100`, `ip
+# route add local 0.0.0.0/0 dev lo table 100`): only marked packets are the host's.
+TPROXY = """\
+Id 100:
+  +-- 0.0.0.0/0 2 0 2
+     |-- 0.0.0.0
+        /0 host LOCAL
+     |-- 198.51.100.9
+        /32 host LOCAL
+Local:
+  +-- 127.0.0.0/8 2 0 2
+     +-- 127.0.0.0/31 1 0 0
+        |-- 127.0.0.0
+           /8 host LOCAL
+        |-- 127.0.0.1
+           /32 host LOCAL
+"""
+
+
+def test_a_network_in_a_table_of_its_own_does_not_close_every_destination() -> None:
+    assert private_network.local_addresses(TPROXY) == [
+        IPv4Network("127.0.0.0/8"),
+        IPv4Network("127.0.0.1/32"),
+        IPv4Network("198.51.100.9/32"),
+    ]

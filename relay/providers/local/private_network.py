@@ -120,9 +120,14 @@ def local_addresses(fib_trie: str) -> list[IPv4Network]:
 
     An entry (``/LEN SCOPE TYPE`` and maybe `` tos=N``) follows the ``|-- ADDRESS`` line of
     its key, and one key may list several (an address on two interfaces lists ``/32 host
-    LOCAL`` twice): each belongs to the key above it, never to the line just before it."""
+    LOCAL`` twice): each belongs to the key above it, never to the line just before it.
+    A table of its own (``Id 100:``) counts with its addresses only: it is looked up for
+    what its ``ip rule`` picks, and a transparent proxy's ``local 0.0.0.0/0`` there (for
+    marked packets) would close every destination."""
     found: set[IPv4Network] = set()
     key: IPv4Address | None = None
+    whole = False
+    """The table being read is one every lookup goes through (its networks count)."""
     for line in fib_trie.splitlines():
         text = line.strip()
         fields = text.split()
@@ -131,11 +136,15 @@ def local_addresses(fib_trie: str) -> list[IPv4Network]:
                 key = IPv4Address(text[4:].strip())
             except ValueError:
                 key = None
-        elif text.startswith(("+-- ", "Main:", "Local:")) or text.endswith(":"):
+        elif text.startswith("+-- "):
             key = None
+        elif text.endswith(":"):
+            key, whole = None, text in ("Main:", "Local:")
         elif key is not None and len(fields) >= 3 and text.startswith("/") and fields[2] == "LOCAL":
             with contextlib.suppress(ValueError):
-                found.add(IPv4Network(f"{key}{fields[0]}", strict=False))
+                network = IPv4Network(f"{key}{fields[0]}", strict=False)
+                if whole or network.prefixlen == 32:
+                    found.add(network)
     return sorted(found)
 
 
