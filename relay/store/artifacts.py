@@ -16,6 +16,9 @@ The API, for the run that collects (relay/runs/artifacts.py) and for whoever ser
 - :meth:`Artifacts.record` writes a run's listing, once, in one transaction.
 - :meth:`Artifacts.for_runs` reads the listings of some runs (the run's JSON);
   :meth:`Artifacts.find` one entry by run and name (what a download asks first).
+- :meth:`Artifacts.token_bytes` sums what one token's runs keep (a content once however
+  many of its runs name it): the run that collects asks it once, against
+  RELAY_ARTIFACTS_MAX_TOKEN_BYTES.
 - :meth:`Artifacts.chunks` streams a blob's bytes, or a range of them, one chunk per query:
   a download holds one chunk in memory, whatever the size. A blob pruned meanwhile raises
   :class:`BlobMissing`.
@@ -46,7 +49,7 @@ from sqlalchemy.exc import IntegrityError
 
 from relay.store.database import Store, is_store_failure
 from relay.store.objects import ObjectMissing, Objects, StorageFailed, upload_name
-from relay.store.schema import artifact_blobs, artifact_chunks, run_artifacts
+from relay.store.schema import artifact_blobs, artifact_chunks, run_artifacts, runs
 
 CHUNK_BYTES = 256 * 1024
 """Bytes per chunk row: small enough to hold one per download, large enough that a 16 MiB
@@ -282,6 +285,20 @@ class Artifacts:
                 StoredArtifact(**{key: values[key] for key in _FIELDS})
             )
         return found
+
+    async def token_bytes(self, token: str) -> int:
+        """The bytes ``token``'s runs keep, counted over the runs still listing artifacts
+        (pruning one frees its share): each content once, as the store keeps it once. One
+        query, through the runs' token index and the listings' primary key."""
+        kept = (
+            sa.select(run_artifacts.c.sha256, sa.func.max(run_artifacts.c.size).label("size"))
+            .join(runs, runs.c.id == run_artifacts.c.run_id)
+            .where(runs.c.token == token, run_artifacts.c.sha256.is_not(None))
+            .group_by(run_artifacts.c.sha256)
+            .subquery()
+        )
+        query = sa.select(sa.func.coalesce(sa.func.sum(kept.c.size), 0))
+        return int(await self.store.read(lambda conn: conn.scalar(query)) or 0)
 
     async def find(self, run_id: str, name: str) -> StoredArtifact | None:
         """The run's kept artifact of this name (its first, should a name repeat), or
