@@ -185,8 +185,8 @@ class Settings(BaseSettings):
     """Bytes kept of all a run's files together; past it a file is truncated, then skipped."""
     artifacts_max_token_bytes: int = Field(1_073_741_824, ge=1)
     """Bytes one token's runs keep together, counted in the store over its runs not yet
-    pruned (a content once); past it a file is skipped. A token's ``max_artifact_bytes``
-    in the tokens file is its own."""
+    pruned; past it a file is skipped. A token's ``max_artifact_bytes`` in the tokens file
+    is its own."""
     artifacts_max_files: int = Field(64, ge=1, le=10_000)
     """Files kept of one run; further matches are listed as skipped (as many again), then
     counted."""
