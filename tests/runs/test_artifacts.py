@@ -5,6 +5,7 @@ to their caps, and required where the job says so."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import time
 from collections.abc import AsyncIterator
@@ -12,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from relay.auth import Principal
+from relay.providers.collection import Found, found_files
 from relay.providers.memory import MemoryProvider, MemorySandbox, MemoryWorld
 from relay.runs import artifacts
 from relay.runs.catalog import Catalog
@@ -23,6 +26,7 @@ from relay.runs.view import run_model
 from relay.store import retention
 from relay.store.artifacts import Artifacts
 from relay.store.database import Store
+from relay.store.schema import artifact_chunks
 from tests.conftest import make_settings
 
 PRINCIPAL = Principal(name="maker", command=True)
@@ -379,3 +383,31 @@ async def test_a_job_requiring_its_files_whole_fails_when_the_tokens_cap_skips_o
         await service.shutdown()
         await store.close()
     assert world.alive() == set()
+
+
+async def test_a_file_of_unlisted_size_past_the_tokens_room_is_skipped_not_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider that does not list sizes: the file is read up to the token's room and
+    one byte more, and then listed skipped (not kept cut, nothing of it left stored)."""
+    listed = found_files
+
+    async def sizeless(*args: Any, **kwargs: Any) -> AsyncIterator[Found]:
+        async for found in listed(*args, **kwargs):
+            yield dataclasses.replace(found, size=None)
+
+    monkeypatch.setattr(artifacts, "found_files", sizeless)
+    run, store = await _run(
+        tmp_path, ["out/report.json", "out/a.png"], artifacts_max_token_bytes=10
+    )
+    try:
+        report, png = run.artifacts
+        assert report.sha256 is not None and report.size == 7
+        assert png.sha256 is None and png.truncated is False and png.size == 0
+        assert png.skipped == (
+            "the token's stored artifacts would pass RELAY_ARTIFACTS_MAX_TOKEN_BYTES (10)"
+        )
+        chunks = sa.select(sa.func.count()).select_from(artifact_chunks)
+        assert await store.read(lambda conn: conn.scalar(chunks)) == 1  # report's alone
+    finally:
+        await store.close()
