@@ -11,6 +11,7 @@ jobs = ["echo", "python"]      # "*" for every job
 command = false                # may send a raw argv
 providers = ["*"]
 max_timeout_s = 300
+max_artifact_bytes = 268435456 # its runs' artifacts together (RELAY_ARTIFACTS_MAX_TOKEN_BYTES)
 admin = false                  # may read every token's runs and cancel any (the console)
 expires = 2026-07-01T00:00:00Z # refused from then on (401 token_expired); none: never
 previous_sha256 = "…"          # the value before `relay tokens rotate --overlap`,
@@ -45,7 +46,13 @@ from relay.token_file import new_token as new_token
 from relay.token_file import revoke_token as revoke_token
 from relay.token_file import rotate_token as rotate_token
 
-_LIMIT_KEYS = ("max_timeout_s", "max_concurrent", "runs_per_day", "usd_per_day")
+_LIMIT_KEYS = (
+    "max_timeout_s",
+    "max_concurrent",
+    "runs_per_day",
+    "usd_per_day",
+    "max_artifact_bytes",
+)
 _ROTATION_KEYS = ("expires", "previous_sha256", "previous_until")
 TOKEN_KEYS = (
     "sha256",
@@ -74,6 +81,9 @@ class Principal:
     max_concurrent: int | None = None
     runs_per_day: int | None = None
     usd_per_day: float | None = None
+    max_artifact_bytes: int | None = None
+    """What all its runs' artifacts may keep together (RELAY_ARTIFACTS_MAX_TOKEN_BYTES for
+    this token alone); None: that setting."""
     webhook_secret: str | None = field(default=None, repr=False)
     admin: bool = False
     """Reads every token's runs and may cancel any; runs and limits stay its own."""

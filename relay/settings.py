@@ -183,6 +183,10 @@ class Settings(BaseSettings):
     """Bytes kept of one file; the rest is left and the file marked ``truncated``."""
     artifacts_max_run_bytes: int = Field(16 * 1_048_576, ge=1)
     """Bytes kept of all a run's files together; past it a file is truncated, then skipped."""
+    artifacts_max_token_bytes: int = Field(1_073_741_824, ge=1)
+    """Bytes one token's runs keep together, counted in the store over its runs not yet
+    pruned; past it a file is skipped. A token's ``max_artifact_bytes`` in the tokens file
+    is its own."""
     artifacts_max_files: int = Field(64, ge=1, le=10_000)
     """Files kept of one run; further matches are listed as skipped (as many again), then
     counted."""

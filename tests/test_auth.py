@@ -17,14 +17,15 @@ from relay.errors import ConfigError, NotFound, TokenExpired, Unauthorized
 
 def test_token_file_holds_only_hashes(tmp_path: Path) -> None:
     path = tmp_path / "tokens.toml"
-    token = new_token(path, "ci", jobs=["echo"], limits={"max_timeout_s": 30})
+    limits = {"max_timeout_s": 30, "max_artifact_bytes": 1 << 20}
+    token = new_token(path, "ci", jobs=["echo"], limits=limits)
     text = path.read_text()
     assert token not in text
     assert hashlib.sha256(token.encode()).hexdigest() in text
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     principal = TokenStore(path).authenticate(token)
     assert principal.name == "ci" and principal.jobs == {"echo"} and not principal.command
-    assert principal.max_timeout_s == 30
+    assert principal.max_timeout_s == 30 and principal.max_artifact_bytes == 1 << 20
 
 
 def test_unknown_missing_and_near_miss_tokens_are_refused(tmp_path: Path) -> None:
@@ -77,6 +78,7 @@ def test_bad_entries_name_the_field(tmp_path: Path) -> None:
         ("max_timout_s = 5", "tokens.x.max_timout_s: unknown key (did you mean 'max_timeout_s'?)"),
         ('command = "no"', "tokens.x.command: must be true or false"),
         ("max_concurrent = true", "tokens.x.max_concurrent: must be a positive number"),
+        ("max_artifact_bytes = 0", "tokens.x.max_artifact_bytes: must be a positive number"),
         ("webhook_secret = 5", "tokens.x.webhook_secret: must be a non-empty string"),
     ],
 )

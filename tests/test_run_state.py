@@ -31,6 +31,7 @@ ACTIVE_IN_TRIGGERS = {
     10: ("queued", "starting", "running"),  # token_uses: the triggers unchanged
     11: ("queued", "starting", "running"),  # a run's attempts, replicas' breakers: unchanged
     12: ("queued", "starting", "running"),  # artifacts: the triggers unchanged
+    13: ("queued", "starting", "running"),  # token_artifacts: the triggers unchanged
 }
 """For each schema version, the active states the store's day-count triggers count at their
 reservation once a database is migrated to it (relay/store/schema.py builds them from

@@ -129,6 +129,9 @@ def _tokens(sub: Commands) -> None:
     new.add_argument("--runs-per-day", type=int, help="runs it may start per UTC day")
     new.add_argument("--usd-per-day", type=float, help="what its runs may cost per UTC day")
     new.add_argument(
+        "--max-artifact-bytes", type=int, help="what all its runs' artifacts may keep together"
+    )
+    new.add_argument(
         "--webhook-secret", action="store_true", help="give it a secret to sign its callbacks"
     )
     new.add_argument(

@@ -28,7 +28,13 @@ from relay.token_file import (
     set_webhook_secret,
 )
 
-LIMIT_KEYS = ("max_timeout_s", "max_concurrent", "runs_per_day", "usd_per_day")
+LIMIT_KEYS = (
+    "max_timeout_s",
+    "max_concurrent",
+    "runs_per_day",
+    "usd_per_day",
+    "max_artifact_bytes",
+)
 
 
 def cmd_tokens(args: argparse.Namespace) -> int:

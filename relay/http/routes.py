@@ -474,6 +474,7 @@ def token_limits(principal: Principal) -> TokenLimits:
         max_concurrent=principal.max_concurrent,
         runs_per_day=principal.runs_per_day,
         usd_per_day=principal.usd_per_day,
+        max_artifact_bytes=principal.max_artifact_bytes,
     )
 
 

@@ -12,6 +12,13 @@ Collection then:
   ``artifacts_max_files``): a file past the per-file or per-run cap is kept ``truncated``
   to its first bytes (``truncated_by`` names the cap), one found once the run's bytes are
   spent, or past the file count, is listed ``skipped`` with why;
+- holds to the token's cap (``artifacts_max_token_bytes``, or the token's own
+  ``max_artifact_bytes``): what its runs keep already is read from the store once, when a
+  run has files to keep (:meth:`~relay.store.artifacts.Artifacts.token_bytes`, so it holds
+  across replicas and is freed by ``relay prune``); a file that would take it past the cap
+  is listed ``skipped``, never kept cut to fit. Runs of one token collecting at the same
+  moment each count what was stored before them: together they may pass it by what those
+  runs keep;
 - is bounded in time: ``artifacts_collect_s``, never past the sandbox's hard lifetime
   (less a margin for its terminate); what is not read by then is listed as skipped;
 - never fails the run by itself: a provider that stops answering ends the collection with
@@ -63,13 +70,22 @@ class Caps:
     file_bytes: int
     run_bytes: int
     files: int
+    token_bytes: int | None = None
+    """What the run's token may keep in all (None: no such cap, a collection made by hand)."""
+    quota_name: str = "RELAY_ARTIFACTS_MAX_TOKEN_BYTES"
+    """The cap's name, as a skipped file's reason says it."""
 
     @classmethod
-    def of(cls, settings: Settings) -> Caps:
+    def of(cls, settings: Settings, plan: Plan | None = None) -> Caps:
+        own = plan.artifacts_token_bytes if plan is not None else None
         return cls(
             settings.artifacts_max_file_bytes,
             settings.artifacts_max_run_bytes,
             settings.artifacts_max_files,
+            int(own) if own is not None else settings.artifacts_max_token_bytes,
+            "the token's max_artifact_bytes"
+            if own is not None
+            else "RELAY_ARTIFACTS_MAX_TOKEN_BYTES",
         )
 
 
@@ -103,8 +119,8 @@ async def collected(
     cancelled = False
     try:
         entries = await collect(
-            sandbox, plan.artifacts, workdir=plan.workdir, store=store, caps=Caps.of(settings),
-            budget_s=budget, into=entries,
+            sandbox, plan.artifacts, workdir=plan.workdir, store=store,
+            caps=Caps.of(settings, plan), budget_s=budget, into=entries, token=run.token,
         )  # fmt: skip
     except asyncio.CancelledError:
         cancelled = True
@@ -166,16 +182,18 @@ async def collect(
     caps: Caps,
     budget_s: float,
     into: list[Entry] | None = None,
+    token: str | None = None,
 ) -> list[Entry]:
     """Find and keep the files ``patterns`` name in ``sandbox`` (see the module's
     docstring): each one's entry, in order (added to ``into`` as it is kept, where a
-    cancelled caller finds them); nothing is raised for a file or a sandbox."""
+    cancelled caller finds them); nothing is raised for a file or a sandbox. With
+    ``token`` (the run's), what it keeps already counts against ``caps.token_bytes``."""
     entries = [] if into is None else into
     if not getattr(sandbox, "reads_files", True):
         why = "this provider cannot read a sandbox's files yet"
         entries.extend(Entry(pattern, skipped=why) for pattern in patterns)
         return entries
-    collection = _Collection(sandbox, store, caps, entries)
+    collection = _Collection(sandbox, store, caps, entries, token)
     await collection.run(patterns, workdir, budget_s)
     return entries
 
@@ -212,13 +230,21 @@ class _Collection:
     """One run's collection: the entries so far and the bytes kept."""
 
     def __init__(
-        self, sandbox: Sandbox, store: Artifacts, caps: Caps, entries: list[Entry]
+        self,
+        sandbox: Sandbox,
+        store: Artifacts,
+        caps: Caps,
+        entries: list[Entry],
+        token: str | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.store = store
         self.caps = caps
         self.entries = entries
+        self.token = token
         self.total = 0
+        self.stored: int | None = None
+        """What the token kept before this run (read with the run's first file to keep)."""
         self.current: Found | None = None
 
     async def run(self, patterns: Sequence[str], workdir: str | None, budget_s: float) -> None:
@@ -257,6 +283,15 @@ class _Collection:
         name = self.current.name if self.current is not None else patterns[0]
         self.entries.append(Entry(name, skipped=f"{why}; nothing after it was looked at"))
 
+    async def _token_left(self) -> int | None:
+        """What the run's token may still keep (None: no token cap); the store is asked
+        once per run, here, when the run has a file to keep."""
+        if self.caps.token_bytes is None or self.token is None:
+            return None
+        if self.stored is None:
+            self.stored = await self.store.token_bytes(self.token)
+        return self.caps.token_bytes - self.stored - self.total
+
     async def _keep(self, found: Found) -> Entry:
         """The entry for ``found``: its bytes stored, up to the caps."""
         kind = content_type(found.name)
@@ -272,12 +307,25 @@ class _Collection:
             if room == caps.file_bytes
             else f"RELAY_ARTIFACTS_MAX_RUN_BYTES ({caps.run_bytes})"
         )
+        token_left = await self._token_left()
+        over = f"the token's stored artifacts would pass {caps.quota_name} ({caps.token_bytes})"
+        if token_left is not None and (
+            token_left < 0 or (found.size is not None and min(found.size, room) > token_left)
+        ):
+            return Entry(found.name, content_type=kind, skipped=over)
         writer = self.store.writer()
+        # Past the token's room the file is skipped, not cut: read one byte more to tell.
+        token_bound = token_left is not None and token_left < room
+        if token_left is not None:
+            room = min(room, token_left)
         kept, more = 0, False
         try:
             # One byte past the room tells a file cut at the cap from one that fits it.
             async for chunk in self.sandbox.read_file(found.path, room + 1, found.size):
                 if kept + len(chunk) > room:
+                    if token_bound:
+                        await writer.discard()
+                        return Entry(found.name, content_type=kind, skipped=over)
                     await writer.write(chunk[: room - kept])
                     kept, more = room, True
                     break

@@ -333,8 +333,9 @@ class Artifact(BaseModel):
     )
     skipped: str | None = Field(
         None,
-        description="Why nothing of it was kept: not found, a link, a cap reached, the "
-        "collection cut short…",
+        description="Why nothing of it was kept: not found, a link, a cap reached (the "
+        "run's, or what the token's runs keep in all: `RELAY_ARTIFACTS_MAX_TOKEN_BYTES`), "
+        "the collection cut short…",
     )
     url: str | None = Field(
         None,
@@ -595,6 +596,11 @@ class TokenLimits(BaseModel):
     max_concurrent: int | None
     runs_per_day: int | None
     usd_per_day: float | None
+    max_artifact_bytes: int | None = Field(
+        None,
+        description="What all its runs' artifacts may keep together; null: the relay's "
+        "`RELAY_ARTIFACTS_MAX_TOKEN_BYTES`.",
+    )
 
 
 class UsageReport(BaseModel):

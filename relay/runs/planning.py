@@ -74,6 +74,9 @@ class Plan:
     """Paths and globs (relative to the workdir) whose files are kept with the run."""
     artifacts_required: bool = False
     """The run fails unless every artifact is kept whole (its job's ``artifacts_required``)."""
+    artifacts_token_bytes: int | None = None
+    """The token's own cap on what its runs' artifacts keep together (its
+    ``max_artifact_bytes``); None: RELAY_ARTIFACTS_MAX_TOKEN_BYTES."""
 
 
 def request_hash(request: RunRequest) -> str:
@@ -330,4 +333,5 @@ class Planner:
             if request.artifacts
             else declared,
             artifacts_required=job.artifacts_required if job else False,
+            artifacts_token_bytes=principal.max_artifact_bytes,
         )

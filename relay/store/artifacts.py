@@ -16,6 +16,9 @@ The API, for the run that collects (relay/runs/artifacts.py) and for whoever ser
 - :meth:`Artifacts.record` writes a run's listing, once, in one transaction.
 - :meth:`Artifacts.for_runs` reads the listings of some runs (the run's JSON);
   :meth:`Artifacts.find` one entry by run and name (what a download asks first).
+- :meth:`Artifacts.token_bytes` is what one token's runs' listings keep, counted in
+  ``token_artifacts`` as listings are written and pruned: the run that collects asks it
+  once (one lookup by key), against RELAY_ARTIFACTS_MAX_TOKEN_BYTES.
 - :meth:`Artifacts.chunks` streams a blob's bytes, or a range of them, one chunk per query:
   a download holds one chunk in memory, whatever the size. A blob pruned meanwhile raises
   :class:`BlobMissing`.
@@ -46,7 +49,13 @@ from sqlalchemy.exc import IntegrityError
 
 from relay.store.database import Store, is_store_failure
 from relay.store.objects import ObjectMissing, Objects, StorageFailed, upload_name
-from relay.store.schema import artifact_blobs, artifact_chunks, run_artifacts
+from relay.store.schema import (
+    artifact_blobs,
+    artifact_chunks,
+    run_artifacts,
+    runs,
+    token_artifacts,
+)
 
 CHUNK_BYTES = 256 * 1024
 """Bytes per chunk row: small enough to hold one per download, large enough that a 16 MiB
@@ -259,12 +268,17 @@ class Artifacts:
             for seq, entry in enumerate(entries)
         ]
         earlier = run_artifacts.delete().where(run_artifacts.c.run_id == run_id)
+        owner = sa.select(runs.c.token).where(runs.c.id == run_id)
+        kept = sum(entry.size for entry in entries if entry.sha256 is not None)
 
         def write(conn: Connection) -> None:
+            token = conn.scalar(owner)
+            if token is not None:  # its token's count: this listing in place of any before
+                _count(conn, token, kept - _kept_by(conn, [run_id]).get(run_id, 0))
             conn.execute(earlier)
             conn.execute(run_artifacts.insert(), rows)
 
-        await self.store.write(write)
+        await _write_once(self.store, write)
 
     async def for_runs(self, run_ids: Sequence[str]) -> dict[str, list[StoredArtifact]]:
         """Each run's listing in order; runs without artifacts are absent."""
@@ -282,6 +296,12 @@ class Artifacts:
                 StoredArtifact(**{key: values[key] for key in _FIELDS})
             )
         return found
+
+    async def token_bytes(self, token: str) -> int:
+        """The bytes ``token``'s runs' listings keep (their kept entries' sizes), over its
+        runs not yet pruned: one lookup by key in ``token_artifacts``."""
+        query = sa.select(token_artifacts.c.bytes).where(token_artifacts.c.token == token)
+        return int(await self.store.read(lambda conn: conn.scalar(query)) or 0)
 
     async def find(self, run_id: str, name: str) -> StoredArtifact | None:
         """The run's kept artifact of this name (its first, should a name repeat), or
@@ -358,11 +378,38 @@ class Artifacts:
 # -- retention (relay/store/retention.py) ----------------------------------------------------
 
 
-def delete_listings(conn: Connection, run_ids: Sequence[str]) -> int:
-    """Delete these runs' listings (runs being pruned); the entries deleted."""
-    if not run_ids:
+def _kept_by(conn: Connection, run_ids: Sequence[str]) -> dict[str, int]:
+    """The bytes each of these runs' listings keep (runs with none are absent)."""
+    query = (
+        sa.select(run_artifacts.c.run_id, sa.func.sum(run_artifacts.c.size))
+        .where(run_artifacts.c.run_id.in_(list(run_ids)), run_artifacts.c.sha256.is_not(None))
+        .group_by(run_artifacts.c.run_id)
+    )
+    return {run_id: int(size or 0) for run_id, size in conn.execute(query).all()}
+
+
+def _count(conn: Connection, token: str, change: int) -> None:
+    """Add ``change`` to the bytes ``token``'s listings keep (its row made at its first)."""
+    if change == 0:
+        return
+    counted = token_artifacts.update().where(token_artifacts.c.token == token)
+    if not conn.execute(counted.values(bytes=token_artifacts.c.bytes + change)).rowcount:
+        # Two replicas' first listings of one token at once: one insert fails, and its
+        # transaction is written again (``_write_once``), finding the row.
+        conn.execute(token_artifacts.insert().values(token=token, bytes=change))
+
+
+def delete_listings(conn: Connection, tokens: dict[str, str]) -> int:
+    """Delete these runs' listings (runs being pruned: run id → its token), their bytes
+    taken off their tokens' counts; the entries deleted."""
+    if not tokens:
         return 0
-    query = run_artifacts.delete().where(run_artifacts.c.run_id.in_(list(run_ids)))
+    freed: dict[str, int] = {}
+    for run_id, size in _kept_by(conn, list(tokens)).items():
+        freed[tokens[run_id]] = freed.get(tokens[run_id], 0) + size
+    for token, size in sorted(freed.items()):
+        _count(conn, token, -size)
+    query = run_artifacts.delete().where(run_artifacts.c.run_id.in_(list(tokens)))
     return int(conn.execute(query).rowcount)
 
 

@@ -127,13 +127,13 @@ def delete_batch(conn: Connection, before: float, batch: int = BATCH) -> Pruned:
         return Pruned(pooled=pooled_gone)
     gone = conn.execute(deliveries.delete().where(deliveries.c.run_id.in_(ids))).rowcount
     # The condition again: a run is never deleted unless it is still prunable now.
-    deleted_ids = list(
-        conn.scalars(
-            runs.delete().where(runs.c.id.in_(ids), _prunable(before)).returning(runs.c.id)
-        )
-    )
-    deleted = len(deleted_ids)
-    artifacts.delete_listings(conn, deleted_ids)
+    deleted_runs = conn.execute(
+        runs.delete()
+        .where(runs.c.id.in_(ids), _prunable(before))
+        .returning(runs.c.id, runs.c.token)
+    ).all()
+    deleted = len(deleted_runs)
+    artifacts.delete_listings(conn, {row.id: row.token for row in deleted_runs})
     # The triggers took each run off its day; a day with no run left is kept by nothing.
     day = int(before // 86_400)
     conn.execute(token_days.delete().where(token_days.c.runs <= 0, token_days.c.day < day))

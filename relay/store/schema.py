@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from relay.run_state import ACTIVE
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 metadata = sa.MetaData()
 
@@ -214,6 +214,17 @@ run_artifacts = sa.Table(
 """Each run's artifacts in the order collected: the listing the run's JSON shows, and what
 keeps a blob alive."""
 
+token_artifacts = sa.Table(
+    "token_artifacts",
+    metadata,
+    sa.Column("token", sa.String(64), primary_key=True),
+    sa.Column("bytes", sa.BigInteger, nullable=False, default=0),
+)
+"""The bytes each token's runs' listings keep (their kept entries' sizes), what
+RELAY_ARTIFACTS_MAX_TOKEN_BYTES is checked against with one lookup: added to in the
+transaction that writes a listing, taken off in the one that prunes it
+(relay/store/artifacts.py)."""
+
 
 def _steps(*steps: Callable[[Connection], None]) -> Callable[[Connection], None]:
     def step(conn: Connection) -> None:
@@ -344,6 +355,17 @@ def _bound_listings_and_retention(conn: Connection) -> None:
     index.create(conn, checkfirst=True)
 
 
+def _count_token_artifacts(conn: Connection) -> None:
+    """Version 13: ``token_artifacts``, with the bytes the listings there are keep."""
+    metadata.create_all(conn, tables=[token_artifacts])
+    conn.exec_driver_sql(
+        "INSERT INTO token_artifacts (token, bytes) "
+        "SELECT runs.token, sum(run_artifacts.size) FROM run_artifacts "
+        "JOIN runs ON runs.id = run_artifacts.run_id "
+        "WHERE run_artifacts.sha256 IS NOT NULL GROUP BY runs.token"
+    )
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _create_tables(runs, meta),
     2: _create_tables(replicas),
@@ -360,6 +382,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
         _create_tables(artifact_blobs, artifact_chunks, run_artifacts),
         _add_columns(runs, "artifacts"),
     ),
+    13: _count_token_artifacts,
 }
 """Schema version → the step that brings version - 1 to it. Steps only add: an upgrade
 never drops or rewrites a run. A relay refuses a database newer than it knows."""

@@ -5,22 +5,28 @@ to their caps, and required where the job says so."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from relay.auth import Principal
+from relay.providers.collection import Found, found_files
 from relay.providers.memory import MemoryProvider, MemorySandbox, MemoryWorld
 from relay.runs import artifacts
 from relay.runs.catalog import Catalog
 from relay.runs.models import RunRequest
 from relay.runs.service import RunService
 from relay.runs.view import run_model
+from relay.store import retention
 from relay.store.artifacts import Artifacts
 from relay.store.database import Store
+from relay.store.schema import artifact_chunks
 from tests.conftest import make_settings
 
 PRINCIPAL = Principal(name="maker", command=True)
@@ -281,3 +287,127 @@ async def test_a_delete_as_a_succeeded_jobs_listing_is_written_leaves_it_succeed
         await service.shutdown()
         await store.close()
     assert world.alive() == set()
+
+
+async def test_a_token_at_its_artifact_cap_has_its_next_file_skipped_until_a_prune(
+    tmp_path: Path, database_url: str
+) -> None:
+    """What one token's runs keep together is capped (RELAY_ARTIFACTS_MAX_TOKEN_BYTES),
+    counted in the store: its next run's file is listed skipped, its result kept; another
+    token's run keeps its files; a token's own ``max_artifact_bytes`` is its cap instead;
+    pruning the runs frees it (before, one tenant's runs could fill the store for all)."""
+    config = make_settings(
+        tmp_path, providers=["memory"], database_url=database_url,
+        artifacts_max_token_bytes=12,
+    )  # fmt: skip
+    world = MemoryWorld()
+    store = await Store.open(config.database_url)
+    other = Principal(name="other", command=True)
+    service = RunService(
+        config, store, Catalog.load(config.jobs_dir), {"memory": MemoryProvider(config, world)}
+    )
+
+    async def run(principal: Principal, names: list[str]) -> Any:
+        request = RunRequest(command=["sh", "-c", WRITES], artifacts=names)
+        row, _ = await service.submit(principal, request, None)
+        await service.wait(row.id, 10)
+        return run_model(await service.get(principal, row.id))
+
+    try:
+        # 7 + 4 bytes kept: 11 of the token's 12.
+        first = await run(PRINCIPAL, ["out/report.json", "out/a.png"])
+        assert [entry.size for entry in first.artifacts] == [7, 4]
+        assert all(entry.sha256 is not None for entry in first.artifacts)
+        # Its next file would pass the cap: listed skipped, the run's result kept.
+        over_run = await run(PRINCIPAL, ["out/b.png"])
+        assert over_run.state == "failed" and over_run.exit_code == 3
+        (over,) = over_run.artifacts
+        assert over.sha256 is None and over.url is None and over.size == 0
+        assert over.skipped == (
+            "the token's stored artifacts would pass RELAY_ARTIFACTS_MAX_TOKEN_BYTES (12)"
+        )
+        assert await Artifacts(store).token_bytes("maker") == 11
+        # Another token's run keeps its files.
+        theirs = await run(other, ["out/b.png", "out/report.json"])
+        assert all(entry.sha256 is not None for entry in theirs.artifacts)
+        # A token's own cap: 3 bytes, so a 4-byte file is skipped whole, never cut.
+        small = Principal(name="small", command=True, max_artifact_bytes=3)
+        (mine,) = (await run(small, ["out/b.png"])).artifacts
+        assert mine.sha256 is None and mine.truncated is False
+        assert mine.skipped == (
+            "the token's stored artifacts would pass the token's max_artifact_bytes (3)"
+        )
+        # A prune frees the token's share.
+        await retention.prune(store, time.time() + 1)
+        assert await Artifacts(store).token_bytes("maker") == 0
+        (freed,) = (await run(PRINCIPAL, ["out/b.png"])).artifacts
+        assert freed.sha256 is not None and freed.skipped is None
+        assert await _content(store, freed.sha256) == b"two\n"
+    finally:
+        await service.shutdown()
+        await store.close()
+    assert world.alive() == set()
+
+
+async def test_a_job_requiring_its_files_whole_fails_when_the_tokens_cap_skips_one(
+    tmp_path: Path,
+) -> None:
+    """Past the token's cap a job with ``artifacts_required`` fails as it does past the
+    run's: ``artifacts_incomplete``, naming the file skipped."""
+    job = tmp_path / "jobs" / "report"
+    job.mkdir(parents=True)
+    (job / "job.toml").write_text(
+        'description = "A report it requires whole."\n'
+        'command = ["sh", "-c", "echo report > report.txt"]\n'
+        'provider = "memory"\n'
+        'artifacts = ["report.txt"]\n'
+        "artifacts_required = true\n"
+    )
+    config = make_settings(
+        tmp_path, providers=["memory"], jobs_dir=tmp_path / "jobs", artifacts_max_token_bytes=3
+    )
+    world = MemoryWorld()
+    store = await Store.open(config.database_url)
+    service = RunService(
+        config, store, Catalog.load(config.jobs_dir), {"memory": MemoryProvider(config, world)}
+    )
+    try:
+        row, _ = await service.submit(PRINCIPAL, RunRequest(job="report"), None)
+        await service.wait(row.id, 10)
+        run = run_model(await service.get(PRINCIPAL, row.id))
+        assert run.state == "failed" and run.exit_code == 0
+        assert run.error is not None and run.error.code == "artifacts_incomplete"
+        assert "report.txt was skipped" in run.error.message
+        assert "RELAY_ARTIFACTS_MAX_TOKEN_BYTES (3)" in (run.artifacts[0].skipped or "")
+    finally:
+        await service.shutdown()
+        await store.close()
+    assert world.alive() == set()
+
+
+async def test_a_file_of_unlisted_size_past_the_tokens_room_is_skipped_not_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider that does not list sizes: the file is read up to the token's room and
+    one byte more, and then listed skipped (not kept cut, nothing of it left stored)."""
+    listed = found_files
+
+    async def sizeless(*args: Any, **kwargs: Any) -> AsyncIterator[Found]:
+        async for found in listed(*args, **kwargs):
+            yield dataclasses.replace(found, size=None)
+
+    monkeypatch.setattr(artifacts, "found_files", sizeless)
+    run, store = await _run(
+        tmp_path, ["out/report.json", "out/a.png"], artifacts_max_token_bytes=10
+    )
+    try:
+        report, png = run.artifacts
+        assert report.sha256 is not None and report.size == 7
+        assert png.sha256 is None and png.truncated is False and png.size == 0
+        assert png.skipped == (
+            "the token's stored artifacts would pass RELAY_ARTIFACTS_MAX_TOKEN_BYTES (10)"
+        )
+        chunks = sa.select(sa.func.count()).select_from(artifact_chunks)
+        assert await store.read(lambda conn: conn.scalar(chunks)) == 1  # report's alone
+    finally:
+        await store.close()

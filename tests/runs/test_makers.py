@@ -48,6 +48,7 @@ def _plan_fields(spec: SandboxSpec) -> dict[str, object]:
         "skipped": (),
         "artifacts": ("out.txt",),
         "artifacts_required": False,
+        "artifacts_token_bytes": None,
     }
 
 

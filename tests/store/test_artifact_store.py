@@ -14,7 +14,16 @@ import sqlalchemy as sa
 from relay.store import retention
 from relay.store.artifacts import Artifacts, BlobMissing, StoredArtifact
 from relay.store.database import Store
-from relay.store.schema import artifact_blobs, artifact_chunks, run_artifacts
+from relay.store.schema import (
+    SCHEMA_VERSION,
+    artifact_blobs,
+    artifact_chunks,
+    meta,
+    metadata,
+    run_artifacts,
+    runs,
+    token_artifacts,
+)
 from testing.rows import run_row
 
 OLD = time.time() - 40 * 86_400.0
@@ -125,3 +134,60 @@ async def test_an_upload_a_relay_died_in_is_pruned_once_old(store: Store) -> Non
     await retention.prune(store, retention.cutoff(30))
     left = await store.read(lambda conn: conn.scalars(sa.select(artifact_chunks.c.blob)).all())
     assert set(left) == {fresh.upload}
+
+
+async def test_a_tokens_kept_bytes_follow_its_listings_and_their_pruning(store: Store) -> None:
+    """What RELAY_ARTIFACTS_MAX_TOKEN_BYTES is checked against: the kept sizes of a token's
+    listings (a skipped entry nothing), one listing written again counted once, each
+    token its own, and a prune taking a pruned run's share off."""
+    artifacts = Artifacts(store)
+    for run_id, token, created in (
+        ("run_old", "ops", OLD),
+        ("run_new", "ops", time.time()),
+        ("run_theirs", "other", OLD),
+    ):
+        await store.admit_run(run_row(run_id, token=token, state="succeeded", created_at=created))
+    listing = [StoredArtifact("a", 100, "a" * 64), StoredArtifact("b", skipped="not found")]
+    await artifacts.record("run_old", listing)
+    await artifacts.record("run_old", listing)  # a cancel cut the first write's answer
+    await artifacts.record("run_new", [StoredArtifact("c", 20, "c" * 64)])
+    await artifacts.record("run_theirs", [StoredArtifact("d", 7, "d" * 64)])
+    assert await artifacts.token_bytes("ops") == 120
+    assert await artifacts.token_bytes("other") == 7
+    assert await artifacts.token_bytes("nobody") == 0
+    await retention.prune(store, retention.cutoff(30))
+    assert await artifacts.token_bytes("ops") == 20
+    assert await artifacts.token_bytes("other") == 0
+
+
+async def test_upgrading_from_version_12_counts_the_listings_there_are(database_url: str) -> None:
+    def version_12(conn: sa.Connection) -> None:  # today's tables, less what 13 added
+        kept = [t for t in metadata.sorted_tables if t is not token_artifacts]
+        metadata.create_all(conn, tables=kept)
+        conn.execute(meta.insert().values(key="schema_version", value="12"))
+        for run_id, token in (("run_1", "ops"), ("run_2", "ops"), ("run_3", "other")):
+            conn.execute(runs.insert().values(**run_row(run_id, token=token).columns()))
+            entry = {"run_id": run_id, "content_type": "text/plain"}
+            conn.execute(
+                run_artifacts.insert(),
+                [
+                    {**entry, "seq": 0, "name": "a", "size": 10, "sha256": "a" * 64},
+                    {**entry, "seq": 1, "name": "b", "size": 0, "sha256": None},
+                ],
+            )
+
+    old = await Store.open(database_url, migrate=False)
+    try:
+        await old.write(version_12)
+    finally:
+        await old.close()
+    store = await Store.open(database_url)
+    try:
+        assert await store.schema_version() == SCHEMA_VERSION
+        artifacts = Artifacts(store)
+        assert (await artifacts.token_bytes("ops"), await artifacts.token_bytes("other")) == (
+            20,
+            10,
+        )
+    finally:
+        await store.close()
