@@ -52,6 +52,11 @@ def until(check: Callable[[], bool], within_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+def reloads(relay: RelayProcess) -> int:
+    """The jobs reloads whose outcome the relay has logged (done or failed)."""
+    return relay.log().count('"event": "jobs reload')
+
+
 def job_names(relay: RelayProcess) -> dict[str, str]:
     """Each job the admin token sees, with its description."""
     listed = relay.get(relay.tokens["ops"], "/v1/jobs").json()["jobs"]
@@ -213,7 +218,7 @@ def test_reloads_racing_requests_being_planned_never_answer_a_500(relay: RelayPr
         None,  # removed
         'command = ["echo", "{who}"]\n',  # broken: {who} names no param
     ]
-    stop = threading.Event()
+    stop, cycled = threading.Event(), threading.Event()
     answers: list[tuple[int, str]] = []
     failures: list[str] = []
 
@@ -228,7 +233,11 @@ def test_reloads_racing_requests_being_planned_never_answer_a_500(relay: RelayPr
             else:
                 (folder / "job.toml").write_text(text)
             if turn % 2:
+                # The next variant is written once this one is read: a loaded relay may
+                # handle the signal after it, and never see the broken one.
+                done = reloads(relay)
                 hang_up(relay)
+                until(lambda done=done: reloads(relay) > done, 30)
             else:
                 answer = httpx.post(
                     relay.url + "/v1/jobs/reload",
@@ -238,6 +247,8 @@ def test_reloads_racing_requests_being_planned_never_answer_a_500(relay: RelayPr
                 if answer.status_code not in (200, 422):
                     failures.append(f"reload: {answer.status_code} {answer.text}")
             turn += 1
+            if turn == len(variants):
+                cycled.set()
             time.sleep(0.01)
 
     def call(index: int) -> None:
@@ -266,6 +277,7 @@ def test_reloads_racing_requests_being_planned_never_answer_a_500(relay: RelayPr
     for thread in threads:
         thread.start()
     time.sleep(3)
+    cycled.wait(60)  # every variant once, however slow a loaded relay reloads
     stop.set()
     for thread in threads:
         thread.join(60)
