@@ -6,6 +6,7 @@ reload racing requests being planned never answers a 500. And ``GET /`` says whe
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -55,6 +56,10 @@ def until(check: Callable[[], bool], within_s: float = 10.0) -> None:
 def reloads(relay: RelayProcess) -> int:
     """The jobs reloads whose outcome the relay has logged (done or failed)."""
     return relay.log().count('"event": "jobs reload')
+
+
+def reloaded_since(relay: RelayProcess, done: int) -> bool:
+    return reloads(relay) > done
 
 
 def job_names(relay: RelayProcess) -> dict[str, str]:
@@ -237,7 +242,7 @@ def test_reloads_racing_requests_being_planned_never_answer_a_500(relay: RelayPr
                 # handle the signal after it, and never see the broken one.
                 done = reloads(relay)
                 hang_up(relay)
-                until(lambda done=done: reloads(relay) > done, 30)
+                until(functools.partial(reloaded_since, relay, done), 30)
             else:
                 answer = httpx.post(
                     relay.url + "/v1/jobs/reload",
