@@ -6,6 +6,7 @@ reload racing requests being planned never answers a 500. And ``GET /`` says whe
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -50,6 +51,15 @@ def until(check: Callable[[], bool], within_s: float = 10.0) -> None:
     while not check():
         assert time.monotonic() < end, "timed out waiting"
         time.sleep(0.05)
+
+
+def reloads(relay: RelayProcess) -> int:
+    """The jobs reloads whose outcome the relay has logged (done or failed)."""
+    return relay.log().count('"event": "jobs reload')
+
+
+def reloaded_since(relay: RelayProcess, done: int) -> bool:
+    return reloads(relay) > done
 
 
 def job_names(relay: RelayProcess) -> dict[str, str]:
@@ -213,7 +223,7 @@ def test_reloads_racing_requests_being_planned_never_answer_a_500(relay: RelayPr
         None,  # removed
         'command = ["echo", "{who}"]\n',  # broken: {who} names no param
     ]
-    stop = threading.Event()
+    stop, cycled = threading.Event(), threading.Event()
     answers: list[tuple[int, str]] = []
     failures: list[str] = []
 
@@ -228,7 +238,11 @@ def test_reloads_racing_requests_being_planned_never_answer_a_500(relay: RelayPr
             else:
                 (folder / "job.toml").write_text(text)
             if turn % 2:
+                # The next variant is written once this one is read: a loaded relay may
+                # handle the signal after it, and never see the broken one.
+                done = reloads(relay)
                 hang_up(relay)
+                until(functools.partial(reloaded_since, relay, done), 30)
             else:
                 answer = httpx.post(
                     relay.url + "/v1/jobs/reload",
@@ -238,6 +252,8 @@ def test_reloads_racing_requests_being_planned_never_answer_a_500(relay: RelayPr
                 if answer.status_code not in (200, 422):
                     failures.append(f"reload: {answer.status_code} {answer.text}")
             turn += 1
+            if turn == len(variants):
+                cycled.set()
             time.sleep(0.01)
 
     def call(index: int) -> None:
@@ -266,6 +282,7 @@ def test_reloads_racing_requests_being_planned_never_answer_a_500(relay: RelayPr
     for thread in threads:
         thread.start()
     time.sleep(3)
+    cycled.wait(60)  # every variant once, however slow a loaded relay reloads
     stop.set()
     for thread in threads:
         thread.join(60)

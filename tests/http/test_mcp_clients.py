@@ -177,6 +177,7 @@ def test_the_typescript_sdk_reads_every_answer_and_every_refusal(
 
     # Runs: their structured content passed the client's check against the Run schema.
     progress = calls["progress"]
+    assert "thrown" not in progress, progress  # what the client threw, not a KeyError
     assert not progress["isError"] and progress["text"] == ["line1\nline2\nline3\n"]
     assert "".join(p["message"] for p in progress["progress"]) == "line1\nline2\nline3\n"
     done = [p["progress"] for p in progress["progress"]]

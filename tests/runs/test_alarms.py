@@ -39,6 +39,11 @@ def timers_armed(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     return armed
 
 
+def _method(callback: object) -> object:
+    """The function a bound method calls (None for any other callback)."""
+    return getattr(callback, "__func__", None)
+
+
 async def test_alarms_of_one_delay_ring_in_order_each_at_its_own_time() -> None:
     loop = asyncio.get_running_loop()
     alarms, rang = Alarms(), list[tuple[str, float]]()
@@ -169,7 +174,12 @@ async def test_runs_that_end_at_once_arm_no_timer_and_no_task_of_their_own(
             )
             finished = await relay.service.wait(run.id, 30)
             assert finished.state == "succeeded"
-        assert len(armed) <= 6  # each kind's one timer, re-armed now and then
+        # Each kind's one timer: an Alarms' own, re-armed as it rings, as often as the runs
+        # outlast its delay (0.05 s for the `running` write: many times on a loaded host),
+        # so counted once; no other timer a run.
+        fires = [callback for callback in armed if _method(callback) is Alarms._fire]
+        kinds = {id(getattr(callback, "__self__", None)) for callback in fires}
+        assert len(kinds) + len(armed) - len(fires) <= 6, armed
         assert len(tasks) == 20  # the runs' own
     finally:
         await store.close()

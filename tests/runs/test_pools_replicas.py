@@ -23,6 +23,7 @@ from relay.http.app import create_app
 from relay.providers.contract import POOL_PREFIX
 from relay.providers.memory import MemoryProvider, MemoryWorld
 from relay.runs.pools import Pools
+from relay.runs.reaper import Reaper
 from relay.settings import Settings
 from relay.store.database import Store
 from relay.store.pools import ENDED, PoolRows
@@ -38,13 +39,15 @@ CAP = 3
 
 @contextlib.asynccontextmanager
 async def replica(
-    settings: Settings, world: MemoryWorld, instance_id: str
+    settings: Settings, world: MemoryWorld, instance_id: str, reapers: dict[str, Reaper]
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Pools]]:
-    """One complete relay, its lifespan run, answering through an in-process client."""
+    """One complete relay, its lifespan run, answering through an in-process client; its
+    reaper goes into ``reapers``."""
     app = create_app(
         settings, instance_id=instance_id, providers={"memory": MemoryProvider(settings, world)}
     )
     async with app.router.lifespan_context(app):
+        reapers[instance_id] = app.state.relay.reaper
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://relay") as client:
             yield client, app.state.relay.service.pools
@@ -67,6 +70,7 @@ async def test_two_replicas_share_one_cap_and_never_share_a_sandbox(
     token = new_token(shared["tokens_file"], "ops", jobs=["warm"])
     headers = {"Authorization": f"Bearer {token}"}
     world = MemoryWorld()
+    reapers: dict[str, Reaper] = {}
     observer = await Store.open(url)
     rows = PoolRows(observer)
     waiting_seen: list[int] = []
@@ -91,12 +95,19 @@ async def test_two_replicas_share_one_cap_and_never_share_a_sandbox(
             # A hung run fails the test here, in time for both lifespans and the watcher
             # to end before pytest's own timeout would.
             async with (
-                asyncio.timeout(60),
-                replica(make_settings(tmp_path / "a", **shared), world, "replica-a") as (first, a),
-                replica(make_settings(tmp_path / "b", **shared), world, "replica-b") as (second, b),
+                asyncio.timeout(120),
+                replica(make_settings(tmp_path / "a", **shared), world, "replica-a", reapers) as (
+                    first,
+                    a,
+                ),
+                replica(make_settings(tmp_path / "b", **shared), world, "replica-b", reapers) as (
+                    second,
+                    b,
+                ),
             ):
                 for _ in range(4):  # rounds: each drains the pools, which refill in between
-                    await until(lambda: a.ready + b.ready >= CAP)
+                    # Filled when both replicas get to it: seconds on a loaded host.
+                    await until(lambda: a.ready + b.ready >= CAP, within_s=20)
                     answers += await asyncio.gather(*(send(c) for c in [first, second] * 3))
                 await asyncio.sleep(0.3)  # a few reaper sweeps on both, with both alive
                 usage = (await second.get("/v1/usage", headers=headers)).json()["today"]
@@ -132,4 +143,14 @@ async def test_two_replicas_share_one_cap_and_never_share_a_sandbox(
     pooled_boxes = {box.id for box in world.boxes.values() if box.run_id.startswith(POOL_PREFIX)}
     assert {row.sandbox_id for row in every if row.sandbox_id} == pooled_boxes
     # Each replica ended its own sandboxes: no reaper had to step in for a live replica.
-    assert {world.boxes[box].ended_by for box in pooled_boxes} == {"run"}
+    # But b drains first, while a's reaper still sweeps: a drain ends its ready sandboxes'
+    # rows, then terminates them, and a sandbox whose row is ended may be terminated by a's
+    # reaper first (pool_ended; reproduced with each row's end made 0.5 s slower). Only
+    # that: b's sandboxes, by that rule.
+    reasons = {name: dict(reaper.terminated_by_reason) for name, reaper in reapers.items()}
+    by_reaper = {box for box in pooled_boxes if world.boxes[box].ended_by != "run"}
+    assert by_reaper <= {row.sandbox_id for row in every if row.holder == "replica-b"}, reasons
+    if by_reaper:  # none judged the other dead (pool_orphaned)
+        assert set(reasons["replica-a"]) & {"pool_ended", "pool_orphaned"} == {"pool_ended"}, (
+            reasons
+        )
