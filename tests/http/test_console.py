@@ -453,7 +453,9 @@ def test_a_run_page_shows_its_deliveries_and_counts_a_running_run_live(
             relay.tokens["nightly"],
             {
                 "job": "sleep",
-                "params": {"seconds": 2},
+                # Long enough for a loaded host's log-in and first draw (2 s was not: the
+                # page first showed the run ended, at 2.4 s, and nothing counted).
+                "params": {"seconds": 6},
                 "wait": False,
                 "callback_url": receiver.url,
             },
@@ -461,6 +463,7 @@ def test_a_run_page_shows_its_deliveries_and_counts_a_running_run_live(
         _log_in(page, relay, relay.tokens["ops"], f"/console/runs/{started['id']}")
         shown = page.locator("#run-duration")
         expect(shown).to_be_visible()
+        expect(page.locator("#run-state")).to_have_text("running")
         first = shown.inner_text()
         expect(shown).not_to_have_text(first)  # it counts while the run runs
         expect(page.locator("#run-state")).to_have_text("succeeded", timeout=30_000)
