@@ -28,6 +28,7 @@ import difflib
 import hashlib
 import hmac
 import logging
+import math
 import os
 import re
 import stat
@@ -53,6 +54,8 @@ _LIMIT_KEYS = (
     "usd_per_day",
     "max_artifact_bytes",
 )
+_COUNT_KEYS = ("max_concurrent", "runs_per_day", "max_artifact_bytes")
+"""Limits that count things: a whole number (``2.0`` is read as 2)."""
 _ROTATION_KEYS = ("expires", "previous_sha256", "previous_until")
 TOKEN_KEYS = (
     "sha256",
@@ -178,8 +181,13 @@ def _parse_entries(name: str, table: Any, path: Path) -> list[_Entry]:
     for key in _LIMIT_KEYS:
         value = table.get(key)
         number = isinstance(value, int | float) and not isinstance(value, bool)
-        if value is not None and (not number or value <= 0):
+        # TOML's nan and inf are floats: nan passes every comparison's test (never reached)
+        if value is not None and (not number or not math.isfinite(value) or value <= 0):
             raise ConfigError(f"{where}.{key}: must be a positive number")
+        if key in _COUNT_KEYS and value is not None:
+            if value != int(value):  # 0.5 bytes would be a cap of 0, 1.5 runs no count
+                raise ConfigError(f"{where}.{key}: must be a positive whole number")
+            value = int(value)
         limits[key] = value
     principal = Principal(
         name=name,

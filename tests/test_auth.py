@@ -79,6 +79,16 @@ def test_bad_entries_name_the_field(tmp_path: Path) -> None:
         ('command = "no"', "tokens.x.command: must be true or false"),
         ("max_concurrent = true", "tokens.x.max_concurrent: must be a positive number"),
         ("max_artifact_bytes = 0", "tokens.x.max_artifact_bytes: must be a positive number"),
+        # nan passes every comparison's test: runs_per_day = nan was no limit at all
+        ("runs_per_day = nan", "tokens.x.runs_per_day: must be a positive number"),
+        ("usd_per_day = nan", "tokens.x.usd_per_day: must be a positive number"),
+        ("max_artifact_bytes = inf", "tokens.x.max_artifact_bytes: must be a positive number"),
+        # 0.5 bytes was a cap of 0 (every file skipped) and /v1/usage's limits a 500
+        (
+            "max_artifact_bytes = 0.5",
+            "tokens.x.max_artifact_bytes: must be a positive whole number",
+        ),
+        ("max_concurrent = 1.5", "tokens.x.max_concurrent: must be a positive whole number"),
         ("webhook_secret = 5", "tokens.x.webhook_secret: must be a non-empty string"),
     ],
 )

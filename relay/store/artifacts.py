@@ -393,10 +393,14 @@ def _count(conn: Connection, token: str, change: int) -> None:
     if change == 0:
         return
     counted = token_artifacts.update().where(token_artifacts.c.token == token)
-    if not conn.execute(counted.values(bytes=token_artifacts.c.bytes + change)).rowcount:
+    # Never below 0: a listing this count never had (one a replica still on schema 12
+    # wrote during the upgrade) taken off at its prune would leave the token room past
+    # its cap, for good.
+    total = token_artifacts.c.bytes + change
+    if not conn.execute(counted.values(bytes=sa.case((total < 0, 0), else_=total))).rowcount:
         # Two replicas' first listings of one token at once: one insert fails, and its
         # transaction is written again (``_write_once``), finding the row.
-        conn.execute(token_artifacts.insert().values(token=token, bytes=change))
+        conn.execute(token_artifacts.insert().values(token=token, bytes=max(change, 0)))
 
 
 def delete_listings(conn: Connection, tokens: dict[str, str]) -> int:

@@ -160,6 +160,23 @@ async def test_a_tokens_kept_bytes_follow_its_listings_and_their_pruning(store: 
     assert await artifacts.token_bytes("other") == 0
 
 
+async def test_a_listing_the_count_never_had_never_takes_it_below_zero(store: Store) -> None:
+    """A replica still on schema 12 while another upgrades writes listings the count never
+    sees; their prune takes them off: the count stops at 0, never below (it was -100, and
+    the token's next runs kept 100 bytes past its cap)."""
+    artifacts = Artifacts(store)
+    await store.admit_run(run_row("run_old", token="ops", state="succeeded", created_at=OLD))
+    await store.admit_run(run_row("run_new", token="ops", state="succeeded"))
+    entry = {"run_id": "run_old", "seq": 0, "content_type": "text/plain", "name": "a"}
+    await store.write(  # what schema 12's record wrote: the rows, no count
+        lambda conn: conn.execute(run_artifacts.insert().values(**entry, size=100, sha256="a" * 64))
+    )
+    await retention.prune(store, retention.cutoff(30))
+    assert await artifacts.token_bytes("ops") == 0
+    await artifacts.record("run_new", [StoredArtifact("c", 30, "c" * 64)])
+    assert await artifacts.token_bytes("ops") == 30
+
+
 async def test_upgrading_from_version_12_counts_the_listings_there_are(database_url: str) -> None:
     def version_12(conn: sa.Connection) -> None:  # today's tables, less what 13 added
         kept = [t for t in metadata.sorted_tables if t is not token_artifacts]
