@@ -251,18 +251,25 @@ def test_headers_over_the_cap_are_answered_431_and_under_it_served(relay: RelayP
         for number in range(3):  # each its own read: 80 KiB counted by the third
             sock.sendall(piece % number)
             time.sleep(0.2)
-        received = _answer(sock, 5)
-        sock.settimeout(5)
-        while chunk := sock.recv(65536):
-            received += chunk
-    head, _, body = received.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 431 "), received[:200]
-    error = json.loads(body)["error"]
-    assert error["code"] == "headers_too_large"
+        head, error = _refused(sock)
     assert error["request_id"].encode() in head and error["request_id"].startswith("req_")
     with _connection(relay) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + piece % 0 + b"\r\n")
         assert _answer(sock, 5).startswith(b"HTTP/1.1 200 ")
+
+
+def _refused(sock: socket.socket) -> tuple[bytes, dict[str, str]]:
+    """The ``431 headers_too_large`` a connection is answered before it is closed: its head
+    and its error body (read to the close)."""
+    received = _answer(sock, 5)
+    sock.settimeout(5)
+    while chunk := sock.recv(65536):
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 "), received[:200]
+    error: dict[str, str] = json.loads(body)["error"]
+    assert error["code"] == "headers_too_large"
+    return head, error
 
 
 def _chunked_run(relay: RelayProcess) -> bytes:
@@ -293,14 +300,7 @@ def test_more_header_fields_than_the_cap_are_answered_431_and_fewer_served(
     body's trailer fields count too (uvicorn adds them to the request's headers)."""
     with _connection(relay) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + _fields(300) + b"\r\n")
-        received = _answer(sock, 5)
-        sock.settimeout(5)
-        while chunk := sock.recv(65536):
-            received += chunk
-    head, _, body = received.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 431 "), received[:200]
-    error = json.loads(body)["error"]
-    assert error["code"] == "headers_too_large"
+        head, error = _refused(sock)
     assert "256 header fields" in error["message"]
     with _connection(relay) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + _fields(200) + b"\r\n")
@@ -392,14 +392,7 @@ def test_trailers_over_the_cap_are_answered_431_and_a_small_trailer_served(
         sock.sendall(_chunked_run(relay) + _chunk(b'{"job": "nosuchjob"}') + b"0\r\n")
         time.sleep(0.2)
         sock.sendall(TRAILER_LINE * 65)  # 65 KiB: over the cap at its last byte
-        received = _answer(sock, 5)
-        sock.settimeout(5)
-        while chunk := sock.recv(65536):
-            received += chunk
-    head, _, body = received.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 431 "), received[:200]
-    error = json.loads(body)["error"]
-    assert error["code"] == "headers_too_large"
+        head, error = _refused(sock)
     assert error["request_id"].encode() in head
     with _connection(relay) as sock:
         sock.sendall(
