@@ -294,8 +294,17 @@ class Reaper:
                     _run_waiting(run, beats.get(run.owner), self, window_s, judging)
                 )
                 continue
-            report.lost_runs.append(run.id)
             lost.append((run, orphaned))
+        if lost:
+            # Read again: a run that ended while this sweep read the beats (its hold let go
+            # after its final write) was read active and is found unheld: no orphan.
+            now_known = await self.store.runs_by_id([run.id for run, _ in lost])
+            lost = [
+                (run, orphaned)
+                for run, orphaned in lost
+                if (known := now_known.get(run.id)) is not None and known.state not in FINAL
+            ]
+            report.lost_runs = [run.id for run, _ in lost]
         if not dry_run:
             await self._bounded(
                 self._end_lost(run, orphaned, now, report) for run, orphaned in lost

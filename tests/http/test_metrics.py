@@ -252,7 +252,11 @@ async def test_a_run_its_owner_finished_meanwhile_is_not_counted_again(tmp_path:
         async def as_read(states: Any, *, owner: str | None = None) -> list[RunRecord]:
             return seen
 
+        async def read_again(ids: Any) -> dict[str, RunRecord]:
+            return {run.id: run for run in seen}  # the owner ends it after this read too
+
         store.runs_in_states = as_read  # type: ignore[method-assign]
+        store.runs_by_id = read_again  # type: ignore[method-assign]
         report = await reaper.sweep()
         assert report.lost_runs == ["run_raced"]  # the sweep did try to mark it
         samples = parse(metrics.render().decode())

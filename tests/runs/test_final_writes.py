@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.exc import DBAPIError
@@ -281,6 +282,61 @@ async def test_a_run_owned_here_with_no_task_is_an_orphan_for_its_own_reaper(
         })  # fmt: skip
         await store.admit_run(row)
         assert (await reaper.sweep()).lost_runs == ["run_unheld"]
+    finally:
+        await store.close()
+
+
+async def test_a_run_that_ends_while_its_own_reaper_sweeps_is_no_orphan(
+    tmp_path: Path,
+) -> None:
+    """The sweep reads the active runs, then the replicas' beats, then asks which runs this
+    process holds: a run that ended meanwhile (final write, then its hold let go) was read
+    active and found unheld, and was counted lost and its sandbox terminated as orphaned
+    (the lost write itself was refused: the run was final)."""
+    store = await Store.open(f"sqlite:///{tmp_path / 'relay.db'}")
+    try:
+        service = RunService(make_settings(tmp_path), store, Catalog.load(REPO / "jobs"), {})
+        reaper = Reaper(
+            store,
+            {},
+            service.settings,
+            holds=service.holds,
+            instance_id=service.instance_id,
+            events=service.events,
+            grace_s=30,
+            single_replica=False,
+        )
+        await store.heartbeat(service.instance_id)
+        row = RunRecord(**{
+            "id": "run_ending",
+            "token": "writer",
+            "provider": "local",
+            "state": "running",
+            "request_hash": "",
+            "timeout_s": 3600,
+            "cpu": 1.0,
+            "memory_mb": 512,
+            "created_at": 1.0,
+            "deadline": 4e9,
+            "reserved_usd": 0.0,
+            "owner": service.instance_id,
+            "stdout": "",
+            "stderr": "",
+            "timings": "{}",
+        })  # fmt: skip
+        service.runner.hold(row.id)
+        await store.admit_run(row)
+        beats = store.replica_beats
+
+        async def beats_while_the_run_ends() -> dict[str, Any]:
+            await store.update_run(row.id, state="succeeded", ended_at=time.time())
+            service.runner.release(row.id)  # as its task does, after the final write
+            return await beats()
+
+        store.replica_beats = beats_while_the_run_ends  # type: ignore[method-assign]
+        report = await reaper.sweep()
+        assert report.lost_runs == []
+        assert (await store.get_run(row.id)).state == "succeeded"  # type: ignore[union-attr]
     finally:
         await store.close()
 
